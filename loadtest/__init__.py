@@ -1,0 +1,1 @@
+"""Load-test stage: locust users, payloads, sweeps and reports (issue #7)."""

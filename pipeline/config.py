@@ -1,0 +1,94 @@
+"""Configuration of the data stage: the `[data]` section of tfpipe.toml, one CLI flag per key."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_NA_VALUES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "#N/A")
+_SPLIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+class DataConfig(BaseModel):
+    """Options of `tfpipe data`; the field descriptions are the CLI's --help."""
+
+    input: list[str] = Field(
+        default_factory=list,
+        description="input file(s) or glob(s): .csv, .jsonl/.json, .parquet; .gz for compressed text",
+    )
+    label: str | None = Field(None, description="the label column to predict")
+    out: str | None = Field(None, description="output directory (written atomically)")
+    format: Literal["auto", "csv", "jsonl", "parquet"] = Field(
+        "auto", description="input format; auto picks it from each file's extension"
+    )
+    exclude: list[str] = Field(default_factory=list, description="columns to drop from the features")
+    key: str | None = Field(
+        None, description="column whose value decides the split (default: a hash of the whole row)"
+    )
+    split: dict[str, int] = Field(
+        default_factory=lambda: {"train": 80, "eval": 10, "test": 10},
+        description="split names and weights, e.g. train=80,eval=10,test=10",
+    )
+    schema_path: str | None = Field(
+        None, alias="schema", description="enforce this schema.json instead of inferring one"
+    )
+    na_values: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NA_VALUES),
+        description="CSV texts that mean a missing value (the empty string always does)",
+    )
+    task: Literal["auto", "binary", "multiclass", "regression"] = Field(
+        "auto", description="what the label is; auto infers it from the label's values"
+    )
+    max_bad_fraction: float = Field(
+        0.01, ge=0.0, le=1.0, description="fail when more than this fraction of rows is bad"
+    )
+    shards: int | None = Field(
+        None, ge=1, le=10000,
+        description="TFRecord shards per split, also the units of parallel work (default: by input size)",
+    )
+    infer_rows: int = Field(
+        20000, ge=10, description="rows sampled from the start of the inputs to infer the schema"
+    )
+    top_k: int = Field(1000, ge=1, description="most frequent values kept per string feature in stats.json")
+    compression_level: int = Field(6, ge=1, le=9, description="gzip level of the TFRecords (6 = TF's default)")
+    force: bool = Field(False, description="recompute even when the output is up to date")
+    beam_args: list[str] = Field(
+        default_factory=list,
+        description="Apache Beam pipeline options (--runner, --direct_num_workers, --project, ...)",
+    )
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    @field_validator("split")
+    @classmethod
+    def _check_split(cls, v: dict[str, int]) -> dict[str, int]:
+        if not v:
+            raise ValueError("needs at least one split")
+        for name, weight in v.items():
+            if not _SPLIT_NAME.match(name):
+                raise ValueError(f"split name {name!r} must be a letter followed by letters, digits or _")
+            if weight < 0:
+                raise ValueError(f"split weight for {name!r} must be >= 0")
+        if sum(v.values()) <= 0:
+            raise ValueError("split weights must add up to more than 0")
+        return v
+
+    def result_fingerprint_fields(self) -> dict:
+        """The fields that decide the stage's output (not where it goes or how it is run)."""
+        return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path"})
+
+
+def parse_split(text: str) -> dict[str, int]:
+    """Parse 'train=80,eval=10,test=10' into a dict, raising ValueError with the bad part."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, weight = part.strip().partition("=")
+        if not sep:
+            raise ValueError(f"'{part}' is not NAME=WEIGHT")
+        try:
+            out[name.strip()] = int(weight)
+        except ValueError:
+            raise ValueError(f"weight '{weight}' of split '{name}' is not an integer") from None
+    return out

@@ -1,0 +1,524 @@
+"""`tfpipe data`: raw rows to validated, split, sharded gzip TFRecords, schema and stats.
+
+The Beam pipeline is three named steps:
+
+    WorkUnits -> ValidateSplitWrite -> StatsPerSplit
+
+`ValidateSplitWrite` streams one record-aligned unit of input, validates each batch
+against the schema, sends bad rows to the dead-letter files, assigns each good row to a
+split by hash, and writes its shard files itself. Only per-batch columns for the stats
+combiner (reduced to small accumulators in the same fused stage) leave it, so no bulk
+data is shuffled and memory stays flat however large the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob as globlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import __version__
+from pipeline.config import DataConfig
+from pipeline.errors import DataError
+from pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
+from pipeline.readers import Column, Validator, read_segment, sample_records
+from pipeline.schema import Schema, infer_schema, load_schema
+from pipeline.stats import QUANTILES, SplitStatsFn
+from pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter
+
+HASH_BUCKETS = 10000
+LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
+_SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
+
+
+# ---- the Beam transforms ----------------------------------------------------------------------
+
+def split_by_hash(texts: list[str], bounds: np.ndarray) -> np.ndarray:
+    """Split index of each text: a stable hash bucket looked up in cumulative split bounds."""
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
+    buckets = np.frombuffer(digests, dtype="<u8") % HASH_BUCKETS
+    return np.searchsorted(bounds, buckets, side="right")
+
+
+def split_bounds(split: dict[str, int]) -> np.ndarray:
+    weights = np.array(list(split.values()), dtype=np.float64)
+    return np.round(np.cumsum(weights) / weights.sum() * HASH_BUCKETS).astype(np.int64)
+
+
+def shard_name(split: str, shard: int, shards: int) -> str:
+    return f"{split}-{shard:05d}-of-{shards:05d}.tfrecord.gz"
+
+
+class ValidateSplitWrite(beam.DoFn):
+    """Reads a work unit; writes its good rows to shard files and bad rows to dead-letter.
+
+    Emits (split, columns) per batch for the statistics, and leaves a summary file per
+    unit (counts, files, first bad rows) that the launcher reconciles after the run.
+    """
+
+    def __init__(self, schema_json: dict, split: dict[str, int], shards: int, out_dir: str, level: int,
+                 na_values: list[str]):
+        self.schema_json = schema_json
+        self.na_values = na_values
+        self.split = split
+        self.shards = shards
+        self.out_dir = out_dir
+        self.level = level
+
+    def setup(self) -> None:
+        self.schema = Schema.from_json(self.schema_json)
+        self.schema.enforced = self.schema_json.get("enforced", False)
+        self.validator = Validator(self.schema, self.na_values)
+        self.encoder = ExampleEncoder(self.schema.columns)
+        self.names = list(self.split)
+        self.bounds = split_bounds(self.split)
+
+    def process(self, unit: WorkUnit):
+        writers = {
+            (name, shard): GzipTFRecordWriter(
+                FileSystems.join(self.out_dir, shard_name(name, shard, self.shards)), self.level)
+            for name in self.names for shard in unit.shards
+        }
+        dead = None
+        read = bad = 0
+        first_bad: list[dict] = []
+        dealt = dict.fromkeys(self.names, 0)  # rows dealt round-robin to this unit's shards
+        owned = len(unit.shards)
+        for seg in unit.segments:
+            for batch in read_segment(seg, self.validator):
+                read += len(batch) + len(batch.bad)
+                if batch.bad:
+                    if dead is None:
+                        dead = FileSystems.create(
+                            FileSystems.join(self.out_dir, "deadletter", f"part-{unit.index:05d}.jsonl"))
+                    dead.write("".join(json.dumps(b, ensure_ascii=False) + "\n" for b in batch.bad).encode())
+                    bad += len(batch.bad)
+                    first_bad.extend(batch.bad[: max(0, 5 - len(first_bad))])
+                if not len(batch):
+                    continue
+                texts = batch.raws
+                if batch.keys is not None:
+                    texts = [k if k != "" else r for k, r in zip(batch.keys, batch.raws)]
+                which = split_by_hash(texts, self.bounds)
+                for s, name in enumerate(self.names):
+                    rows = np.flatnonzero(which == s)
+                    if not len(rows):
+                        continue
+                    columns = {k: Column(c.values[rows], c.present[rows]) for k, c in batch.columns.items()}
+                    records = self.encoder.encode(columns)
+                    start = dealt[name]
+                    for j in range(min(owned, len(records))):
+                        writers[(name, unit.shards[(start + j) % owned])].write(records[j::owned])
+                    dealt[name] += len(records)
+                    yield name, columns
+        files = {}
+        for (name, shard), w in writers.items():
+            w.close()
+            files[os.path.basename(w.path)] = {"split": name, "records": w.records, "bytes": w.bytes_written}
+        if dead is not None:
+            dead.close()
+        summary = {"unit": unit.index, "read": read, "bad": bad, "splits": dealt, "files": files,
+                   "first_bad": first_bad}
+        with FileSystems.create(FileSystems.join(self.out_dir, "_units", f"unit-{unit.index:05d}.json")) as f:
+            f.write(json.dumps(summary).encode())
+
+
+def _write_split_stats(item: tuple[str, dict], out_dir: str) -> None:
+    split, stats = item
+    with FileSystems.create(FileSystems.join(out_dir, "_stats", f"{split}.json")) as f:
+        f.write(json.dumps(stats).encode())
+
+
+def build_pipeline(p: beam.Pipeline, units: list[WorkUnit], schema: Schema, config: DataConfig,
+                   shards: int, out_dir: str) -> None:
+    schema_json = {**schema.to_json(), "enforced": schema.enforced}
+    (
+        p
+        | "WorkUnits" >> beam.Create(units)
+        | "ValidateSplitWrite" >> beam.ParDo(
+            ValidateSplitWrite(schema_json, config.split, shards, out_dir, config.compression_level,
+                               config.na_values))
+        | "StatsPerSplit" >> beam.CombinePerKey(SplitStatsFn(schema_json, config.top_k))
+        | "WriteStats" >> beam.Map(_write_split_stats, out_dir)
+    )
+
+
+# ---- Beam options ------------------------------------------------------------------------------
+
+def _option_classes(cls=PipelineOptions):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _option_classes(sub)
+
+
+def check_beam_args(args: list[str]) -> None:
+    """Reject arguments that are not Beam pipeline options, so a typo is not silently dropped."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for cls in set(_option_classes()):
+        try:
+            cls._add_argparse_args(parser)
+        except argparse.ArgumentError:
+            pass  # an option registered by two classes
+    _, unknown = parser.parse_known_args(args)
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:
+        raise DataError(f"unknown option {flags[0]}: not a `tfpipe data` option nor an Apache Beam pipeline option")
+
+
+def beam_options(args: list[str], input_bytes: int, log: Callable[[str], None]) -> tuple[PipelineOptions, str, int]:
+    """Pipeline options with tfpipe's local defaults; returns (options, runner, local workers)."""
+    check_beam_args(args)
+    given = PipelineOptions(args).get_all_options(drop_default=True)
+    extra = []
+    runner = given.get("runner") or "FnApiRunner"
+    if "runner" not in given:
+        extra.append("--runner=FnApiRunner")  # Beam's default would download Prism from the internet
+    workers = given.get("direct_num_workers") or 1
+    if runner in LOCAL_RUNNERS and "direct_num_workers" not in given and input_bytes > 16 << 20:
+        workers = os.cpu_count() or 1
+        if workers > 1:
+            extra += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    if "default_sdk_harness_log_level" not in given:
+        extra.append("--default_sdk_harness_log_level=WARNING")
+    return PipelineOptions(args + extra), runner, workers
+
+
+# ---- the stage -----------------------------------------------------------------------------------
+
+def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
+    """Run the data stage; returns the output directory (published atomically)."""
+    started = time.time()
+    if not config.out:
+        raise DataError("no output directory: pass --out DIR")
+    if not config.label:
+        raise DataError("no label column: pass --label COLUMN")
+    out = config.out if is_remote(config.out) else os.path.abspath(config.out)
+    found = resolve_inputs(config.input, config.format)
+    total = sum(f[3] for f in found)
+    log(f"inputs: {len(found)} file(s), {total / 1e6:.1f} MB")
+
+    schema_text = None
+    if config.schema_path:
+        schema = load_schema(config.schema_path)
+        with open(config.schema_path, "rb") as f:
+            schema_text = f.read()
+    settings = config.result_fingerprint_fields()
+    settings["schema_file_sha256"] = hashlib.sha256(schema_text).hexdigest() if schema_text else None
+
+    previous = _read_manifest(out)
+    if previous and not config.force and _same_inputs_quick(previous, found) and \
+            previous.get("settings") == settings and previous.get("tfpipe_version") == __version__:
+        log(f"cache hit: {out} is up to date with these inputs and options; nothing to do (--force reruns)")
+        return out
+
+    shards = config.shards or max(1, min(256, math.ceil(total / _SHARD_BYTES)))
+    options, runner, workers = beam_options(config.beam_args, total, log)
+    if not config.shards and workers > 1:
+        shards = max(shards, workers)
+    grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
+    log("scanning: hashing inputs and finding record boundaries")
+    files = [scan_file(path, fmt, comp, size, mtime, grain) for path, fmt, comp, size, mtime in found]
+    fingerprint = _fingerprint(settings, files)
+    if previous and not config.force and previous.get("fingerprint") == fingerprint:
+        log(f"cache hit: {out} is up to date (inputs unchanged by content); nothing to do (--force reruns)")
+        return out
+
+    if config.schema_path:
+        _check_schema_fits(schema, files, config)
+    else:
+        schema = _infer(files, config)
+    units = plan_units(files, shards)
+    log(f"schema: {len(schema.features)} features, label '{schema.label.name}' "
+        f"({schema.label.task}{', enforced' if schema.enforced else ', inferred'})")
+    log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
+        f"{len(units)} work unit(s) -> {shards} shard(s) per split")
+
+    tmp = _temp_dir(out)
+    try:
+        with _progress(tmp, len(units), log):
+            with beam.Pipeline(options=options) as p:
+                build_pipeline(p, units, schema, config, shards, tmp)
+        result = _finish(tmp, out, config, schema, files, units, shards, settings, fingerprint,
+                         runner, workers, started, log)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return result
+
+
+def _infer(files: list[InputFile], config: DataConfig) -> Schema:
+    columns: list[str] = []
+    for f in files:
+        for c in f.columns or ():
+            if c not in columns:
+                columns.append(c)
+    records, textual = sample_records(files, config.infer_rows)
+    for r in records:
+        for c in r:
+            if c not in columns:
+                columns.append(c)
+    _check_names(columns, config, files[0].path if len(files) == 1 else "the inputs")
+    return infer_schema(columns, records, config.label, exclude=config.exclude, key=config.key,
+                        task=config.task, textual=textual, na_values=config.na_values)
+
+
+def _check_names(columns: list[str], config: DataConfig, where: str) -> None:
+    shown = ", ".join(columns[:30]) + (" ..." if len(columns) > 30 else "")
+    if config.label not in columns:
+        raise DataError(f"label column '{config.label}' not found in {where} (columns: {shown})")
+    for c in config.exclude:
+        if c not in columns:
+            raise DataError(f"--exclude: column '{c}' not found in {where} (columns: {shown})")
+    if config.label in config.exclude:
+        raise DataError(f"label column '{config.label}' cannot also be excluded")
+    if config.key and config.key not in columns:
+        raise DataError(f"--key: column '{config.key}' not found in {where} (columns: {shown})")
+
+
+def _check_schema_fits(schema: Schema, files: list[InputFile], config: DataConfig) -> None:
+    if config.label != schema.label.name:
+        raise DataError(f"--label '{config.label}' differs from the schema's label '{schema.label.name}'")
+    schema.excluded = sorted(set(schema.excluded) | set(config.exclude))
+    schema.key = config.key or schema.key
+    known = {c.name for c in schema.columns} | set(schema.excluded) | ({schema.key} - {None})
+    for f in files:
+        if f.columns is None:
+            continue  # JSON Lines: checked row by row
+        unknown = [c for c in f.columns if c not in known]
+        if unknown:
+            raise DataError(f"{f.path}: column '{unknown[0]}' is not in the schema (add --exclude {unknown[0]} to drop it)")
+        if schema.label.name not in f.columns:
+            raise DataError(f"label column '{schema.label.name}' not found in {f.path}")
+
+
+def _finish(tmp, out, config, schema, files, units, shards, settings, fingerprint, runner, workers,
+            started, log) -> str:
+    summaries = []
+    for u in units:
+        path = FileSystems.join(tmp, "_units", f"unit-{u.index:05d}.json")
+        try:
+            with FileSystems.open(path) as f:
+                summaries.append(json.loads(f.read()))
+        except Exception:
+            raise RuntimeError(f"work unit {u.index} finished without its summary ({path})") from None
+    read = sum(s["read"] for s in summaries)
+    bad = sum(s["bad"] for s in summaries)
+    per_split = {name: sum(s["splits"][name] for s in summaries) for name in config.split}
+    written = sum(per_split.values())
+    if read != written + bad:
+        raise RuntimeError(f"row accounting failed: read {read} != written {written} + bad {bad}")
+    if read == 0:
+        raise DataError("the inputs hold no data rows")
+    fraction = bad / read
+    first_bad = [b for s in summaries for b in s["first_bad"]][:5]
+    if fraction > config.max_bad_fraction or written == 0:
+        reasons = "\n".join(f"  {b['source']}:{b['line']}: {b['reason']}" for b in first_bad)
+        raise DataError(
+            f"{bad} of {read} rows are bad ({fraction:.2%}), over --max-bad-fraction "
+            f"{config.max_bad_fraction:g}; nothing was written. First bad rows:\n{reasons}")
+
+    stats = {"quantiles": list(QUANTILES), "splits": {}}
+    for name in config.split:
+        path = FileSystems.join(tmp, "_stats", f"{name}.json")
+        if FileSystems.exists(path):
+            with FileSystems.open(path) as f:
+                stats["splits"][name] = json.loads(f.read())
+        else:
+            stats["splits"][name] = {"rows": 0, "features": {}, "label": None}
+    _settle_schema(schema, stats)
+
+    files_out: dict[str, list] = {name: [] for name in config.split}
+    for s in summaries:
+        for fname, info in s["files"].items():
+            files_out[info["split"]].append({"file": fname, "records": info["records"], "bytes": info["bytes"]})
+    for name in files_out:
+        files_out[name].sort(key=lambda x: x["file"])
+    dead_files = sorted(os.path.basename(m.path) for m in _match(FileSystems.join(tmp, "deadletter", "*.jsonl")))
+    elapsed = time.time() - started
+    manifest = {
+        "stage": "data",
+        "tfpipe_version": __version__,
+        "fingerprint": fingerprint,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.model_dump(mode="json", by_alias=True),
+        "settings": settings,
+        "inputs": [{"path": f.path, "format": f.format, "compressed": f.compressed, "size": f.size,
+                    "mtime": f.mtime, "sha256": f.sha256} for f in files],
+        "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args)},
+        "shards": shards,
+        "counts": {"read": read, "written": written, "bad": bad, "splits": per_split},
+        "bad_fraction": fraction,
+        "outputs": {"schema": "schema.json", "stats": "stats.json", "splits": files_out,
+                    "deadletter": [f"deadletter/{d}" for d in dead_files]},
+        "elapsed_s": round(elapsed, 3),
+        "rows_per_s": round(read / elapsed, 1) if elapsed > 0 else None,
+    }
+    for name, text in (("schema.json", schema.to_json()), ("stats.json", stats), ("data.json", manifest)):
+        with FileSystems.create(FileSystems.join(tmp, name)) as f:
+            f.write(json.dumps(text, indent=2, ensure_ascii=False).encode())
+    FileSystems.delete([FileSystems.join(tmp, "_units"), *(
+        [FileSystems.join(tmp, "_stats")] if FileSystems.exists(FileSystems.join(tmp, "_stats")) else [])])
+    _publish(tmp, out)
+    _print_summary(manifest, out, log)
+    return out
+
+
+def _settle_schema(schema: Schema, stats: dict) -> None:
+    """Fix what a sample cannot know: nullability and the full set of label classes."""
+    splits = [s for s in stats["splits"].values() if s.get("rows")]
+    if not schema.enforced:
+        for f in schema.features:
+            f.nullable = any(s["features"][f.name]["missing"] > 0 for s in splits)
+    if schema.label.task != "regression" and not schema.enforced:
+        seen = set()
+        for s in splits:
+            seen.update(s["label"]["distribution"])
+        classes = sorted(int(v) for v in seen) if schema.label.type == "int" else sorted(seen)
+        schema.label.classes = classes
+        if len(classes) > 2 and schema.label.task == "binary":
+            schema.label.task = "multiclass"
+
+
+def _print_summary(manifest: dict, out: str, log) -> None:
+    c = manifest["counts"]
+    by_split: dict[str, list[int]] = {}
+    for name, files in manifest["outputs"]["splits"].items():
+        by_split[name] = [len(files), sum(f["bytes"] for f in files)]
+    rows = [("split", "rows", "files", "MB")]
+    for name, n in c["splits"].items():
+        rows.append((name, f"{n:,}", str(by_split[name][0]), f"{by_split[name][1] / 1e6:.2f}"))
+    rows.append(("dead-letter", f"{c['bad']:,}", str(len(manifest["outputs"]["deadletter"])), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        log("  " + "  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
+    log(f"rows read {c['read']:,} = written {c['written']:,} + dead-letter {c['bad']:,}; "
+        f"{manifest['elapsed_s']:.1f} s, {manifest['rows_per_s']:,.0f} rows/s")
+    log(f"wrote {out}")
+
+
+# ---- files, cache, atomic publish -------------------------------------------------------------
+
+def _fingerprint(settings: dict, files: list[InputFile]) -> str:
+    payload = {"settings": settings, "version": __version__,
+               "inputs": [[f.path, f.sha256] for f in files]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _read_manifest(out: str) -> dict | None:
+    path = FileSystems.join(out, "data.json")
+    try:
+        with FileSystems.open(path) as f:
+            return json.loads(f.read())
+    except Exception:
+        if not is_remote(out) and os.path.isdir(out) and os.listdir(out):
+            raise DataError(f"{out} exists and is not a tfpipe data output (no readable data.json); "
+                            "choose another --out or remove it") from None
+        return None
+
+
+def _same_inputs_quick(manifest: dict, found) -> bool:
+    old = [(i["path"], i["size"], i["mtime"]) for i in manifest.get("inputs", [])]
+    return old == [(p, size, mtime) for p, _, _, size, mtime in found]
+
+
+def _temp_dir(out: str) -> str:
+    if is_remote(out):
+        return f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    parent, name = os.path.split(out.rstrip(os.sep))
+    os.makedirs(parent, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"cannot write to {parent}")
+    for stale in globlib.glob(os.path.join(parent, f".{name}.tmp-*")):
+        pid = stale.rsplit("-", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(os.path.join(tmp, "deadletter"))
+    return tmp
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _publish(tmp: str, out: str) -> None:
+    """Move the finished output into place; a reader sees the old or the new one, never half."""
+    if is_remote(out):
+        # Object stores have no directory rename: copy file by file, data.json last.
+        names = sorted((m.path for m in _match(tmp.rstrip("/") + "/**")), key=lambda p: p.endswith("data.json"))
+        dests = [out.rstrip("/") + p[len(tmp.rstrip("/")):] for p in names]
+        FileSystems.rename(names, dests)
+        return
+    if os.path.exists(out):
+        old = f"{out}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+
+
+def _remove(tmp: str) -> None:
+    if is_remote(tmp):
+        try:
+            FileSystems.delete([tmp])
+        except Exception:
+            pass
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _match(pattern: str):
+    try:
+        return FileSystems.match([pattern])[0].metadata_list
+    except Exception:
+        return []
+
+
+class _progress:
+    """Prints a line as work units finish, from the summary files they leave."""
+
+    def __init__(self, tmp: str, total: int, log):
+        self.tmp, self.total, self.log = tmp, total, log
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.started = time.time()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        done = 0
+        while not self._stop.wait(1.0):
+            now = len(_match(FileSystems.join(self.tmp, "_units", "*.json")))
+            if now != done and now < self.total:
+                done = now
+                self.log(f"  {done}/{self.total} work units done ({time.time() - self.started:.0f} s)")
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.log(f"  pipeline finished in {time.time() - self.started:.1f} s")
+        return False

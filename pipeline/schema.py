@@ -1,0 +1,255 @@
+"""The schema: the one description of the features that every later stage reads.
+
+`schema.json` is written by the data stage. Training builds its parsing specs and
+preprocessing layers from it, export builds its signatures from it, and nobody else
+keeps a list of columns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from pipeline.errors import DataError
+
+SCHEMA_VERSION = 1
+TYPES = ("int", "float", "string")
+TASKS = ("binary", "multiclass", "regression")
+# An integer label with at most this many distinct values is a class id, not a quantity.
+MAX_INT_CLASSES = 20
+
+
+@dataclass
+class Feature:
+    name: str
+    type: str  # one of TYPES
+    nullable: bool = True
+
+
+@dataclass
+class Label:
+    name: str
+    type: str
+    task: str  # one of TASKS
+    classes: list[Any] | None = None  # sorted class values for classification tasks
+
+
+@dataclass
+class Schema:
+    features: list[Feature]
+    label: Label
+    key: str | None = None
+    # True when types and nullability were given by the user (--schema) and are enforced,
+    # False when they were inferred from a sample of the input.
+    enforced: bool = False
+    excluded: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[Feature]:
+        """Features followed by the label, in the order they are written to each Example."""
+        return [*self.features, Feature(self.label.name, self.label.type, nullable=False)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SCHEMA_VERSION,
+            "label": asdict(self.label),
+            "features": [asdict(f) for f in self.features],
+            "key": self.key,
+            "excluded": list(self.excluded),
+            "tf_example": {
+                c.name: {"int": "int64_list", "float": "float_list", "string": "bytes_list"}[c.type]
+                for c in self.columns
+            },
+            "missing_values": "a missing value is an absent feature in the tf.train.Example",
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "schema") -> "Schema":
+        """Parse and check a schema dict, raising DataError that names `source` on any problem."""
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("top level must be a JSON object")
+            label = data["label"]
+            if not isinstance(label, dict):
+                raise ValueError("'label' must be an object")
+            features = data["features"]
+            if not isinstance(features, list):
+                raise ValueError("'features' must be a list")
+            feats = []
+            for i, f in enumerate(features):
+                if not isinstance(f, dict) or "name" not in f or "type" not in f:
+                    raise ValueError(f"features[{i}] needs 'name' and 'type'")
+                unknown = set(f) - {"name", "type", "nullable"}
+                if unknown:
+                    raise ValueError(f"features[{i}] has unknown key(s) {sorted(unknown)}")
+                _check_type(f["type"], f"features[{i}].type")
+                feats.append(Feature(str(f["name"]), f["type"], bool(f.get("nullable", True))))
+            _check_type(label.get("type"), "label.type")
+            task = label.get("task")
+            if task not in TASKS:
+                raise ValueError(f"label.task is {task!r}; allowed: {', '.join(TASKS)}")
+            classes = label.get("classes")
+            if task != "regression":
+                if not isinstance(classes, list) or len(classes) < 2:
+                    raise ValueError("label.classes must list at least two classes for classification")
+                if task == "binary" and len(classes) != 2:
+                    raise ValueError("a binary label needs exactly two classes")
+            names = [f.name for f in feats] + [label["name"]]
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"duplicate column(s) {sorted(dup)}")
+            return cls(
+                features=feats,
+                label=Label(str(label["name"]), label["type"], task, classes),
+                key=data.get("key"),
+                enforced=True,
+                excluded=list(data.get("excluded", [])),
+            )
+        except KeyError as e:
+            raise DataError(f"{source}: missing key {e}") from None
+        except (ValueError, TypeError) as e:
+            raise DataError(f"{source}: {e}") from None
+
+
+def _check_type(value: Any, where: str) -> None:
+    if value not in TYPES:
+        raise ValueError(f"{where} is {value!r}; allowed: {', '.join(TYPES)}")
+
+
+def load_schema(path: str) -> Schema:
+    """Read a schema.json written by the data stage (or by hand) and check it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"schema file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"schema file {path} cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"schema file {path} is not valid JSON: {e}") from None
+    return Schema.from_json(data, source=f"schema file {path}")
+
+
+# ---- inference -------------------------------------------------------------------------
+
+class _TypeVote:
+    """Tracks which types every value seen so far for one column is compatible with."""
+
+    def __init__(self, na_values: frozenset[str] = frozenset()) -> None:
+        self.na_values = na_values
+        self.can_int = True
+        self.can_float = True
+        self.seen = 0
+        self.missing = 0
+        self.values: set[Any] = set()
+
+    def add_text(self, text: str) -> None:
+        if text == "" or text in self.na_values:
+            self.missing += 1
+            return
+        self.seen += 1
+        if self.can_int:
+            try:
+                int(text)
+            except ValueError:
+                self.can_int = False
+        if not self.can_int and self.can_float:
+            try:
+                if not math.isfinite(float(text)) and text.strip().lower() != "nan":
+                    self.can_float = False
+            except ValueError:
+                self.can_float = False
+        if len(self.values) <= 1000:
+            self.values.add(text)
+
+    def add_value(self, value: Any) -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            self.missing += 1
+            return
+        self.seen += 1
+        if isinstance(value, bool) or isinstance(value, int):
+            pass
+        elif isinstance(value, float):
+            self.can_int = False  # JSON and Parquet say float: keep it float even if integral
+        else:
+            self.can_int = self.can_float = False
+        if len(self.values) <= 1000 and not isinstance(value, (list, dict)):
+            self.values.add(value)
+
+    @property
+    def type(self) -> str:
+        if self.seen == 0:
+            return "string"
+        if self.can_int:
+            return "int"
+        return "float" if self.can_float else "string"
+
+
+def infer_schema(
+    columns: list[str],
+    rows: Iterable[dict[str, Any]],
+    label: str,
+    *,
+    exclude: Iterable[str] = (),
+    key: str | None = None,
+    task: str = "auto",
+    textual: bool = True,
+    na_values: Iterable[str] = (),
+) -> Schema:
+    """Infer feature types and the label's task from sample rows (dicts of raw values).
+
+    `textual` rows hold CSV strings (an empty string is missing); otherwise they hold
+    typed JSON/Parquet values (None is missing).
+    """
+    excluded = [c for c in exclude]
+    na = frozenset(na_values)
+    votes = {c: _TypeVote(na) for c in columns if c not in excluded}
+    n = 0
+    for row in rows:
+        n += 1
+        for c, vote in votes.items():
+            v = row.get(c, "" if textual else None)
+            if textual:
+                vote.add_text(v)
+            else:
+                vote.add_value(v)
+    if n == 0:
+        raise DataError("the input holds no data rows")
+    lv = votes[label]
+    if lv.seen == 0:
+        raise DataError(f"label column '{label}' is empty in the first {n} rows")
+    label_type = lv.type
+    distinct = lv.values
+    if task == "auto":
+        if label_type == "float":
+            task = "regression"
+        elif len(distinct) == 1:
+            raise DataError(
+                f"label column '{label}' holds a single value ({next(iter(distinct))!r}) in the "
+                f"first {n} rows; pass --task to say what to predict"
+            )
+        elif len(distinct) == 2:
+            task = "binary"
+        elif label_type == "string" or len(distinct) <= MAX_INT_CLASSES:
+            task = "multiclass"
+        else:
+            task = "regression"
+    if task == "regression" and label_type == "string":
+        raise DataError(f"label column '{label}' holds strings; a regression label must be numeric")
+    classes = None
+    if task != "regression":
+        if label_type == "float":
+            raise DataError(f"label column '{label}' holds non-integer numbers; use --task regression")
+        classes = sorted(_typed(v, label_type) for v in distinct)
+    features = [
+        Feature(c, votes[c].type, nullable=votes[c].missing > 0) for c in votes if c != label
+    ]
+    return Schema(features, Label(label, label_type, task, classes), key=key, excluded=excluded)
+
+
+def _typed(value: Any, type_: str) -> Any:
+    if type_ == "int":
+        return int(value)
+    return str(value)

@@ -1,0 +1,160 @@
+"""Serialize validated columns as tf.train.Example records in gzip TFRecord files.
+
+The Example wire format is written directly: one feature map entry per present value,
+built column-wise and memoised per distinct value, then joined per row. This is several
+times faster than filling protobuf messages row by row, and the result parses with
+`tf.train.Example.FromString` and `tf.io.parse_example` like any other Example.
+A missing value is an absent feature, as TensorFlow expects.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Iterable
+
+import google_crc32c
+import numpy as np
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.readers import Column
+from pipeline.schema import Feature
+
+_MEMO_LIMIT = 1 << 16  # distinct values remembered per column before the memo is reset
+
+
+def varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64  # int64 values are encoded as their two's complement
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [varint(i) for i in range(1 << 14)]
+
+
+def _len_prefix(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < 16384 else varint(n)
+
+
+def _entry(key: bytes, feature: bytes) -> bytes:
+    """A `map<string, Feature>` entry of Features: field 1 holding {key: 1, value: 2}."""
+    body = b"\x0a" + _len_prefix(len(key)) + key + b"\x12" + _len_prefix(len(feature)) + feature
+    return b"\x0a" + _len_prefix(len(body)) + body
+
+
+class ExampleEncoder:
+    """Encodes batches of columns into serialized tf.train.Example bytes."""
+
+    def __init__(self, columns: list[Feature]):
+        self.columns = columns
+        self._keys = [c.name.encode("utf-8") for c in columns]
+        self._memo: list[dict] = [{} for _ in columns]
+        # A float feature entry has a fixed layout: a constant prefix, then 4 value bytes.
+        self._float_prefix = {
+            i: _entry(k, b"\x12\x06\x0a\x04" + b"\0\0\0\0")[:-4]
+            for i, (c, k) in enumerate(zip(columns, self._keys)) if c.type == "float"
+        }
+
+    def encode(self, columns: dict[str, Column], rows: np.ndarray | None = None) -> list[bytes]:
+        """Serialized Examples for the given rows (all rows when `rows` is None)."""
+        parts = []
+        for i, c in enumerate(self.columns):
+            col = columns[c.name]
+            values, present = col.values, col.present
+            if rows is not None:
+                values, present = values[rows], present[rows]
+            if c.type == "float":
+                parts.append(self._floats(i, values, present))
+            elif c.type == "int":
+                parts.append(self._memoised(i, values.tolist(), present, self._int_entry))
+            else:
+                parts.append(self._memoised(i, values.tolist(), present, self._bytes_entry))
+        out = []
+        for row in zip(*parts):
+            features = b"".join(row)
+            out.append(b"\x0a" + _len_prefix(len(features)) + features)
+        return out
+
+    def _floats(self, i: int, values: np.ndarray, present: np.ndarray) -> list[bytes]:
+        prefix = self._float_prefix[i]
+        n = len(values)
+        width = len(prefix) + 4
+        buf = np.empty((n, width), dtype=np.uint8)
+        buf[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+        buf[:, len(prefix):] = values.astype("<f4").view(np.uint8).reshape(n, 4)
+        flat = buf.tobytes()
+        entries = [flat[j: j + width] for j in range(0, n * width, width)]
+        if not present.all():
+            for j in np.flatnonzero(~present):
+                entries[j] = b""
+        return entries
+
+    def _memoised(self, i: int, values: list, present: np.ndarray, make) -> list[bytes]:
+        memo = self._memo[i]
+        if len(memo) > _MEMO_LIMIT:
+            memo.clear()
+        key = self._keys[i]
+        out = []
+        append = out.append
+        get = memo.get
+        for v in values:
+            e = get(v)
+            if e is None:
+                e = memo[v] = make(key, v)
+            append(e)
+        if not present.all():
+            for j in np.flatnonzero(~present):
+                out[j] = b""
+        return out
+
+    @staticmethod
+    def _int_entry(key: bytes, v: int) -> bytes:
+        packed = varint(v)
+        int64_list = b"\x0a" + _len_prefix(len(packed)) + packed
+        return _entry(key, b"\x1a" + _len_prefix(len(int64_list)) + int64_list)
+
+    @staticmethod
+    def _bytes_entry(key: bytes, v) -> bytes:
+        data = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+        bytes_list = b"\x0a" + _len_prefix(len(data)) + data
+        return _entry(key, b"\x0a" + _len_prefix(len(bytes_list)) + bytes_list)
+
+
+def _masked_crc(data: bytes) -> bytes:
+    crc = google_crc32c.value(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+class GzipTFRecordWriter:
+    """Writes TFRecord framing (length, masked CRC32C) through gzip, as TF's GZIP option does."""
+
+    def __init__(self, path: str, level: int = 6):
+        self.path = path
+        self.records = 0
+        self._file = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        self._zip = zlib.compressobj(level, zlib.DEFLATED, 31)  # wbits 31: gzip container
+        self.bytes_written = 0
+
+    def write(self, records: Iterable[bytes]) -> None:
+        parts = []
+        for r in records:
+            length = struct.pack("<Q", len(r))
+            parts += (length, _masked_crc(length), r, _masked_crc(r))
+            self.records += 1
+        self._put(self._zip.compress(b"".join(parts)))
+
+    def _put(self, data: bytes) -> None:
+        if data:
+            self._file.write(data)
+            self.bytes_written += len(data)
+
+    def close(self) -> None:
+        self._put(self._zip.flush())
+        self._file.close()

@@ -1,0 +1,162 @@
+"""The `tfpipe` command. Each subcommand is a thin layer over a stage's `run(config)`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import traceback
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from tfpipe import __version__
+from tfpipe.config import Config, ConfigError, load_config, validate
+
+# Errors a user can fix: shown as one line, exit code 2.
+_USER_ERRORS: tuple[type[Exception], ...] = (ConfigError,)
+
+
+def _stage_errors() -> tuple[type[Exception], ...]:
+    from pipeline.errors import DataError
+
+    return _USER_ERRORS + (DataError,)
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
+    """One flag per config key, named after the key (`max_bad_fraction` -> `--max-bad-fraction`).
+
+    Flags default to 'not given', so only flags on the command line override the config file.
+    """
+    from pipeline.config import parse_split
+
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        key = field.alias or name
+        flag = "--" + key.replace("_", "-")
+        ann = field.annotation
+        origin = typing.get_origin(ann)
+        help_ = field.description or ""
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if ann is bool:
+            kw.update(action="store_true")
+        elif origin is list:
+            kw.update(nargs="+", action="extend", metavar=key.upper())
+        elif origin is dict:
+            kw.update(type=_arg_type(parse_split), metavar="NAME=W,...")
+        elif origin is Literal:
+            kw.update(choices=typing.get_args(ann))
+        else:
+            scalar = next((a for a in typing.get_args(ann) if a is not type(None)), ann)
+            kw.update(type=scalar if scalar in (int, float) else str, metavar=key.upper())
+        if field.default is not None and not callable(field.default_factory) and ann is not bool:
+            help_ += f" (default: {field.default})"
+        elif field.default_factory is not None and origin is dict:
+            help_ += " (default: " + ",".join(f"{k}={v}" for k, v in field.default_factory().items()) + ")"
+        parser.add_argument(flag, help=help_, **kw)
+
+
+def _arg_type(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _section(args: argparse.Namespace, config: Config, section: str, model: type[BaseModel]) -> Any:
+    """The config file's section with the command line's flags laid over it."""
+    values = getattr(config, section).model_dump(by_alias=True, exclude_unset=True)
+    for name, field in model.model_fields.items():
+        if hasattr(args, name):
+            values[field.alias or name] = getattr(args, name)
+    return validate(model, values, source="options", prefix=section)
+
+
+def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
+    from pipeline.config import DataConfig
+    from pipeline.job import run
+
+    config = load_config(args.config)
+    cfg = _section(args, config, "data", DataConfig)
+    if extra:
+        cfg.beam_args = [*cfg.beam_args, *extra]
+    run(cfg, log=lambda line: print(line, flush=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipeline.config import DataConfig
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="TOML", help="tfpipe.toml to read; flags override its keys")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and Beam's logs")
+
+    parser = argparse.ArgumentParser(
+        prog="tfpipe",
+        description="Raw data to a served, load-tested TensorFlow model.",
+    )
+    parser.add_argument("--version", action="version", version=f"tfpipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    data = sub.add_parser(
+        "data", parents=[common],
+        help="raw CSV/JSONL/Parquet -> validated, split, sharded gzip TFRecords + schema + stats",
+        description=(
+            "An Apache Beam job: reads CSV (with a header), JSON Lines or Parquet (globs, several "
+            "files, .gz), infers or enforces a schema, sends bad rows to deadletter/*.jsonl with a "
+            "reason, splits by a stable hash, computes statistics, and writes gzip TFRecords of "
+            "tf.train.Example plus schema.json, stats.json and data.json into --out, atomically. "
+            "Any other option is passed to Beam unchanged (--runner, --direct_num_workers, "
+            "--direct_running_mode, --project, --region, --temp_location, --flink_master, ...); "
+            "the default runner is FnApiRunner, with one worker per core on inputs over 16 MB."
+        ),
+        epilog="example: tfpipe data --input 'raw/*.csv' --label big_tipper --exclude tips --out work/data",
+    )
+    add_model_flags(data, DataConfig, skip={"beam_args"})
+    data.set_defaults(handler=cmd_data, accepts_extra=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if extra and not getattr(args, "accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        logging.getLogger("apache_beam").setLevel(logging.ERROR)
+        # Beam's GCP module warns on import that optional cloud clients are absent.
+        logging.getLogger().addFilter(lambda r: "apitools not found" not in str(r.msg))
+    # SIGTERM cleans up like Ctrl-C: temporary outputs are removed, nothing half-written stays.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return args.handler(args, extra)
+    except _stage_errors() as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"tfpipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug, not a user error: say so, keep the traceback for --debug
+        if args.debug:
+            raise
+        print(f"tfpipe {args.command}: internal error: {type(e).__name__}: {e} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
