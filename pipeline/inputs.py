@@ -67,7 +67,18 @@ class WorkUnit:
 
 
 def is_remote(path: str) -> bool:
-    return "://" in path
+    return "://" in path and not path.startswith("pkg://")
+
+
+def package_path(path: str) -> str:
+    """`pkg://PACKAGE/FILE` names a data file shipped inside an installed Python package."""
+    from importlib.resources import files
+
+    package, _, inner = path[len("pkg://"):].partition("/")
+    try:
+        return str(files(package).joinpath(inner))
+    except ModuleNotFoundError:
+        raise DataError(f"input {path}: Python package '{package}' is not installed") from None
 
 
 def resolve_inputs(patterns: list[str], fmt: str) -> list[tuple[str, str, bool, int, float]]:
@@ -77,6 +88,8 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[tuple[str, str, bool, 
     found: list[tuple[str, str, bool, int, float]] = []
     seen = set()
     for pattern in patterns:
+        if pattern.startswith("pkg://"):
+            pattern = package_path(pattern)
         if is_remote(pattern):
             try:
                 metas = FileSystems.match([pattern])[0].metadata_list

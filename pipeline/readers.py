@@ -65,12 +65,15 @@ class Validator:
         line_idx: list[int] = []
         bad: list[dict[str, Any]] = []
         reader = csv.reader(io.StringIO(text))
+        spans: dict[int, int] = {}  # row -> physical lines, for records spanning several lines
         prev = 0
         while True:
             try:
                 for row in reader:
                     cur = reader.line_num
                     if len(row) == ncols:
+                        if cur - prev != 1:
+                            spans[len(rows)] = cur - prev
                         rows.append(row)
                         line_idx.append(prev)
                     elif row and not (len(row) == 1 and row[0].strip() == ""):
@@ -83,11 +86,10 @@ class Validator:
                 bad.append(_dead(source, first_line + prev, _raw(lines, prev, cur), f"CSV syntax error: {e}"))
                 prev = cur
         raws = [lines[i] for i in line_idx]
-        for i, raw in enumerate(raws):
-            if raw.endswith("\r"):
-                raws[i] = raw[:-1]
-            elif "\n" in rows[i][0] or any("\n" in v for v in rows[i]):
-                raws[i] = _raw(lines, line_idx[i], line_idx[i] + 1 + sum(v.count("\n") for v in rows[i]))
+        if "\r" in text:
+            raws = [r[:-1] if r.endswith("\r") else r for r in raws]
+        for i, n_lines in spans.items():
+            raws[i] = _raw(lines, line_idx[i], line_idx[i] + n_lines)
         cols = list(zip(*rows)) if rows else [()] * ncols
         index = {name: i for i, name in enumerate(header)}
         converted: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
@@ -228,18 +230,21 @@ def _all_missing(type_: str, n: int):
 def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str]):
     """CSV strings to (values, present, problems); the `na` texts are missing values."""
     n = len(col)
-    has_na = not na.isdisjoint(col)
     if type_ == "string":
         values = np.array(col, dtype=object) if n else np.zeros(0, dtype=object)
+        has_na = not na.isdisjoint(col)
         present = np.fromiter((v not in na for v in col), bool, n) if has_na else np.ones(n, dtype=bool)
         return values, present, None
     dtype = np.float64 if type_ == "float" else np.int64
     parse = float if type_ == "float" else int
+    # Fast paths: Python's own parsers through fromiter beat numpy's string casts 3x.
     try:
-        # Fast path: Python's own parsers through fromiter beat numpy's string casts 3x.
-        values = np.fromiter(map(parse, [("0" if v in na else v) for v in col] if has_na else col), dtype, n)
-        present = np.fromiter((v not in na for v in col), bool, n) if has_na else np.ones(n, dtype=bool)
-        return _finish_numeric(values, present, {})
+        return _finish_numeric(np.fromiter(map(parse, col), dtype, n), np.ones(n, dtype=bool), {})
+    except (ValueError, OverflowError):
+        pass
+    try:
+        values = np.fromiter(map(parse, [("0" if v in na else v) for v in col]), dtype, n)
+        return _finish_numeric(values, np.fromiter((v not in na for v in col), bool, n), {})
     except (ValueError, OverflowError):
         pass
     # Slow path, only for a batch holding a bad value: find which ones.

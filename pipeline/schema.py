@@ -134,13 +134,18 @@ def load_schema(path: str) -> Schema:
 
 # ---- inference -------------------------------------------------------------------------
 
+# A column is numeric when at least this share of its sampled values parse as numbers;
+# the few that do not are bad rows (dead-letter), not a reason to make it a string column.
+NUMERIC_SHARE = 0.98
+
+
 class _TypeVote:
-    """Tracks which types every value seen so far for one column is compatible with."""
+    """Counts how many sampled values of one column fit each type."""
 
     def __init__(self, na_values: frozenset[str] = frozenset()) -> None:
         self.na_values = na_values
-        self.can_int = True
-        self.can_float = True
+        self.ints = 0
+        self.floats = 0
         self.seen = 0
         self.missing = 0
         self.values: set[Any] = set()
@@ -150,17 +155,16 @@ class _TypeVote:
             self.missing += 1
             return
         self.seen += 1
-        if self.can_int:
+        try:
+            int(text)
+            self.ints += 1
+            self.floats += 1
+        except ValueError:
             try:
-                int(text)
+                float(text)
+                self.floats += 1
             except ValueError:
-                self.can_int = False
-        if not self.can_int and self.can_float:
-            try:
-                if not math.isfinite(float(text)) and text.strip().lower() != "nan":
-                    self.can_float = False
-            except ValueError:
-                self.can_float = False
+                pass
         if len(self.values) <= 1000:
             self.values.add(text)
 
@@ -169,12 +173,11 @@ class _TypeVote:
             self.missing += 1
             return
         self.seen += 1
-        if isinstance(value, bool) or isinstance(value, int):
-            pass
+        if isinstance(value, (bool, int)):
+            self.ints += 1
+            self.floats += 1
         elif isinstance(value, float):
-            self.can_int = False  # JSON and Parquet say float: keep it float even if integral
-        else:
-            self.can_int = self.can_float = False
+            self.floats += 1  # JSON and Parquet say float: keep it float even if integral
         if len(self.values) <= 1000 and not isinstance(value, (list, dict)):
             self.values.add(value)
 
@@ -182,9 +185,9 @@ class _TypeVote:
     def type(self) -> str:
         if self.seen == 0:
             return "string"
-        if self.can_int:
+        if self.ints >= NUMERIC_SHARE * self.seen:
             return "int"
-        return "float" if self.can_float else "string"
+        return "float" if self.floats >= NUMERIC_SHARE * self.seen else "string"
 
 
 def infer_schema(
@@ -242,7 +245,7 @@ def infer_schema(
     if task != "regression":
         if label_type == "float":
             raise DataError(f"label column '{label}' holds non-integer numbers; use --task regression")
-        classes = sorted(_typed(v, label_type) for v in distinct)
+        classes = sorted({c for c in (_typed(v, label_type) for v in distinct) if c is not None})
     features = [
         Feature(c, votes[c].type, nullable=votes[c].missing > 0) for c in votes if c != label
     ]
@@ -251,5 +254,8 @@ def infer_schema(
 
 def _typed(value: Any, type_: str) -> Any:
     if type_ == "int":
-        return int(value)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None  # a stray value in the sample; its row will be a dead letter
     return str(value)

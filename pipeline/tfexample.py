@@ -62,6 +62,12 @@ class ExampleEncoder:
             for i, (c, k) in enumerate(zip(columns, self._keys)) if c.type == "float"
         }
 
+        # An int entry's layout depends only on the varint's length (1-10 bytes).
+        self._int_prefix = {
+            i: {n: _int_prefix(k, n) for n in range(1, 11)}
+            for i, (c, k) in enumerate(zip(columns, self._keys)) if c.type == "int"
+        }
+
     def encode(self, columns: dict[str, Column], rows: np.ndarray | None = None) -> list[bytes]:
         """Serialized Examples for the given rows (all rows when `rows` is None)."""
         parts = []
@@ -73,7 +79,7 @@ class ExampleEncoder:
             if c.type == "float":
                 parts.append(self._floats(i, values, present))
             elif c.type == "int":
-                parts.append(self._memoised(i, values.tolist(), present, self._int_entry))
+                parts.append(self._ints(i, values, present))
             else:
                 parts.append(self._memoised(i, values.tolist(), present, self._bytes_entry))
         out = []
@@ -83,23 +89,34 @@ class ExampleEncoder:
         return out
 
     def _floats(self, i: int, values: np.ndarray, present: np.ndarray) -> list[bytes]:
-        prefix = self._float_prefix[i]
-        n = len(values)
-        width = len(prefix) + 4
-        buf = np.empty((n, width), dtype=np.uint8)
-        buf[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
-        buf[:, len(prefix):] = values.astype("<f4").view(np.uint8).reshape(n, 4)
-        flat = buf.tobytes()
-        entries = [flat[j: j + width] for j in range(0, n * width, width)]
-        if not present.all():
-            for j in np.flatnonzero(~present):
-                entries[j] = b""
-        return entries
+        value_bytes = values.astype("<f4").view(np.uint8).reshape(len(values), 4)
+        entries = _rows_with_prefix(self._float_prefix[i], value_bytes)
+        return _blank_missing(entries, present)
+
+    def _ints(self, i: int, values: np.ndarray, present: np.ndarray) -> list[bytes]:
+        """Int64 entries, varint-encoded column-wise: rows grouped by encoded length."""
+        u = values.astype(np.int64).view(np.uint64)
+        length = np.ones(len(u), dtype=np.int64)
+        for k in range(1, 10):
+            length += u >= np.uint64(1 << (7 * k))
+        entries: list[bytes] = [b""] * len(u)
+        prefixes = self._int_prefix[i]
+        for n_bytes in np.unique(length).tolist():
+            rows = np.flatnonzero(length == n_bytes)
+            group = u[rows]
+            varints = np.empty((len(rows), n_bytes), dtype=np.uint8)
+            for j in range(n_bytes):
+                byte = (group >> np.uint64(7 * j)) & np.uint64(0x7F)
+                varints[:, j] = byte | np.uint64(0x80 if j < n_bytes - 1 else 0)
+            for row, entry in zip(rows.tolist(), _rows_with_prefix(prefixes[n_bytes], varints)):
+                entries[row] = entry
+        return _blank_missing(entries, present)
 
     def _memoised(self, i: int, values: list, present: np.ndarray, make) -> list[bytes]:
         memo = self._memo[i]
         if len(memo) > _MEMO_LIMIT:
             memo.clear()
+        memo[None] = b""  # a missing JSON/Parquet value
         key = self._keys[i]
         out = []
         append = out.append
@@ -125,6 +142,31 @@ class ExampleEncoder:
         data = v.encode("utf-8") if isinstance(v, str) else bytes(v)
         bytes_list = b"\x0a" + _len_prefix(len(data)) + data
         return _entry(key, b"\x0a" + _len_prefix(len(bytes_list)) + bytes_list)
+
+
+def _int_prefix(key: bytes, n_bytes: int) -> bytes:
+    """The bytes of an int64 feature entry before its `n_bytes`-long varint."""
+    placeholder = b"\x80" * (n_bytes - 1) + b"\x00"
+    int64_list = b"\x0a" + _len_prefix(n_bytes) + placeholder
+    entry = _entry(key, b"\x1a" + _len_prefix(len(int64_list)) + int64_list)
+    return entry[:-n_bytes]
+
+
+def _rows_with_prefix(prefix: bytes, values: np.ndarray) -> list[bytes]:
+    """Row j: `prefix` + the bytes of values[j] (a uint8 matrix with one row per entry)."""
+    n, width = values.shape[0], len(prefix) + values.shape[1]
+    buf = np.empty((n, width), dtype=np.uint8)
+    buf[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    buf[:, len(prefix):] = values
+    flat = buf.tobytes()
+    return [flat[j: j + width] for j in range(0, n * width, width)]
+
+
+def _blank_missing(entries: list[bytes], present: np.ndarray) -> list[bytes]:
+    if not present.all():
+        for j in np.flatnonzero(~present).tolist():
+            entries[j] = b""
+    return entries
 
 
 def _masked_crc(data: bytes) -> bytes:

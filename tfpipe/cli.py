@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 import traceback
 import typing
 from typing import Any, Literal
@@ -14,6 +15,15 @@ from pydantic import BaseModel
 
 from tfpipe import __version__
 from tfpipe.config import Config, ConfigError, load_config, validate
+
+# Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
+_interrupted = threading.Event()
+
+
+def _on_signal(signum, frame):
+    _interrupted.set()
+    raise KeyboardInterrupt
+
 
 # Errors a user can fix: shown as one line, exit code 2.
 _USER_ERRORS: tuple[type[Exception], ...] = (ConfigError,)
@@ -135,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.debug:
-        logging.getLogger("apache_beam").setLevel(logging.ERROR)
+        # Errors inside the pipeline reach the user through the one-line message below.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         # Beam's GCP module warns on import that optional cloud clients are absent.
         logging.getLogger().addFilter(lambda r: "apitools not found" not in str(r.msg))
     # SIGTERM cleans up like Ctrl-C: temporary outputs are removed, nothing half-written stays.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     try:
         return args.handler(args, extra)
     except _stage_errors() as e:
@@ -151,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, not a user error: say so, keep the traceback for --debug
+        if _interrupted.is_set():
+            print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
+            return 130
         if args.debug:
             raise
         print(f"tfpipe {args.command}: internal error: {type(e).__name__}: {e} "

@@ -1,0 +1,172 @@
+"""Benchmark `tfpipe data` against a plain single-process CSV -> TFRecord loop, in one run.
+
+    python benchmarks/bench_data.py                 # 1M rows (generated once into .bench/)
+    python benchmarks/bench_data.py --rows 1000000 3000000
+
+For each size it generates a CSV with 20 mixed columns, then runs, each as a subprocess
+whose whole process tree is sampled for memory:
+  * tfpipe data (FnApiRunner, 2 workers): validation, dead-letter, hash split, stats and
+    sharded gzip TFRecords;
+  * the plain loop: csv.reader -> typed values -> tf.train.Example filled in place ->
+    tf.io.TFRecordWriter(GZIP), one file, no validation, split or stats.
+It prints rows/s, MB/s written, peak RSS and the speed ratio (tfpipe / plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# 20 columns: 8 float, 6 int, 5 string, 1 binary label.
+FLOATS = [f"f{i}" for i in range(8)]
+INTS = [f"i{i}" for i in range(6)]
+STRINGS = [f"s{i}" for i in range(5)]
+COLUMNS = FLOATS + INTS + STRINGS + ["label"]
+
+
+def generate(path: str, rows: int, seed: int = 0) -> None:
+    """Write a CSV with realistic mixes: gaps in some floats, wide and narrow ints, categories."""
+    rng = np.random.default_rng(seed)
+    cards = [3, 12, 50, 400, 5000]
+    vocab = [[f"cat{c}_{j}" for j in range(card)] for c, card in enumerate(cards)]
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        step = 100_000
+        for start in range(0, rows, step):
+            n = min(step, rows - start)
+            cols = []
+            for i in range(8):
+                v = np.round(rng.normal(i * 10, 3 + i, n), 4).astype(str)
+                if i % 3 == 0:
+                    v[rng.random(n) < 0.05] = ""  # 5% missing
+                cols.append(v)
+            ranges = [24, 7, 100, 10_000, 1_000_000, 2_000_000_000]
+            cols += [rng.integers(0, r, n).astype(str) for r in ranges]
+            for c, card in enumerate(cards):
+                cols.append(np.array(vocab[c], dtype=object)[rng.zipf(1.3, n) % card])
+            cols.append((rng.random(n) < 0.3).astype(int).astype(str))
+            f.write("\n".join(",".join(row) for row in zip(*cols)) + "\n")
+    os.replace(tmp, path)
+
+
+PLAIN_LOOP = r'''
+import csv, sys, time
+import tensorflow as tf
+src, dst = sys.argv[1], sys.argv[2]
+floats, ints = set(sys.argv[3].split(",")), set(sys.argv[4].split(","))
+t = time.perf_counter()
+with open(src, newline="") as f, tf.io.TFRecordWriter(dst, options="GZIP") as w:
+    reader = csv.reader(f)
+    header = next(reader)
+    kinds = ["f" if h in floats else "i" if h in ints else "s" for h in header]
+    n = 0
+    for row in reader:
+        ex = tf.train.Example()
+        feature = ex.features.feature
+        for name, kind, v in zip(header, kinds, row):
+            if v == "":
+                continue
+            if kind == "f":
+                feature[name].float_list.value.append(float(v))
+            elif kind == "i":
+                feature[name].int64_list.value.append(int(v))
+            else:
+                feature[name].bytes_list.value.append(v.encode())
+        w.write(ex.SerializeToString())
+        n += 1
+print(n, time.perf_counter() - t)
+'''
+
+
+def measure(cmd: list[str]) -> tuple[float, int, str]:
+    """Run a command; return (wall seconds, peak RSS of its process tree in bytes, stdout)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    root = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        peak = max(peak, total)
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - start
+    out = proc.stdout.read()
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out}")
+    return elapsed, peak, out
+
+
+def bench(rows: int, workdir: str, workers: int) -> dict:
+    csv_path = os.path.join(workdir, f"bench-{rows}.csv")
+    if not os.path.exists(csv_path):
+        print(f"generating {csv_path} ...", flush=True)
+        generate(csv_path, rows)
+    size = os.path.getsize(csv_path)
+    out = os.path.join(workdir, f"out-{rows}")
+    shutil.rmtree(out, ignore_errors=True)
+    tfpipe = [sys.executable, "-m", "tfpipe.cli", "data", "--input", csv_path, "--label", "label",
+              "--out", out, "--force", f"--direct_num_workers={workers}",
+              "--direct_running_mode=multi_processing"]
+    t_beam, rss_beam, log = measure(tfpipe)
+    written_beam = sum(os.path.getsize(p) for p in glob.glob(os.path.join(out, "*.tfrecord.gz")))
+    plain_out = os.path.join(workdir, f"plain-{rows}.tfrecord.gz")
+    t_plain, rss_plain, plain_log = measure(
+        [sys.executable, "-c", PLAIN_LOOP, csv_path, plain_out, ",".join(FLOATS), ",".join(INTS + ["label"])])
+    written_plain = os.path.getsize(plain_out)
+    n_plain = int(plain_log.split()[-2])
+    assert n_plain == rows, plain_log
+    return {
+        "rows": rows, "input_mb": size / 1e6,
+        "beam_s": t_beam, "beam_rows_s": rows / t_beam, "beam_mb_s": written_beam / 1e6 / t_beam,
+        "beam_rss_mb": rss_beam / 2**20,
+        "plain_s": t_plain, "plain_rows_s": rows / t_plain, "plain_mb_s": written_plain / 1e6 / t_plain,
+        "plain_rss_mb": rss_plain / 2**20,
+        "ratio": t_plain / t_beam,
+        "beam_log_tail": "\n".join(log.strip().splitlines()[-8:]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workdir", default=os.path.join(ROOT, ".bench"))
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    results = [bench(n, args.workdir, args.workers) for n in args.rows]
+    for r in results:
+        print(f"\n--- {r['rows']:,} rows, {r['input_mb']:.0f} MB CSV ---\n{r['beam_log_tail']}")
+    print(f"\n{'rows':>10} {'':>6} {'seconds':>8} {'rows/s':>9} {'MB/s out':>8} {'peak RSS':>9}")
+    for r in results:
+        for who in ("beam", "plain"):
+            name = "tfpipe" if who == "beam" else "plain"
+            print(f"{r['rows']:>10,} {name:>6} {r[who + '_s']:>8.1f} {r[who + '_rows_s']:>9,.0f} "
+                  f"{r[who + '_mb_s']:>8.1f} {r[who + '_rss_mb']:>7.0f}MB")
+        print(f"{'':>10} ratio tfpipe/plain (speed): {r['ratio']:.2f}x")
+    if len(results) > 1:
+        a, b = results[0], results[-1]
+        print(f"\npeak RSS of tfpipe at {b['rows']:,} vs {a['rows']:,} rows: "
+              f"{b['beam_rss_mb']:.0f} MB vs {a['beam_rss_mb']:.0f} MB ({b['beam_rss_mb'] / a['beam_rss_mb']:.2f}x "
+              f"for {b['rows'] / a['rows']:.0f}x the rows)")
+
+
+if __name__ == "__main__":
+    main()

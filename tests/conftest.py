@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHICAGO = os.path.join(os.path.dirname(ROOT), "shared", "data", "chicago_taxi", "data.csv")
+
+
+@pytest.fixture(scope="session")
+def penguins_csv() -> str:
+    import palmerpenguins
+
+    return os.path.join(os.path.dirname(palmerpenguins.__file__), "data", "penguins.csv")
+
+
+@pytest.fixture(scope="session")
+def chicago_csv() -> str:
+    if not os.path.exists(CHICAGO):
+        pytest.skip(f"Chicago taxi sample not found at {CHICAGO} (it lives in ../shared beside the repo)")
+    return CHICAGO
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `tfpipe` as a user would, in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "tfpipe.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def read_split(out: str, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Read a split back with tf.data; returns {column: (values, present)} from schema.json."""
+    import tensorflow as tf
+
+    schema = json.load(open(os.path.join(out, "schema.json")))
+    dtypes = {"int": tf.int64, "float": tf.float32, "string": tf.string}
+    columns = [*schema["features"], {"name": schema["label"]["name"], "type": schema["label"]["type"]}]
+    spec = {c["name"]: tf.io.VarLenFeature(dtypes[c["type"]]) for c in columns}
+    files = sorted(glob.glob(os.path.join(out, f"{split}-*.tfrecord.gz")))
+    ds = tf.data.TFRecordDataset(files, compression_type="GZIP").batch(4096).map(
+        lambda batch: tf.io.parse_example(batch, spec))
+    parts: dict[str, list] = {c["name"]: [] for c in columns}
+    for batch in ds:
+        for c in columns:
+            sparse = batch[c["name"]]
+            n = int(sparse.dense_shape[0])
+            present = np.zeros(n, dtype=bool)
+            present[sparse.indices[:, 0].numpy()] = True
+            default = b"" if c["type"] == "string" else 0
+            dense = tf.sparse.to_dense(sparse, default_value=default).numpy()
+            values = dense[:, 0] if dense.shape[1] else np.full(n, default)
+            parts[c["name"]].append((values, present))
+    out_cols = {}
+    for name, chunks in parts.items():
+        if chunks:
+            out_cols[name] = (np.concatenate([v for v, _ in chunks]), np.concatenate([p for _, p in chunks]))
+        else:
+            out_cols[name] = (np.zeros(0), np.zeros(0, dtype=bool))
+    return out_cols
+
+
+def raw_records(out: str, split: str) -> list[bytes]:
+    """The serialized Examples of a split, in file order."""
+    import tensorflow as tf
+
+    files = sorted(glob.glob(os.path.join(out, f"{split}-*.tfrecord.gz")))
+    return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
