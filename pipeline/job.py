@@ -34,7 +34,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import __version__
 from pipeline.config import DataConfig
-from pipeline.errors import DataError
+from pipeline.errors import DataError, find_data_error
 from pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from pipeline.readers import Column, Validator, read_segment, sample_records
 from pipeline.schema import Schema, infer_schema, load_schema
@@ -210,7 +210,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     out = config.out if is_remote(config.out) else os.path.abspath(config.out)
     found = resolve_inputs(config.input, config.format)
     total = sum(f[3] for f in found)
-    log(f"inputs: {len(found)} file(s), {total / 1e6:.1f} MB")
+    log(f"inputs: {len(found)} file(s), {human_bytes(total)}")
 
     schema_text = None
     if config.schema_path:
@@ -251,8 +251,14 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     tmp = _temp_dir(out)
     try:
         with _progress(tmp, len(units), log):
-            with beam.Pipeline(options=options) as p:
-                build_pipeline(p, units, schema, config, shards, tmp)
+            try:
+                with beam.Pipeline(options=options) as p:
+                    build_pipeline(p, units, schema, config, shards, tmp)
+            except Exception as e:
+                user_error = find_data_error(e)
+                if user_error:
+                    raise user_error from None
+                raise
         result = _finish(tmp, out, config, schema, files, units, shards, settings, fingerprint,
                          runner, workers, started, log)
     except BaseException:
@@ -371,9 +377,15 @@ def _finish(tmp, out, config, schema, files, units, shards, settings, fingerprin
     for name, text in (("schema.json", schema.to_json()), ("stats.json", stats), ("data.json", manifest)):
         with FileSystems.create(FileSystems.join(tmp, name)) as f:
             f.write(json.dumps(text, indent=2, ensure_ascii=False).encode())
-    FileSystems.delete([FileSystems.join(tmp, "_units"), *(
-        [FileSystems.join(tmp, "_stats")] if FileSystems.exists(FileSystems.join(tmp, "_stats")) else [])])
-    _publish(tmp, out)
+    # Scratch files of the pipeline: deleted file by file, since object stores have no folders.
+    scratch = _match(FileSystems.join(tmp, "_units", "*")) + _match(FileSystems.join(tmp, "_stats", "*"))
+    FileSystems.delete([m.path for m in scratch])
+    if not is_remote(tmp):
+        for folder in ("_units", "_stats"):
+            shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
+    names = [f["file"] for files in files_out.values() for f in files]
+    names += manifest["outputs"]["deadletter"] + ["schema.json", "stats.json", "data.json"]
+    _publish(tmp, out, names)
     _print_summary(manifest, out, log)
     return out
 
@@ -392,6 +404,15 @@ def _settle_schema(schema: Schema, stats: dict) -> None:
         schema.label.classes = classes
         if len(classes) > 2 and schema.label.task == "binary":
             schema.label.task = "multiclass"
+
+
+def human_bytes(n: float) -> str:
+    unit = "B"
+    for bigger in ("KB", "MB", "GB"):
+        if n < 1000:
+            break
+        n, unit = n / 1000, bigger
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
 
 
 def _print_summary(manifest: dict, out: str, log) -> None:
@@ -462,13 +483,20 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _publish(tmp: str, out: str) -> None:
-    """Move the finished output into place; a reader sees the old or the new one, never half."""
+def _publish(tmp: str, out: str, names: list[str]) -> None:
+    """Move the finished output into place; a reader sees the old or the new one, never half.
+
+    `names` lists every output file relative to `tmp`, data.json last."""
     if is_remote(out):
-        # Object stores have no directory rename: copy file by file, data.json last.
-        names = sorted((m.path for m in _match(tmp.rstrip("/") + "/**")), key=lambda p: p.endswith("data.json"))
-        dests = [out.rstrip("/") + p[len(tmp.rstrip("/")):] for p in names]
-        FileSystems.rename(names, dests)
+        # Object stores have no directory rename: the old output goes first, then the new
+        # files move one by one with data.json last, so a reader that trusts data.json
+        # never sees a partial output.
+        old = [m.path for m in _match(FileSystems.join(out, "*")) + _match(FileSystems.join(out, "deadletter", "*"))]
+        if old:
+            FileSystems.delete(old)
+        for name in names:
+            FileSystems.rename([FileSystems.join(tmp, name)], [FileSystems.join(out, name)])
+        _remove(tmp)
         return
     if os.path.exists(out):
         old = f"{out}.old-{uuid.uuid4().hex[:8]}"
@@ -482,7 +510,7 @@ def _publish(tmp: str, out: str) -> None:
 def _remove(tmp: str) -> None:
     if is_remote(tmp):
         try:
-            FileSystems.delete([tmp])
+            FileSystems.delete([tmp.rstrip("/") + "/"])
         except Exception:
             pass
     else:

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -19,10 +20,12 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.errors import DataError, worker_data_error
 from pipeline.inputs import Segment
 from pipeline.schema import Schema
 
 BLOCK = 1 << 20  # bytes of text per batch: ~10k rows of a typical table
+MAX_RECORD = 16 << 20  # a quoted CSV record longer than this is taken as broken quoting
 
 
 @dataclass
@@ -339,6 +342,17 @@ def _accept(v: Any, type_: str) -> Any:
 
 def read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
     """Yield validated batches of one segment, reading at most a block of text at a time."""
+    try:
+        yield from _read_segment(seg, validator)
+    except (OSError, EOFError, zlib.error) as e:
+        raise worker_data_error(f"input {seg.path} is corrupt or unreadable: {e}") from None
+    except Exception as e:
+        if type(e).__module__.startswith("pyarrow"):
+            raise worker_data_error(f"input {seg.path} is not readable Parquet: {e}") from None
+        raise
+
+
+def _read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
     if seg.format == "parquet":
         yield from _read_parquet(seg, validator)
         return
@@ -362,6 +376,10 @@ def read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
                 return
             final = not chunk
             cut = len(data) if final else _last_record_end(data, quote_aware)
+            if cut <= 0 and len(data) > MAX_RECORD:
+                # An unbalanced quote: no record ends in sight. Cut at a newline anyway so
+                # memory stays bounded; the rows around the stray quote become dead letters.
+                cut = data.rfind(b"\n") + 1
             if cut <= 0:
                 carry = data
                 continue
@@ -440,45 +458,53 @@ def _read_parquet(seg: Segment, validator: Validator) -> Iterator[Batch]:
 def sample_records(files, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """Up to `limit` raw records from the start of the inputs, shared across files, for
     schema inference. Returns (records, textual): CSV records hold strings."""
-    import gzip
-
     per_file = max(1, -(-limit // len(files)))
     records: list[dict[str, Any]] = []
     textual = all(f.format == "csv" for f in files)
     for f in files:
-        got = 0
-        if f.format == "parquet":
-            import pyarrow.parquet as pq
-
-            with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-                for rb in pq.ParquetFile(raw).iter_batches(batch_size=min(per_file, 8192)):
-                    rows = rb.to_pylist()[: per_file - got]
-                    records.extend(rows)
-                    got += len(rows)
-                    if got >= per_file:
-                        break
-            continue
-        with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-            stream = gzip.GzipFile(fileobj=raw) if f.compressed else raw
-            text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
-            if f.format == "csv":
-                reader = csv.reader(text)
-                next(reader, None)  # header
-                for row in reader:
-                    if len(row) == len(f.columns):
-                        records.append(dict(zip(f.columns, row)))
-                        got += 1
-                        if got >= per_file:
-                            break
-            else:
-                for line in text:
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(obj, dict):
-                        records.append(obj)
-                        got += 1
-                        if got >= per_file:
-                            break
+        try:
+            records.extend(_sample_file(f, per_file))
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"input {f.path} is corrupt or unreadable: {e}") from None
+        except Exception as e:
+            if type(e).__module__.startswith("pyarrow"):
+                raise DataError(f"input {f.path} is not readable Parquet: {e}") from None
+            raise
     return records, textual
+
+
+def _sample_file(f, per_file: int) -> list[dict[str, Any]]:
+    import gzip
+
+    records: list[dict[str, Any]] = []
+    if f.format == "parquet":
+        import pyarrow.parquet as pq
+
+        with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+            for rb in pq.ParquetFile(raw).iter_batches(batch_size=min(per_file, 8192)):
+                records.extend(rb.to_pylist()[: per_file - len(records)])
+                if len(records) >= per_file:
+                    break
+        return records
+    with FileSystems.open(f.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        stream = gzip.GzipFile(fileobj=raw) if f.compressed else raw
+        text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
+        if f.format == "csv":
+            reader = csv.reader(text)
+            next(reader, None)  # header
+            for row in reader:
+                if len(row) == len(f.columns):
+                    records.append(dict(zip(f.columns, row)))
+                    if len(records) >= per_file:
+                        break
+        else:
+            for line in text:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    records.append(obj)
+                    if len(records) >= per_file:
+                        break
+    return records
