@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -31,8 +32,9 @@ _USER_ERRORS: tuple[type[Exception], ...] = (ConfigError,)
 
 def _stage_errors() -> tuple[type[Exception], ...]:
     from pipeline.errors import DataError
+    from train.errors import TrainError
 
-    return _USER_ERRORS + (DataError,)
+    return _USER_ERRORS + (DataError, TrainError)
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -41,6 +43,7 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
     Flags default to 'not given', so only flags on the command line override the config file.
     """
     from pipeline.config import parse_split
+    from train.config import parse_int_list
 
     for name, field in model.model_fields.items():
         if name in skip:
@@ -53,6 +56,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
         if ann is bool:
             kw.update(action="store_true")
+        elif origin is list and typing.get_args(ann) == (int,):
+            kw.update(type=_arg_type(parse_int_list), metavar="N,N,...")
         elif origin is list:
             kw.update(nargs="+", action="extend", metavar=key.upper())
         elif origin is dict:
@@ -66,6 +71,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
             help_ += f" (default: {field.default})"
         elif field.default_factory is not None and origin is dict:
             help_ += " (default: " + ",".join(f"{k}={v}" for k, v in field.default_factory().items()) + ")"
+        elif field.default_factory is not None and typing.get_args(ann) == (int,):
+            help_ += " (default: " + ",".join(map(str, field.default_factory())) + ")"
         parser.add_argument(flag, help=help_, **kw)
 
 
@@ -101,8 +108,20 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from train.config import TrainConfig
+
+    config = load_config(args.config)
+    cfg = _section(args, config, "train", TrainConfig)
+    from train.job import run  # imports TensorFlow: only when training
+
+    run(cfg, log=lambda line: print(line, flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.config import DataConfig
+    from train.config import TrainConfig
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="TOML", help="tfpipe.toml to read; flags override its keys")
@@ -131,6 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(data, DataConfig, skip={"beam_args"})
     data.set_defaults(handler=cmd_data, accepts_extra=True)
+
+    train = sub.add_parser(
+        "train", parents=[common],
+        help="TFRecords from tfpipe data -> a Keras 3 model with its preprocessing inside",
+        description=(
+            "Reads only the data stage's output (TFRecords, schema.json, stats.json): tf.data "
+            "(parallel interleave, shuffle, batch-then-parse, prefetch) feeds a Keras 3 model whose "
+            "preprocessing layers (imputation, normalisation, string lookups) are built from the "
+            "statistics, so the saved model takes raw features. Mixed precision and XLA on GPUs, "
+            "MirroredStrategy over several GPUs, MultiWorkerMirroredStrategy with TF_CONFIG, gradient "
+            "accumulation, early stopping, a checkpoint every epoch, and resume: a killed run started "
+            "again with the same command continues from its last epoch."
+        ),
+        epilog="example: tfpipe train --data runs/taxi/data --out runs/taxi/train --epochs 20 --hidden 128,64",
+    )
+    add_model_flags(train, TrainConfig)
+    train.set_defaults(handler=cmd_train)
     return parser
 
 
@@ -142,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if not args.debug:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines
     logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.debug:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.config import DataConfig
+from train.config import TrainConfig
 
 
 class ConfigError(Exception):
@@ -21,6 +22,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
 
 def load_config(path: str | None) -> Config:

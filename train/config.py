@@ -1,0 +1,57 @@
+"""Configuration of the training stage: the `[train]` section of tfpipe.toml, one CLI flag per key."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class TrainConfig(BaseModel):
+    """Options of `tfpipe train`; the field descriptions are the CLI's --help."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    data: str | None = Field(None, description="the data stage's output directory")
+    out: str | None = Field(None, description="output directory (written atomically)")
+    epochs: int = Field(30, ge=1, description="maximum epochs (early stopping may end sooner)")
+    batch_size: int = Field(256, ge=1, description="examples per replica per step")
+    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
+    hidden: list[int] = Field(default_factory=lambda: [64, 32], description="hidden layer widths, e.g. 64,32")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer")
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "auto", description="dtype policy; auto: mixed_float16 on NVIDIA GPUs with compute capability >= 7.0")
+    xla: Literal["auto", "on", "off"] = Field("auto", description="XLA jit_compile; auto: on with a GPU")
+    strategy: Literal["auto", "default", "mirrored", "multiworker"] = Field(
+        "auto", description="distribution strategy; auto: mirrored with more than one GPU")
+    grad_accum_steps: int = Field(1, ge=1, description="batches whose gradients are averaged per update")
+    seed: int = Field(42, description="random seed for weights, shuffling and dropout")
+    deterministic: bool = Field(False, description="deterministic ops and input order (bit-identical reruns)")
+    shuffle_buffer: int = Field(10000, ge=1, description="examples in the training shuffle buffer")
+    patience: int = Field(5, ge=1, description="epochs without eval-loss improvement before stopping")
+    time_limit: float | None = Field(None, gt=0, description="stop training after this many seconds")
+    profile: bool = Field(False, description="write a TensorBoard profiler trace of a few steps")
+    log_device_placement: bool = Field(False, description="log which device runs each op")
+    force: bool = Field(False, description="retrain even when the output is up to date")
+
+    @field_validator("hidden")
+    @classmethod
+    def _check_hidden(cls, v: list[int]) -> list[int]:
+        if any(w < 1 for w in v):
+            raise ValueError("hidden layer widths must be >= 1")
+        return v
+
+    def resume_fields(self) -> dict:
+        """What must match for a new run to resume an interrupted one's checkpoints."""
+        return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps"})
+
+    def result_fingerprint_fields(self) -> dict:
+        return self.model_dump(exclude={"data", "out", "force", "profile", "log_device_placement"})
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'64,32' -> [64, 32]."""
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"'{text}' is not a comma-separated list of integers") from None

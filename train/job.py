@@ -1,0 +1,310 @@
+"""`tfpipe train`: the data stage's TFRecords -> a Keras 3 model with preprocessing inside.
+
+The run works in `.NAME.partial` beside --out: checkpoints, the BackupAndRestore backup and
+logs accumulate there, so a killed run started again resumes from its last epoch; on
+success the directory is renamed to --out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from pipeline import __version__
+from train.config import TrainConfig
+from train.data import DataDir, load_data_dir, make_dataset
+from train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
+from train.errors import TrainError
+from train.model import build_models, loss_and_metrics
+
+
+class DivergedError(Exception):
+    def __init__(self, epoch: int, step: int, loss: float):
+        super().__init__(f"loss became {loss} at epoch {epoch}, step {step}")
+        self.epoch, self.step, self.loss = epoch, step, loss
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Raises out of fit() on a NaN/Inf loss. Unlike TerminateOnNaN it does not let fit end
+    normally, so BackupAndRestore keeps its backup of the last good epoch (keras#21771)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise DivergedError(self.epoch + 1, batch + 1, float(loss))
+
+
+class KeepLearningRate(keras.callbacks.Callback):
+    """After BackupAndRestore restores the optimizer, apply this run's learning rate, so a
+    rerun with a lower rate after a divergence resumes with the lower rate."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def on_train_begin(self, logs=None):
+        self.model.optimizer.learning_rate.assign(self.rate)
+
+
+class EpochLog(keras.callbacks.Callback):
+    """One JSON line per epoch in metrics.jsonl: metrics, wall time, and the time spent in
+    training steps alone (fetching the batch included, validation and callbacks not)."""
+
+    def __init__(self, path: str, examples: int, time_limit: float | None, log):
+        super().__init__()
+        self.path, self.examples, self.time_limit, self.log = path, examples, time_limit, log
+        self.epochs: list[dict[str, Any]] = []
+
+    def on_train_begin(self, logs=None):
+        self.started = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+        self.step_seconds = 0.0
+        self.steps = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.tb = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step_seconds += time.perf_counter() - self.tb
+        self.steps += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self.t0
+        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
+               "seconds": round(seconds, 4), "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
+               "examples_per_s": round(self.examples / self.step_seconds, 1)}
+        self.epochs.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.time_limit and time.perf_counter() - self.started > self.time_limit:
+            self.log(f"time limit of {self.time_limit:g} s reached after epoch {epoch + 1}")
+            self.model.stop_training = True
+
+
+def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
+    """Train; returns the output directory (published atomically)."""
+    started = time.time()
+    data = load_data_dir(config.data)
+    if not config.out:
+        raise TrainError("no output directory: pass --out DIR")
+    out = os.path.abspath(config.out)
+    fingerprint = _digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
+                           "version": __version__})
+    previous = _read_json(os.path.join(out, "train.json"))
+    if previous and previous.get("fingerprint") == fingerprint and not config.force:
+        log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
+        return out
+
+    gpus = setup_gpus(config.log_device_placement)
+    policy, policy_why = choose_precision(config.precision, gpus)
+    xla, xla_why = choose_xla(config.xla, gpus)
+    strategy, strategy_name = choose_strategy(config.strategy, gpus)
+    workers, worker = worker_position(strategy)
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(config.seed)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    replicas = strategy.num_replicas_in_sync
+    global_batch = config.batch_size * replicas
+    devices = {"cpus": os.cpu_count(), "gpus": gpus}
+    for g in gpus:
+        log(f"GPU {g['device']}: {g['name']}, compute capability {g['compute_capability']}, "
+            f"{g['memory_gb'] or '?'} GB")
+    if not gpus:
+        log(f"devices: CPU only ({os.cpu_count()} cores)")
+    log(f"precision {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({xla_why}); {strategy_name}; "
+        f"global batch {global_batch} = {config.batch_size} x {replicas} replica(s)"
+        + (f", gradients accumulated over {config.grad_accum_steps} batches" if config.grad_accum_steps > 1 else ""))
+
+    work = _work_dir(out, config, data, worker)
+    train_stats = data.train_stats()
+    with strategy.scope():
+        preprocessor, trainer, model = build_models(data.schema, train_stats, config.hidden, config.dropout,
+                                                    config.seed)
+        compile_trainer(trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, xla)
+
+    shard = (workers, worker) if workers > 1 else None
+    batch_per_worker = global_batch // workers
+    train_ds = make_dataset(data.files("train"), data.schema, batch_per_worker, shuffle=True, seed=config.seed,
+                            shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic,
+                            shard=shard, preprocess=preprocessor)
+    eval_split = "eval" if data.count("eval") else "train"
+    eval_ds = make_dataset(data.files(eval_split), data.schema, batch_per_worker, shuffle=False, seed=config.seed,
+                           deterministic=True, shard=shard, preprocess=preprocessor)
+
+    epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
+    callbacks = [
+        keras.callbacks.BackupAndRestore(os.path.join(work, "backup")),
+        KeepLearningRate(config.learning_rate),
+        StopOnNonFiniteLoss(),
+        epoch_log,
+        keras.callbacks.ModelCheckpoint(os.path.join(work, "checkpoints", "epoch-{epoch:03d}.weights.h5"),
+                                        save_weights_only=True),
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True),
+        keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
+    ]
+    resumed = _resumed_epoch(work)
+    if resumed:
+        log(f"resuming from the backup of epoch {resumed} in {work}")
+    log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})")
+    try:
+        trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs, callbacks=callbacks,
+                    shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
+    except DivergedError as e:
+        good = _resumed_epoch(work)
+        kept = f"the last good epoch ({good}) is kept in {work}" if good else "no epoch finished"
+        raise TrainError(f"{e}; {kept}. Rerun with a lower --learning-rate to resume from it") from None
+    except tf.errors.DataLossError as e:
+        raise TrainError(f"a TFRecord file of {data.path} is corrupt: {e.message.splitlines()[0]}") from None
+    except tf.errors.ResourceExhaustedError:
+        raise TrainError("out of GPU memory: lower --batch-size, use --precision mixed_float16, "
+                         "or keep the batch with --grad-accum-steps") from None
+
+    results = {}
+    for split in ("eval", "test"):
+        if data.count(split):
+            ds = make_dataset(data.files(split), data.schema, batch_per_worker, shuffle=False, seed=config.seed,
+                              deterministic=True, shard=shard, preprocess=preprocessor)
+            results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
+    timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, global_batch)
+
+    shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
+    if worker != 0:  # in multi-worker training only the chief publishes
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+    model.save(os.path.join(work, "model.keras"))
+    manifest = {
+        "stage": "train",
+        "tfpipe_version": __version__,
+        "fingerprint": fingerprint,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.model_dump(mode="json"),
+        "data": {"path": data.path, "fingerprint": data.manifest["fingerprint"]},
+        "devices": devices,
+        "precision": {"policy": policy, "why": policy_why,
+                      "loss_scaling": policy == "mixed_float16"},
+        "xla": {"jit_compile": xla, "why": xla_why},
+        "strategy": {"name": strategy_name, "replicas": replicas, "workers": workers,
+                     "global_batch": global_batch, "grad_accum_steps": config.grad_accum_steps},
+        "epochs_run": len(epoch_log.epochs),
+        "resumed_from_epoch": resumed,
+        "metrics": results,
+        **timing,
+        "elapsed_s": round(time.time() - started, 2),
+    }
+    with open(os.path.join(work, "train.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    _publish(work, out)
+    _print_summary(manifest, out, log)
+    return out
+
+
+def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum: int, xla: bool) -> None:
+    """Adam, with gradients averaged over `accum` batches per update when accum > 1."""
+    optimizer = keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=accum if accum > 1 else None)
+    loss, metrics = loss_and_metrics(task)
+    # Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer (auto_scale_loss).
+    trainer.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=xla)
+
+
+def _timing(epochs, trainer, train_ds, config, task, xla, global_batch) -> dict[str, Any]:
+    """Throughput, mean step time and the share of each step spent waiting for input.
+
+    The wait is measured, not guessed: a copy of the trainer takes the same steps on one
+    batch held in memory (pure compute); the rest of a training step's time is input wait."""
+    steady = epochs[1:] or epochs  # the first epoch includes tracing
+    if not steady:
+        return {}
+    seconds = sum(e["step_seconds"] for e in steady)
+    examples = sum(e["step_seconds"] * e["examples_per_s"] for e in steady)
+    step_time = seconds / sum(e["steps"] for e in steady)
+    probe = keras.models.clone_model(trainer)
+    compile_trainer(probe, task, config.learning_rate, 1, xla)
+    batch = next(iter(train_ds))
+    probe.train_on_batch(*batch)  # trace and compile outside the timing
+    n = 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        probe.train_on_batch(*batch)
+    compute = (time.perf_counter() - t0) / n
+    return {"examples_per_s": round(examples / seconds, 1), "mean_step_s": round(step_time, 6),
+            "compute_step_s": round(compute, 6),
+            "input_wait_fraction": round(max(0.0, 1 - compute / step_time), 4)}
+
+
+def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int) -> str:
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    work = os.path.join(parent, f".{name}.partial" + (f"-worker{worker}" if worker else ""))
+    key = _digest({"resume": config.resume_fields(), "data": data.manifest["fingerprint"]})
+    marker = os.path.join(work, "resume.json")
+    if _read_json(marker) != {"key": key}:
+        shutil.rmtree(work, ignore_errors=True)  # another model or data: nothing to resume
+        os.makedirs(os.path.join(work, "checkpoints"))
+        with open(marker, "w") as f:
+            json.dump({"key": key}, f)
+    elif os.path.exists(os.path.join(work, "metrics.jsonl")):
+        _trim_metrics(work)
+    return work
+
+
+def _trim_metrics(work: str) -> None:
+    """Keep metrics.jsonl in step with the backup: drop epochs after the one it restores."""
+    last = _resumed_epoch(work) or 0
+    path = os.path.join(work, "metrics.jsonl")
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    with open(path, "w") as f:
+        for r in rows:
+            if r["epoch"] <= last:
+                f.write(json.dumps(r) + "\n")
+
+
+def _resumed_epoch(work: str) -> int | None:
+    meta = _read_json(os.path.join(work, "backup", "training_metadata.json"))
+    return int(meta["epoch"]) if meta else None
+
+
+def _publish(work: str, out: str) -> None:
+    os.remove(os.path.join(work, "resume.json"))
+    if os.path.exists(out):
+        old = f"{out}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(work, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(work, out)
+
+
+def _print_summary(m: dict[str, Any], out: str, log) -> None:
+    for split, metrics in m["metrics"].items():
+        log(f"  {split:5s} " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if "examples_per_s" in m:
+        log(f"  {m['epochs_run']} epochs, {m['examples_per_s']:,.0f} examples/s, step {m['mean_step_s'] * 1000:.2f} ms "
+            f"(input wait {m['input_wait_fraction']:.1%})")
+    log(f"wrote {out} in {m['elapsed_s']:.1f} s")
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

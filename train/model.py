@@ -1,0 +1,140 @@
+"""A Keras 3 model built from schema.json and stats.json, preprocessing inside.
+
+Three models share layers:
+  preprocessor: raw features -> one float32 vector (imputation, normalisation, lookups)
+  trainer:      vector -> prediction (the dense part; XLA-compilable, under the dtype policy)
+  model:        raw features -> prediction, trainer(preprocessor(x)); this is what is saved
+Training maps the preprocessor over the tf.data pipeline, where string lookups run on the
+CPU in parallel, and compiles only the trainer; the saved model still takes raw features,
+so serving cannot skew from training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from pipeline.schema import Schema
+
+ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
+
+
+@keras.saving.register_keras_serializable(package="tfpipe")
+class ImputeNormalize(layers.Layer):
+    """NaN -> the training mean, then (x - mean) / std; adds a 0/1 'was missing' column when
+    the feature is nullable, so the model can tell an imputed value from a real one."""
+
+    def __init__(self, mean: float, variance: float, flag_missing: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.mean = float(mean)
+        self.variance = float(variance)
+        self.flag_missing = bool(flag_missing)
+
+    def call(self, x):
+        x = ops.cast(x, "float32")
+        missing = ops.isnan(x)
+        filled = ops.where(missing, self.mean, x)
+        scaled = (filled - self.mean) / math.sqrt(max(self.variance, 1e-12))
+        columns = [scaled]
+        if self.flag_missing:
+            columns.append(ops.cast(missing, "float32"))
+        return ops.stack(columns, axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, 2 if self.flag_missing else 1)
+
+    def get_config(self):
+        return {**super().get_config(), "mean": self.mean, "variance": self.variance,
+                "flag_missing": self.flag_missing}
+
+
+def input_dtype(type_: str) -> str:
+    return {"int": "float64", "float": "float32", "string": "string"}[type_]
+
+
+def embedding_dim(n: int) -> int:
+    return int(min(32, max(2, round(1.6 * n ** 0.56))))
+
+
+def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
+                 seed: int) -> tuple[keras.Model, keras.Model, keras.Model]:
+    """(preprocessor, trainer, model) for the schema, initialised from training statistics."""
+    inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=c.name) for c in schema.features}
+    parts = []
+    for c in schema.features:
+        s = train_stats["features"][c.name]
+        x = inputs[c.name]
+        if c.type in ("int", "float"):
+            mean = s["mean"] if s["mean"] is not None else 0.0
+            var = s["variance"] if s["variance"] else 1.0
+            parts.append(ImputeNormalize(mean, var, c.nullable, dtype="float32", name=f"norm_{c.name}")(x))
+        else:
+            vocab = [str(v) for v, _ in s["top"] if v != ""]
+            if not vocab:
+                continue  # never seen a value: nothing to learn from
+            if len(vocab) + 1 <= ONE_HOT_MAX:
+                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, output_mode="one_hot",
+                                             dtype="float32", name=f"lookup_{c.name}")
+                parts.append(lookup(x))
+            else:
+                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, name=f"lookup_{c.name}")
+                embed = layers.Embedding(len(vocab) + 1, embedding_dim(len(vocab) + 1), dtype="float32",
+                                         embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
+                                         name=f"embed_{c.name}")
+                parts.append(embed(lookup(x)))
+    features = layers.Concatenate(dtype="float32", name="features")(parts) if len(parts) > 1 else parts[0]
+    preprocessor = keras.Model(inputs, features, name="preprocessor")
+
+    width = preprocessor.output.shape[-1]
+    vec = keras.Input(shape=(width,), dtype="float32", name="features")
+    h = vec
+    for i, units in enumerate(hidden):
+        h = layers.Dense(units, activation="relu", name=f"hidden_{i}",
+                         kernel_initializer=keras.initializers.GlorotUniform(seed=seed + i))(h)
+        if dropout:
+            h = layers.Dropout(dropout, seed=seed + 100 + i, name=f"dropout_{i}")(h)
+    head_init = keras.initializers.GlorotUniform(seed=seed + 1000)
+    task = schema.label.task
+    # The head runs in float32 whatever the policy: softmax/sigmoid and the loss need the range.
+    if task == "binary":
+        out = layers.Dense(1, activation="sigmoid", dtype="float32", kernel_initializer=head_init, name="head")(h)
+        out = layers.Reshape((), dtype="float32", name="probability")(out)
+    elif task == "multiclass":
+        out = layers.Dense(len(schema.label.classes), activation="softmax", dtype="float32",
+                           kernel_initializer=head_init, name="head")(h)
+    else:
+        label = train_stats["label"]
+        mean = label.get("mean") or 0.0
+        std = label.get("std") or 1.0
+        out = layers.Dense(1, dtype="float32", kernel_initializer=head_init, name="head")(h)
+        # Predict in standard units and scale back, so the head starts near the label's range.
+        out = layers.Rescaling(std, offset=mean, dtype="float32", name="rescale")(out)
+        out = layers.Reshape((), dtype="float32", name="prediction")(out)
+    trainer = keras.Model(vec, out, name="trainer")
+    model = keras.Model(inputs, trainer(preprocessor(inputs)), name="tfpipe_model")
+    return preprocessor, trainer, model
+
+
+def loss_and_metrics(task: str):
+    if task == "binary":
+        return "binary_crossentropy", [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
+    if task == "multiclass":
+        return "sparse_categorical_crossentropy", [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    return "mean_squared_error", [keras.metrics.MeanAbsoluteError(name="mae"),
+                                  keras.metrics.RootMeanSquaredError(name="rmse")]
+
+
+def numpy_batch(schema: Schema, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Raw rows (dicts, None for missing) as the model's input arrays."""
+    out = {}
+    for c in schema.features:
+        values = [r.get(c.name) for r in rows]
+        if c.type == "string":
+            out[c.name] = np.array(["" if v is None else str(v) for v in values], dtype=object)
+        else:
+            out[c.name] = np.array([np.nan if v is None else v for v in values], dtype=input_dtype(c.type))
+    return out
