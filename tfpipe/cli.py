@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -108,12 +109,31 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr(quiet: bool):
+    """Silence what native code writes straight to fd 2 (TensorFlow 2.21 prints CUDA-stub
+    lines on import that no log-level variable suppresses); --debug keeps them."""
+    if not quiet:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from train.config import TrainConfig
 
     config = load_config(args.config)
     cfg = _section(args, config, "train", TrainConfig)
-    from train.job import run  # imports TensorFlow: only when training
+    with _quiet_native_stderr(not args.debug):
+        from train.job import run  # imports TensorFlow: only when training
 
     run(cfg, log=lambda line: print(line, flush=True))
     return 0
@@ -179,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.debug:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines
+        # TensorFlow's C++ log (including a harmless cuInit error on machines without a GPU);
+        # real failures still reach the user as exceptions.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.debug:

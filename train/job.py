@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -25,6 +26,10 @@ from train.data import DataDir, load_data_dir, make_dataset
 from train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
 from train.errors import TrainError
 from train.model import build_models, loss_and_metrics
+
+
+# Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
+warnings.filterwarnings("ignore", message="Your input ran out of data")
 
 
 class DivergedError(Exception):
@@ -166,8 +171,11 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
                     shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
     except DivergedError as e:
         good = _resumed_epoch(work)
-        kept = f"the last good epoch ({good}) is kept in {work}" if good else "no epoch finished"
-        raise TrainError(f"{e}; {kept}. Rerun with a lower --learning-rate to resume from it") from None
+        if good:
+            hint = f"the last good epoch ({good}) is kept in {work}; rerun with a lower --learning-rate to resume from it"
+        else:
+            hint = "no epoch had finished; rerun with a lower --learning-rate"
+        raise TrainError(f"{e}; {hint}") from None
     except tf.errors.DataLossError as e:
         raise TrainError(f"a TFRecord file of {data.path} is corrupt: {e.message.splitlines()[0]}") from None
     except tf.errors.ResourceExhaustedError:

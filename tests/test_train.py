@@ -1,0 +1,245 @@
+"""Behaviour of `tfpipe train`: real tf.data and Keras on data the data stage wrote."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_cli
+
+
+@pytest.fixture(scope="session")
+def penguins_data(tmp_path_factory, penguins_csv) -> str:
+    from pipeline.config import DataConfig
+    from pipeline.job import run
+
+    out = str(tmp_path_factory.mktemp("penguins") / "data")
+    return run(DataConfig(input=[penguins_csv], label="species", out=out, shards=2), log=lambda _: None)
+
+
+def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_cli("train", "--data", data, "--out", str(out), *args, timeout=timeout)
+
+
+def load(out, name="train.json") -> dict:
+    return json.load(open(os.path.join(out, name)))
+
+
+def test_penguins_trains_and_the_saved_model_takes_raw_features(tmp_path, penguins_data):
+    import keras
+    import tensorflow as tf
+
+    out = tmp_path / "train"
+    res = train(penguins_data, out)
+    assert res.returncode == 0, res.stderr
+    assert "precision float32 (no GPU)" in res.stdout and "wrote" in res.stdout
+    m = load(out)
+    assert m["metrics"]["eval"]["accuracy"] >= 0.95
+    assert m["precision"]["policy"] == "float32" and m["strategy"]["global_batch"] == 256
+    assert 0 <= m["input_wait_fraction"] <= 1 and m["examples_per_s"] > 0
+    epochs = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [e["epoch"] for e in epochs] == list(range(1, m["epochs_run"] + 1))
+    assert all(np.isfinite(e["loss"]) and "val_accuracy" in e for e in epochs)
+    assert len(glob.glob(str(out / "checkpoints" / "epoch-*.weights.h5"))) == m["epochs_run"]
+
+    # The saved model: raw features in (NaN for a missing number), class probabilities out.
+    from train.model import numpy_batch
+    from pipeline.schema import load_schema
+
+    model = keras.models.load_model(out / "model.keras")
+    schema = load_schema(os.path.join(penguins_data, "schema.json"))
+    rows = [
+        {"island": "Biscoe", "bill_length_mm": 48.0, "bill_depth_mm": 15.0, "flipper_length_mm": 220,
+         "body_mass_g": 5400, "sex": "male", "year": 2008},   # a Gentoo
+        {"island": "Torgersen", "bill_length_mm": 38.0, "bill_depth_mm": 19.0, "flipper_length_mm": 185,
+         "body_mass_g": 3600, "sex": None, "year": 2007},      # an Adelie, sex unknown
+        {"island": "Dream", "bill_length_mm": 50.0, "bill_depth_mm": 19.0, "flipper_length_mm": None,
+         "body_mass_g": 3800, "sex": "female", "year": 2009},  # a Chinstrap, flipper missing
+    ]
+    probs = model.predict(numpy_batch(schema, rows), verbose=0)
+    assert probs.shape == (3, 3) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)
+    assert [schema.label.classes[i] for i in probs.argmax(axis=1)] == ["Gentoo", "Adelie", "Chinstrap"]
+
+    # TensorBoard event files hold the per-epoch scalars.
+    events = glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
+    assert events
+    tags = set()
+    for record in tf.data.TFRecordDataset(events):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        tags.update(v.tag for v in event.summary.value)
+    assert "epoch_loss" in tags and "epoch_accuracy" in tags
+
+    res = train(penguins_data, out)
+    assert res.returncode == 0 and "cache hit" in res.stdout
+
+
+def test_chicago_taxi_quality(tmp_path, chicago_csv):
+    from pipeline.config import DataConfig
+    from pipeline.job import run
+
+    data = run(DataConfig(input=[chicago_csv], label="big_tipper", exclude=["tips"], out=str(tmp_path / "d")),
+               log=lambda _: None)
+    res = train(data, tmp_path / "t", "--time-limit", "60")
+    assert res.returncode == 0, res.stderr
+    m = load(tmp_path / "t")
+    # TFX's Keras model reaches about 0.78-0.79 accuracy and 0.93 AUC on this data.
+    assert m["metrics"]["test"]["accuracy"] >= 0.78 and m["metrics"]["test"]["auc"] >= 0.92
+
+
+def _backup_epoch(out) -> int:
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial", "backup",
+                        "training_metadata.json")
+    try:
+        return json.load(open(path))["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_kill_diverge_and_resume(tmp_path, penguins_data):
+    out = tmp_path / "train"
+    common = ["--seed", "3", "--batch-size", "32"]
+    # 1. A long run, killed with SIGKILL once a few epochs are backed up.
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "train", "--data", penguins_data, "--out", str(out),
+                             "--epochs", "1000", "--patience", "1000", *common], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while _backup_epoch(out) < 3 and time.time() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = _backup_epoch(out)
+    assert killed_at >= 3 and not out.exists()
+
+    # 2. Resumed with a learning rate that diverges: a clear error, the good epochs are kept.
+    res = train(penguins_data, out, "--epochs", "1000", "--learning-rate", "1e38", *common)
+    assert res.returncode == 2
+    assert f"resuming from the backup of epoch {killed_at}" in res.stdout
+    assert f"loss became nan at epoch {killed_at + 1}" in res.stderr
+    assert f"the last good epoch ({killed_at}) is kept" in res.stderr and "Traceback" not in res.stderr
+    assert _backup_epoch(out) == killed_at and not out.exists()
+
+    # 3. Rerun with a sane rate: resumes from the kept epoch and ends like an uninterrupted run.
+    res = train(penguins_data, out, "--epochs", "30", "--patience", "30", *common)
+    assert res.returncode == 0, res.stderr
+    assert f"resuming from the backup of epoch {killed_at}" in res.stdout
+    resumed = load(out)
+    assert resumed["resumed_from_epoch"] == killed_at
+    epochs = [json.loads(line)["epoch"] for line in open(out / "metrics.jsonl")]
+    assert epochs == list(range(1, 31))
+    ref = tmp_path / "reference"
+    res = train(penguins_data, ref, "--epochs", "30", "--patience", "30", *common)
+    assert res.returncode == 0
+    assert abs(resumed["metrics"]["eval"]["accuracy"] - load(ref)["metrics"]["eval"]["accuracy"]) <= 0.07
+    assert resumed["metrics"]["eval"]["accuracy"] >= 0.9
+
+
+def _weights(path) -> list[np.ndarray]:
+    import keras
+
+    return [np.asarray(w) for w in keras.models.load_model(path).weights]
+
+
+def test_seed_and_deterministic_give_bit_identical_weights(tmp_path, penguins_data):
+    args = ["--seed", "11", "--deterministic", "--epochs", "4", "--dropout", "0.1"]
+    assert train(penguins_data, tmp_path / "a", *args).returncode == 0
+    assert train(penguins_data, tmp_path / "b", *args).returncode == 0
+    wa, wb = _weights(tmp_path / "a" / "model.keras"), _weights(tmp_path / "b" / "model.keras")
+    assert len(wa) == len(wb) and all(np.array_equal(x, y) for x, y in zip(wa, wb))
+    assert train(penguins_data, tmp_path / "c", "--seed", "12", "--deterministic", "--epochs", "4",
+                 "--dropout", "0.1").returncode == 0
+    assert not all(np.array_equal(x, y) for x, y in zip(wa, _weights(tmp_path / "c" / "model.keras")))
+
+
+def test_gradient_accumulation_matches_one_big_batch(penguins_data):
+    import keras
+    import tensorflow as tf
+
+    from train.data import load_data_dir, make_dataset
+    from train.job import compile_trainer
+    from train.model import build_models
+
+    data = load_data_dir(penguins_data)
+    preprocessor, _, _ = build_models(data.schema, data.train_stats(), [16], 0.0, seed=0)
+    examples = make_dataset(data.files("train"), data.schema, 64, shuffle=False, seed=0, deterministic=True,
+                            preprocess=preprocessor).unbatch().take(64).cache()
+    list(examples)  # materialise once: both runs see exactly these 64 examples in this order
+
+    def train_with(batch: int, accum: int) -> list[np.ndarray]:
+        keras.utils.set_random_seed(0)
+        _, trainer, _ = build_models(data.schema, data.train_stats(), [16], 0.0, seed=0)
+        compile_trainer(trainer, "multiclass", 0.01, accum, xla=False)
+        trainer.fit(examples.batch(batch), epochs=1, verbose=0, shuffle=False)
+        return [np.asarray(w) for w in trainer.weights]
+
+    big = train_with(64, 1)      # one update from a batch of 64
+    accum = train_with(16, 4)    # four batches of 16, gradients averaged into one update
+    start = None
+    keras.utils.set_random_seed(0)
+    _, fresh, _ = build_models(data.schema, data.train_stats(), [16], 0.0, seed=0)
+    start = [np.asarray(w) for w in fresh.weights]
+    assert not all(np.allclose(a, s) for a, s in zip(big, start))  # the update did happen
+    for a, b in zip(big, accum):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    small = train_with(16, 1)    # four separate updates: not the same
+    assert not all(np.allclose(a, b, atol=1e-6) for a, b in zip(big, small))
+    del tf
+
+
+def test_mixed_precision_on_cpu_keeps_a_float32_head(tmp_path, penguins_data):
+    import keras
+
+    res = train(penguins_data, tmp_path / "mp", "--precision", "mixed_float16", "--epochs", "3")
+    assert res.returncode == 0, res.stderr
+    assert "mixed_float16 (as requested (on a CPU: runs, but slower than float32))" in res.stdout
+    m = load(tmp_path / "mp")
+    assert m["precision"] == {"policy": "mixed_float16", "why": "as requested (on a CPU: runs, but slower than float32)",
+                              "loss_scaling": True}
+    model = keras.models.load_model(tmp_path / "mp" / "model.keras")
+    trainer = model.get_layer("trainer")
+    assert trainer.get_layer("hidden_0").compute_dtype == "float16"
+    assert trainer.get_layer("head").compute_dtype == "float32"
+    assert model.output.dtype == "float32"
+
+
+@pytest.mark.parametrize("case", ["missing", "incomplete", "version", "hidden", "corrupt"])
+def test_bad_input_exits_2_with_one_line(tmp_path, penguins_data, case):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(penguins_data, data)
+    args = []
+    expect = ""
+    if case == "missing":
+        data = tmp_path / "nope"
+        expect = f"data directory {data} does not exist"
+    elif case == "incomplete":
+        os.remove(data / "stats.json")
+        expect = "is not a complete tfpipe data output: stats.json is missing"
+    elif case == "version":
+        schema = json.load(open(data / "schema.json"))
+        schema["version"] = 2
+        (data / "schema.json").write_text(json.dumps(schema))
+        expect = "has schema version 2; this tfpipe reads version 1"
+    elif case == "hidden":
+        args = ["--hidden", "64,x"]
+        expect = "'64,x' is not a comma-separated list of integers"
+    elif case == "corrupt":
+        shard = sorted(glob.glob(str(data / "train-*.tfrecord.gz")))[0]
+        blob = bytearray(open(shard, "rb").read())
+        blob[len(blob) // 2: len(blob) // 2 + 40] = bytes(40)
+        open(shard, "wb").write(bytes(blob))
+        expect = "is corrupt"
+    res = train(str(data), tmp_path / "out", *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert expect in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 or case == "hidden", res.stderr
+    assert not (tmp_path / "out").exists()
