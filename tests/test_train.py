@@ -243,3 +243,31 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_data, case):
     assert expect in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 or case == "hidden", res.stderr
     assert not (tmp_path / "out").exists()
+
+
+
+def test_multiworker_with_two_workers_is_refused_clearly(tmp_path, penguins_data):
+    # Until tfpipe has its own training loop for MultiWorkerMirroredStrategy (Keras 3's fit()
+    # fails there, keras-team/keras#20585), two workers get a clear error, not a stack trace.
+    import socket
+
+    socks = [socket.socket() for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]}
+    for s in socks:
+        s.close()
+    procs = []
+    for index in range(2):
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tfpipe.cli", "train", "--data", penguins_data, "--out", str(tmp_path / "mw"),
+             "--strategy", "multiworker"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, stderr) in zip(procs, results):
+        assert p.returncode == 2 and "keras-team/keras#20585" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "mw").exists()

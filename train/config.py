@@ -28,6 +28,8 @@ class TrainConfig(BaseModel):
     seed: int = Field(42, description="random seed for weights, shuffling and dropout")
     deterministic: bool = Field(False, description="deterministic ops and input order (bit-identical reruns)")
     shuffle_buffer: int = Field(10000, ge=1, description="examples in the training shuffle buffer")
+    cache_mb: int = Field(
+        512, ge=0, description="keep preprocessed training features in memory when they fit in this many MB (0: never)")
     patience: int = Field(5, ge=1, description="epochs without eval-loss improvement before stopping")
     time_limit: float | None = Field(None, gt=0, description="stop training after this many seconds")
     profile: bool = Field(False, description="write a TensorBoard profiler trace of a few steps")

@@ -119,6 +119,13 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     xla, xla_why = choose_xla(config.xla, gpus)
     strategy, strategy_name = choose_strategy(config.strategy, gpus)
     workers, worker = worker_position(strategy)
+    if workers > 1:
+        # Keras 3's fit() fails under MultiWorkerMirroredStrategy with more than one worker
+        # ("Attempt to convert a value (PerReplica...)", keras-team/keras#20585); it needs a
+        # custom training loop, which tfpipe does not have yet.
+        raise TrainError("multi-worker training needs a custom training loop that this tfpipe does not have yet "
+                         "(Keras 3 fit() fails under MultiWorkerMirroredStrategy, keras-team/keras#20585); "
+                         "train on one machine with --strategy auto or mirrored")
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
@@ -143,12 +150,15 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         compile_trainer(trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, xla)
 
     shard = (workers, worker) if workers > 1 else None
-    batch_per_worker = global_batch // workers
-    train_ds = make_dataset(data.files("train"), data.schema, batch_per_worker, shuffle=True, seed=config.seed,
+    # Each worker batches its own files at the global batch size; tf.distribute splits every
+    # batch across all replicas, so a step sees `batch_size` examples per replica.
+    feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
+    cache = feature_mb <= config.cache_mb
+    train_ds = make_dataset(data.files("train"), data.schema, global_batch, shuffle=True, seed=config.seed,
                             shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic,
-                            shard=shard, preprocess=preprocessor)
+                            shard=shard, preprocess=preprocessor, cache=cache)
     eval_split = "eval" if data.count("eval") else "train"
-    eval_ds = make_dataset(data.files(eval_split), data.schema, batch_per_worker, shuffle=False, seed=config.seed,
+    eval_ds = make_dataset(data.files(eval_split), data.schema, global_batch, shuffle=False, seed=config.seed,
                            deterministic=True, shard=shard, preprocess=preprocessor)
 
     epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
@@ -165,7 +175,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     resumed = _resumed_epoch(work)
     if resumed:
         log(f"resuming from the backup of epoch {resumed} in {work}")
-    log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})")
+    log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
+        + (f"; preprocessed features cached in memory ({feature_mb:.1f} MB)" if cache else ""))
     try:
         trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs, callbacks=callbacks,
                     shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
@@ -185,7 +196,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     results = {}
     for split in ("eval", "test"):
         if data.count(split):
-            ds = make_dataset(data.files(split), data.schema, batch_per_worker, shuffle=False, seed=config.seed,
+            ds = make_dataset(data.files(split), data.schema, global_batch, shuffle=False, seed=config.seed,
                               deterministic=True, shard=shard, preprocess=preprocessor)
             results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
     timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, global_batch)

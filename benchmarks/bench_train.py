@@ -1,0 +1,133 @@
+"""Benchmark the training stage's choices, as ratios measured in one run.
+
+    python benchmarks/bench_train.py [--data DATA_DIR] [--steps 200]
+
+Without --data it runs `tfpipe data` on ../shared/data/chicago_taxi/data.csv first. Prints:
+  * input pipeline alone (examples/s) against the training step's consumption, and the
+    measured input-wait fraction of a real `tfpipe train` run, with and without the
+    in-memory feature cache;
+  * batch-then-parse against parse-then-batch (input pipeline, examples/s);
+  * XLA on against off, and float32 against mixed precision (training steps, examples/s,
+    on a batch held in memory so only compute is timed), for the default model and for a
+    wider one.
+On a GPU machine the same script measures the GPU paths (mixed_float16 + XLA vs float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from train.config import TrainConfig  # noqa: E402
+from train.data import load_data_dir, make_dataset  # noqa: E402
+from train.job import compile_trainer, run as train_run  # noqa: E402
+from train.model import build_models  # noqa: E402
+
+BATCH = 256
+
+
+def ensure_data(path: str | None) -> str:
+    if path:
+        return path
+    from pipeline.config import DataConfig
+    from pipeline.job import run
+
+    csv = os.path.join(os.path.dirname(ROOT), "shared", "data", "chicago_taxi", "data.csv")
+    out = os.path.join(ROOT, ".bench", "chicago-data")
+    return run(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=out), log=lambda _: None)
+
+
+def pipeline_rate(data, batches: int, *, parse_after_batch: bool, preprocess) -> float:
+    ds = make_dataset(data.files("train"), data.schema, BATCH, shuffle=True, seed=0, deterministic=False,
+                      preprocess=preprocess, parse_after_batch=parse_after_batch).repeat()
+    it = iter(ds)
+    for _ in range(10):
+        next(it)
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        x, y = next(it)
+        n += int(y.shape[0])
+    return n / (time.perf_counter() - t0)
+
+
+def step_rate(data, steps: int, *, policy: str, xla: bool, hidden: list[int]) -> float:
+    keras.config.set_dtype_policy(policy)
+    try:
+        pre, trainer, _ = build_models(data.schema, data.train_stats(), hidden, 0.0, seed=0)
+        compile_trainer(trainer, data.schema.label.task, 1e-3, 1, xla)
+        batch = next(iter(make_dataset(data.files("train"), data.schema, BATCH, shuffle=False, seed=0,
+                                       deterministic=True, preprocess=pre)))
+        held = tf.data.Dataset.from_tensors(batch).repeat()
+        trainer.fit(held, steps_per_epoch=20, epochs=1, verbose=0)  # trace and compile
+        t0 = time.perf_counter()
+        trainer.fit(held, steps_per_epoch=steps, epochs=1, verbose=0)
+        return steps * BATCH / (time.perf_counter() - t0)
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def real_run(data_path: str, cache_mb: int) -> dict:
+    out = os.path.join(tempfile.mkdtemp(prefix="bench-train-"), "train")
+    train_run(TrainConfig(data=data_path, out=out, epochs=8, patience=8, cache_mb=cache_mb), log=lambda _: None)
+    return json.load(open(os.path.join(out, "train.json")))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data")
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    data_path = ensure_data(args.data)
+    data = load_data_dir(data_path)
+    gpus = tf.config.list_physical_devices("GPU")
+    print(f"device: {'GPU x%d' % len(gpus) if gpus else 'CPU, %d cores' % os.cpu_count()}; "
+          f"{data.count('train'):,} training examples; batch {BATCH}\n")
+
+    pre, _, _ = build_models(data.schema, data.train_stats(), [64, 32], 0.0, seed=0)
+    batches = max(50, args.steps // 2)
+    btp = pipeline_rate(data, batches, parse_after_batch=True, preprocess=None)
+    ptb = pipeline_rate(data, batches, parse_after_batch=False, preprocess=None)
+    full = pipeline_rate(data, batches, parse_after_batch=True, preprocess=pre)
+    consume = step_rate(data, args.steps, policy="float32", xla=bool(gpus), hidden=[64, 32])
+    cached, uncached = real_run(data_path, 512), real_run(data_path, 0)
+
+    print("input pipeline (examples/s)")
+    print(f"  batch-then-parse             {btp:>12,.0f}")
+    print(f"  parse-then-batch             {ptb:>12,.0f}   batch-then-parse is {btp / ptb:.2f}x")
+    print(f"  parse + preprocessing        {full:>12,.0f}")
+    print(f"  training step consumes       {consume:>12,.0f}   pipeline/consumption {full / consume:.2f}x")
+    print("tfpipe train on this data (input wait = share of step time waiting for data)")
+    for name, m in (("features cached in memory", cached), ("no cache", uncached)):
+        print(f"  {name:28s} {m['examples_per_s']:>12,.0f} ex/s   step {m['mean_step_s'] * 1e3:.2f} ms   "
+              f"input wait {m['input_wait_fraction']:.1%}")
+
+    print("training step throughput, batch held in memory (examples/s)")
+    for hidden in ([64, 32], [1024, 1024, 1024]):
+        label = ",".join(map(str, hidden))
+        off = step_rate(data, args.steps, policy="float32", xla=False, hidden=hidden)
+        on = step_rate(data, args.steps, policy="float32", xla=True, hidden=hidden)
+        rows = [("float32, XLA off", off), ("float32, XLA on", on)]
+        for policy in ("mixed_bfloat16", "mixed_float16"):
+            rows.append((f"{policy}, XLA off", step_rate(data, args.steps, policy=policy, xla=False, hidden=hidden)))
+        rows.append(("mixed_float16, XLA on", step_rate(data, args.steps, policy="mixed_float16", xla=True,
+                                                         hidden=hidden)))
+        print(f"  hidden {label}")
+        for name, rate in rows:
+            print(f"    {name:26s} {rate:>12,.0f}   {rate / off:.2f}x float32 without XLA")
+
+
+if __name__ == "__main__":
+    main()
