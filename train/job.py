@@ -24,18 +24,12 @@ from pipeline import __version__
 from train.config import TrainConfig
 from train.data import DataDir, load_data_dir, make_dataset
 from train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
-from train.errors import TrainError
+from train.errors import DivergedError, TrainError
 from train.model import build_models, loss_and_metrics
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
 warnings.filterwarnings("ignore", message="Your input ran out of data")
-
-
-class DivergedError(Exception):
-    def __init__(self, epoch: int, step: int, loss: float):
-        super().__init__(f"loss became {loss} at epoch {epoch}, step {step}")
-        self.epoch, self.step, self.loss = epoch, step, loss
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
@@ -89,15 +83,17 @@ class EpochLog(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self.t0
-        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
-               "seconds": round(seconds, 4), "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
-               "examples_per_s": round(self.examples / self.step_seconds, 1)}
-        self.epochs.append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.record({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
+                     "seconds": round(seconds, 4), "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
+                     "examples_per_s": round(self.examples / self.step_seconds, 1)})
         if self.time_limit and time.perf_counter() - self.started > self.time_limit:
             self.log(f"time limit of {self.time_limit:g} s reached after epoch {epoch + 1}")
             self.model.stop_training = True
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.epochs.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
@@ -119,13 +115,6 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     xla, xla_why = choose_xla(config.xla, gpus)
     strategy, strategy_name = choose_strategy(config.strategy, gpus)
     workers, worker = worker_position(strategy)
-    if workers > 1:
-        # Keras 3's fit() fails under MultiWorkerMirroredStrategy with more than one worker
-        # ("Attempt to convert a value (PerReplica...)", keras-team/keras#20585); it needs a
-        # custom training loop, which tfpipe does not have yet.
-        raise TrainError("multi-worker training needs a custom training loop that this tfpipe does not have yet "
-                         "(Keras 3 fit() fails under MultiWorkerMirroredStrategy, keras-team/keras#20585); "
-                         "train on one machine with --strategy auto or mirrored")
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
@@ -178,8 +167,16 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
         + (f"; preprocessed features cached in memory ({feature_mb:.1f} MB)" if cache else ""))
     try:
-        trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs, callbacks=callbacks,
-                    shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
+        if workers > 1:
+            from train.multiworker import fit_multiworker
+
+            fit_multiworker(strategy, trainer, train_ds, eval_ds, task=data.schema.label.task, epochs=config.epochs,
+                            patience=config.patience, time_limit=config.time_limit, work=work,
+                            examples=data.count("train"), learning_rate=config.learning_rate,
+                            on_epoch=epoch_log.record, log=log)
+        else:
+            trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs, callbacks=callbacks,
+                        shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
     except DivergedError as e:
         good = _resumed_epoch(work)
         if good:
@@ -194,11 +191,18 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
                          "or keep the batch with --grad-accum-steps") from None
 
     results = {}
+    if workers > 1:
+        from train.multiworker import DistributedEval
+
+        evaluate = DistributedEval(strategy, trainer, data.schema.label.task)
     for split in ("eval", "test"):
         if data.count(split):
             ds = make_dataset(data.files(split), data.schema, global_batch, shuffle=False, seed=config.seed,
                               deterministic=True, shard=shard, preprocess=preprocessor)
-            results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
+            if workers > 1:
+                results[split] = evaluate(strategy.experimental_distribute_dataset(ds))
+            else:
+                results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
     timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, global_batch)
 
     shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)

@@ -119,13 +119,21 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
     return preprocessor, trainer, model
 
 
+def make_loss(task: str, reduction: str | None = "sum_over_batch_size") -> keras.losses.Loss:
+    cls = {"binary": keras.losses.BinaryCrossentropy, "multiclass": keras.losses.SparseCategoricalCrossentropy,
+           "regression": keras.losses.MeanSquaredError}[task]
+    return cls(reduction=reduction)
+
+
 def loss_and_metrics(task: str):
+    """The loss and the metrics reported for a task."""
     if task == "binary":
-        return "binary_crossentropy", [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
-    if task == "multiclass":
-        return "sparse_categorical_crossentropy", [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-    return "mean_squared_error", [keras.metrics.MeanAbsoluteError(name="mae"),
-                                  keras.metrics.RootMeanSquaredError(name="rmse")]
+        metrics = [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
+    elif task == "multiclass":
+        metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    else:
+        metrics = [keras.metrics.MeanAbsoluteError(name="mae"), keras.metrics.RootMeanSquaredError(name="rmse")]
+    return make_loss(task), metrics
 
 
 def numpy_batch(schema: Schema, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
