@@ -197,7 +197,7 @@ def test_gradient_accumulation_matches_one_big_batch(penguins_data):
 def test_mixed_precision_on_cpu_keeps_a_float32_head(tmp_path, penguins_data):
     import keras
 
-    res = train(penguins_data, tmp_path / "mp", "--precision", "mixed_float16", "--epochs", "3")
+    res = train(penguins_data, tmp_path / "mp", "--precision", "mixed_float16", "--epochs", "3", "--profile")
     assert res.returncode == 0, res.stderr
     assert "mixed_float16 (as requested (on a CPU: runs, but slower than float32))" in res.stdout
     m = load(tmp_path / "mp")
@@ -208,6 +208,9 @@ def test_mixed_precision_on_cpu_keeps_a_float32_head(tmp_path, penguins_data):
     assert trainer.get_layer("hidden_0").compute_dtype == "float16"
     assert trainer.get_layer("head").compute_dtype == "float32"
     assert model.output.dtype == "float32"
+    # --profile left a profiler trace for TensorBoard's profile plugin.
+    traces = glob.glob(str(tmp_path / "mp" / "logs" / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert traces and os.path.getsize(traces[0]) > 0
 
 
 @pytest.mark.parametrize("case", ["missing", "incomplete", "version", "hidden", "corrupt"])
