@@ -34,12 +34,13 @@ def setup_gpus(log_placement: bool) -> list[dict[str, Any]]:
 
 def _gpu_memory_gb(gpu) -> float | None:
     try:
-        import pynvml  # from nvidia-ml-py, present where NVIDIA drivers are
+        import pynvml
 
-        pynvml.nvmlInit()
-        index = int(gpu.name.rsplit(":", 1)[-1])
-        return round(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total / 2**30, 1)
-    except Exception:
+        from train.gpu_monitor import nvml_handles
+
+        handle = nvml_handles([{"device": gpu.name}])[0]
+        return round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 1)
+    except Exception:  # no NVML library (no NVIDIA driver): memory stays unknown
         return None
 
 

@@ -161,6 +161,16 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True),
         keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
     ]
+    sampler = None
+    if gpus:
+        from train.gpu_monitor import GpuSampler
+
+        try:
+            sampler = GpuSampler(gpus, os.path.join(work, "logs"))
+        except Exception as e:  # NVML missing or refused: train anyway, say so
+            log(f"GPU utilisation is not sampled: NVML unavailable ({e})")
+    if sampler is not None:
+        callbacks.append(sampler)
     resumed = _resumed_epoch(work)
     if resumed:
         log(f"resuming from the backup of epoch {resumed} in {work}")
@@ -170,6 +180,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         if workers > 1:
             from train.multiworker import fit_multiworker
 
+            if sampler is not None:
+                sampler.on_train_begin()  # the custom loop runs no Keras callbacks
             fit_multiworker(strategy, trainer, train_ds, eval_ds, task=data.schema.label.task, epochs=config.epochs,
                             patience=config.patience, time_limit=config.time_limit, work=work,
                             examples=data.count("train"), learning_rate=config.learning_rate,
@@ -223,6 +235,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         "xla": {"jit_compile": xla, "why": xla_why},
         "strategy": {"name": strategy_name, "replicas": replicas, "workers": workers,
                      "global_batch": global_batch, "grad_accum_steps": config.grad_accum_steps},
+        "gpu_utilization": sampler.summary() if sampler is not None else None,
         "epochs_run": len(epoch_log.epochs),
         "resumed_from_epoch": resumed,
         "metrics": results,
