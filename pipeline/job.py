@@ -180,7 +180,7 @@ def check_beam_args(args: list[str]) -> None:
         raise DataError(f"unknown option {flags[0]}: not a `tfpipe data` option nor an Apache Beam pipeline option")
 
 
-def beam_options(args: list[str], input_bytes: int, log: Callable[[str], None]) -> tuple[PipelineOptions, str, int]:
+def beam_options(args: list[str], input_bytes: int) -> tuple[PipelineOptions, str, int]:
     """Pipeline options with tfpipe's local defaults; returns (options, runner, local workers)."""
     check_beam_args(args)
     given = PipelineOptions(args).get_all_options(drop_default=True)
@@ -227,7 +227,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         return out
 
     shards = config.shards or max(1, min(256, math.ceil(total / _SHARD_BYTES)))
-    options, runner, workers = beam_options(config.beam_args, total, log)
+    options, runner, workers = beam_options(config.beam_args, total)
     if not config.shards and workers > 1:
         shards = max(shards, workers)
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))

@@ -344,12 +344,20 @@ def read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
     """Yield validated batches of one segment, reading at most a block of text at a time."""
     try:
         yield from _read_segment(seg, validator)
-    except (OSError, EOFError, zlib.error) as e:
-        raise worker_data_error(f"input {seg.path} is corrupt or unreadable: {e}") from None
     except Exception as e:
-        if type(e).__module__.startswith("pyarrow"):
-            raise worker_data_error(f"input {seg.path} is not readable Parquet: {e}") from None
-        raise
+        problem = unreadable(seg.path, e)
+        if problem is None:
+            raise
+        raise worker_data_error(problem) from None
+
+
+def unreadable(path: str, e: Exception) -> str | None:
+    """What to tell the user when reading `path` raised `e`; None for errors that are bugs."""
+    if isinstance(e, (OSError, EOFError, zlib.error)):
+        return f"input {path} is corrupt or unreadable: {e}"
+    if type(e).__module__.startswith("pyarrow"):
+        return f"input {path} is not readable Parquet: {e}"
+    return None
 
 
 def _read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
@@ -464,12 +472,11 @@ def sample_records(files, limit: int) -> tuple[list[dict[str, Any]], bool]:
     for f in files:
         try:
             records.extend(_sample_file(f, per_file))
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"input {f.path} is corrupt or unreadable: {e}") from None
         except Exception as e:
-            if type(e).__module__.startswith("pyarrow"):
-                raise DataError(f"input {f.path} is not readable Parquet: {e}") from None
-            raise
+            problem = unreadable(f.path, e)
+            if problem is None:
+                raise
+            raise DataError(problem) from None
     return records, textual
 
 

@@ -7,17 +7,19 @@ import json
 
 from conftest import run_cli
 from pipeline.config import DataConfig
+from train.config import TrainConfig
 from tfpipe.cli import build_parser
 
 
 def test_every_config_key_has_a_flag():
     parser = build_parser()
-    data = parser._subparsers._group_actions[0].choices["data"]
-    flags = {opt for action in data._actions for opt in action.option_strings}
-    for name, field in DataConfig.model_fields.items():
-        if name == "beam_args":
-            continue  # Beam's own options are passed through as they are
-        assert "--" + (field.alias or name).replace("_", "-") in flags, name
+    commands = parser._subparsers._group_actions[0].choices
+    for command, model in (("data", DataConfig), ("train", TrainConfig)):
+        flags = {opt for action in commands[command]._actions for opt in action.option_strings}
+        for name, field in model.model_fields.items():
+            if name == "beam_args":
+                continue  # Beam's own options are passed through as they are
+            assert "--" + (field.alias or name).replace("_", "-") in flags, (command, name)
 
 
 def test_help_on_each_command():

@@ -27,15 +27,12 @@ def _on_signal(signum, frame):
     raise KeyboardInterrupt
 
 
-# Errors a user can fix: shown as one line, exit code 2.
-_USER_ERRORS: tuple[type[Exception], ...] = (ConfigError,)
-
-
-def _stage_errors() -> tuple[type[Exception], ...]:
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors a user can fix: shown as one line, exit code 2."""
     from pipeline.errors import DataError
     from train.errors import TrainError
 
-    return _USER_ERRORS + (DataError, TrainError)
+    return ConfigError, DataError, TrainError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -214,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         return args.handler(args, extra)
-    except _stage_errors() as e:
+    except _user_errors() as e:
         if args.debug:
             traceback.print_exc()
         print(f"tfpipe {args.command}: error: {e}", file=sys.stderr)

@@ -139,10 +139,10 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         compile_trainer(trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, xla)
 
     shard = (workers, worker) if workers > 1 else None
-    # Each worker batches its own files at the global batch size; tf.distribute splits every
-    # batch across all replicas, so a step sees `batch_size` examples per replica.
     feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
     cache = feature_mb <= config.cache_mb
+    # Each worker batches its own files at the global batch size; tf.distribute splits every
+    # batch across all replicas, so a step sees `batch_size` examples per replica.
     train_ds = make_dataset(data.files("train"), data.schema, global_batch, shuffle=True, seed=config.seed,
                             shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic,
                             shard=shard, preprocess=preprocessor, cache=cache)
