@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from conftest import run_cli
+from export.config import ExportConfig
 from pipeline.config import DataConfig
 from train.config import TrainConfig
 from tfpipe.cli import build_parser
@@ -14,7 +15,7 @@ from tfpipe.cli import build_parser
 def test_every_config_key_has_a_flag():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    for command, model in (("data", DataConfig), ("train", TrainConfig)):
+    for command, model in (("data", DataConfig), ("train", TrainConfig), ("export", ExportConfig)):
         flags = {opt for action in commands[command]._actions for opt in action.option_strings}
         for name, field in model.model_fields.items():
             if name == "beam_args":

@@ -29,10 +29,11 @@ def _on_signal(signum, frame):
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors a user can fix: shown as one line, exit code 2."""
+    from export.errors import ExportError
     from pipeline.errors import DataError
     from train.errors import TrainError
 
-    return ConfigError, DataError, TrainError
+    return ConfigError, DataError, TrainError, ExportError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -136,6 +137,18 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from export.config import ExportConfig
+
+    config = load_config(args.config)
+    cfg = _section(args, config, "export", ExportConfig)
+    with _quiet_native_stderr(not args.debug):
+        from export.job import run  # imports TensorFlow
+
+    run(cfg, log=lambda line: print(line, flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.config import DataConfig
     from train.config import TrainConfig
@@ -184,6 +197,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(train, TrainConfig)
     train.set_defaults(handler=cmd_train)
+
+    from export.config import ExportConfig
+
+    export = sub.add_parser(
+        "export", parents=[common],
+        help="a trained model -> a versioned SavedModel for TF Serving, published atomically",
+        description=(
+            "Writes BASE/NAME/VERSION/ (VERSION one more than the highest so far, never reused) with "
+            "two signatures: serving_default takes raw features as named tensors, predict_examples "
+            "takes serialized tf.train.Example strings; both return probabilities, class_ids and "
+            "classes (classification) or predictions (regression). Warmup requests for TF Serving "
+            "come from real eval rows. The SavedModel is reloaded and checked against the Keras "
+            "model before an atomic rename publishes it."
+        ),
+        epilog="example: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models",
+    )
+    add_model_flags(export, ExportConfig)
+    export.set_defaults(handler=cmd_export)
     return parser
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.config import DataConfig
+from export.config import ExportConfig
 from train.config import TrainConfig
 
 
@@ -23,6 +24,7 @@ class Config(BaseModel):
 
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
 
 
 def load_config(path: str | None) -> Config:

@@ -1,0 +1,20 @@
+"""Configuration of the export stage: the `[export]` section of tfpipe.toml, one CLI flag per key."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExportConfig(BaseModel):
+    """Options of `tfpipe export`; the field descriptions are the CLI's --help."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: str | None = Field(None, description="the train stage's output directory")
+    data: str | None = Field(None, description="the data stage's output directory (eval and test rows)")
+    base: str | None = Field(None, description="model base path: versions go to BASE/NAME/VERSION/")
+    name: str = Field("model", pattern=r"^[A-Za-z0-9_.-]+$", description="model name under the base path")
+    version: int | None = Field(None, ge=1, description="version number (default: one more than the highest so far)")
+    warmup_records: int = Field(100, ge=0, le=1000, description="TF Serving warmup requests built from eval rows")
+    keep: int | None = Field(None, ge=1, description="keep only the newest N versions (never the one just written)")
+    tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras")

@@ -1,0 +1,216 @@
+"""`tfpipe export`: a versioned SavedModel published atomically, with warmup records.
+
+Everything is written to a non-numeric directory beside the version (TF Serving ignores
+it), synced, checked (the SavedModel reloaded from disk must predict what the Keras model
+predicts on the test split), then renamed to the version number: a server polling the
+base path never sees half a version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from export.config import ExportConfig
+from export.errors import ExportError
+from export.signatures import TF_DTYPES, ServingModule
+from pipeline import __version__
+from train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
+from train.data import load_data_dir, make_dataset
+from train.errors import TrainError
+
+HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is reused
+
+
+def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
+    """Export; returns the published version directory."""
+    started = time.time()
+    train_dir = _check_train_dir(config.model)
+    try:
+        data = load_data_dir(config.data)
+    except TrainError as e:
+        raise ExportError(str(e)) from None
+    if not config.base:
+        raise ExportError("no model base path: pass --base DIR (versions go to BASE/NAME/VERSION)")
+    model_dir = os.path.join(os.path.abspath(config.base), config.name)
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create {model_dir}: {e.strerror}") from None
+    if not os.access(model_dir, os.W_OK):
+        raise ExportError(f"cannot write to {model_dir}")
+    _clear_stale(model_dir)
+    version = _choose_version(model_dir, config.version)
+    model = keras.models.load_model(os.path.join(train_dir, "model.keras"))
+    log(f"exporting {config.name} version {version} to {model_dir}")
+
+    tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        module = ServingModule(model, data.schema)
+        tf.saved_model.save(module, tmp, signatures=module.signatures())
+        warm = _write_warmup(tmp, config, data)
+        check = _check_reload(tmp, model, data, config.tolerance)
+        _sync_tree(tmp)
+        final = os.path.join(model_dir, str(version))
+        os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with open(os.path.join(model_dir, HIGH_WATER), "w") as f:
+        f.write(str(version))
+    removed = _prune(model_dir, config.keep, version)
+    manifest = {
+        "stage": "export", "tfpipe_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
+        "lineage": {"train": train_dir, "train_fingerprint": _read_json(os.path.join(train_dir, "train.json"))
+                    .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
+        "signatures": ["serving_default", "predict_examples"], "warmup_records": warm,
+        "reload_check": check, "removed_versions": removed, "elapsed_s": round(time.time() - started, 2),
+    }
+    with open(os.path.join(final, "assets.extra", "tfpipe_export.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    log(f"  SavedModel reloaded and checked on {check['rows']} test rows "
+        f"(max difference {check['max_abs_diff']:.2e}); {warm} warmup records")
+    if removed:
+        log(f"  removed old version(s) {', '.join(map(str, removed))} (--keep {config.keep})")
+    log(f"wrote {final}")
+    return final
+
+
+def _check_train_dir(path: str | None) -> str:
+    if not path:
+        raise ExportError("no trained model: pass --model DIR (the output of tfpipe train)")
+    if not os.path.isdir(path):
+        raise ExportError(f"train directory {path} does not exist")
+    for name in ("model.keras", "train.json"):
+        if not os.path.exists(os.path.join(path, name)):
+            raise ExportError(f"{path} is not a complete tfpipe train output: {name} is missing")
+    return os.path.abspath(path)
+
+
+def _clear_stale(model_dir: str) -> None:
+    """Remove what killed exports left behind (non-numeric, so never served)."""
+    for name in os.listdir(model_dir):
+        parts = name.split("-")
+        if name.startswith(".tmp-") and len(parts) == 4 and parts[2].isdigit() and not _alive(int(parts[2])):
+            shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _versions(model_dir: str) -> list[int]:
+    return sorted(int(d) for d in os.listdir(model_dir) if d.isdigit())
+
+
+def _choose_version(model_dir: str, requested: int | None) -> int:
+    present = _versions(model_dir)
+    high = _read_json(os.path.join(model_dir, HIGH_WATER)) or 0
+    if requested is not None:
+        if requested in present:
+            raise ExportError(f"version {requested} already exists in {model_dir}; versions are never overwritten")
+        return requested
+    return max([high, *present]) + 1
+
+
+def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
+    """assets.extra/tf_serving_warmup_requests: PredictionLogs of real eval rows, one row each."""
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    if not config.warmup_records:
+        return 0
+    split = "eval" if data.count("eval") else "train"
+    rows = _raw_rows(data, split, config.warmup_records)
+    path = os.path.join(tmp, "assets.extra", "tf_serving_warmup_requests")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    n = 0
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(len(next(iter(rows.values())))):
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=config.name, signature_name="serving_default"))
+            for c in data.schema.features:
+                value = rows[c.name][i:i + 1]
+                request.inputs[c.name].CopyFrom(tf.make_tensor_proto(value, dtype=TF_DTYPES[c.type]))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+            n += 1
+    return n
+
+
+def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
+    """Up to `limit` rows of a split as serving_default inputs (ints as int64; a missing int
+    becomes 0, since a raw tensor cannot say 'missing' for an int)."""
+    ds = make_dataset(data.files(split), data.schema, limit, shuffle=False, seed=0, deterministic=True).take(1)
+    features, _ = next(iter(ds))
+    out = {}
+    for c in data.schema.features:
+        v = features[c.name].numpy()
+        out[c.name] = np.nan_to_num(v).astype(np.int64) if c.type == "int" else v
+    return out
+
+
+def _check_reload(tmp: str, model: keras.Model, data, tolerance: float) -> dict[str, Any]:
+    """The SavedModel read back from disk must give the Keras model's predictions."""
+    split = "test" if data.count("test") else "eval"
+    rows = _raw_rows(data, split, 4096)
+    loaded = tf.saved_model.load(tmp)
+    served = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in rows.items()})
+    keras_inputs = {c.name: (rows[c.name].astype(np.float64) if c.type == "int" else rows[c.name])
+                    for c in data.schema.features}
+    expected = np.asarray(model(keras_inputs, training=False))
+    key = "predictions" if data.schema.label.task == "regression" else "probabilities"
+    got = served[key].numpy()
+    if data.schema.label.task == "binary":
+        got = got[:, 1]
+    diff = float(np.max(np.abs(got - expected))) if len(got) else 0.0
+    if not diff <= tolerance:
+        raise ExportError(f"the reloaded SavedModel differs from the Keras model by {diff:.3g} "
+                          f"(> {tolerance:g}) on the {split} split; nothing was published")
+    return {"split": split, "rows": int(len(got)), "max_abs_diff": diff}
+
+
+def _sync_tree(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb+") as f:
+                os.fsync(f.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _prune(model_dir: str, keep: int | None, newest: int) -> list[int]:
+    if not keep:
+        return []
+    old = [v for v in _versions(model_dir) if v != newest]
+    removed = old[: max(0, len(old) - (keep - 1))]
+    for v in removed:
+        shutil.rmtree(os.path.join(model_dir, str(v)), ignore_errors=True)
+    return removed
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

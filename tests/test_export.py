@@ -1,0 +1,128 @@
+"""Behaviour of `tfpipe export` (SavedModel half): real TensorFlow, real TF Serving protos."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, raw_records, run_cli
+
+
+@pytest.fixture(scope="session")
+def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
+    from pipeline.config import DataConfig
+    from pipeline.job import run as run_data
+
+    root = tmp_path_factory.mktemp("export")
+    data = run_data(DataConfig(input=[penguins_csv], label="species", out=str(root / "data")), log=lambda _: None)
+    res = run_cli("train", "--data", data, "--out", str(root / "train"), "--epochs", "20")
+    assert res.returncode == 0, res.stderr
+    return data, str(root / "train")
+
+
+def export(trained, base, *args) -> subprocess.CompletedProcess:
+    data, train = trained
+    return run_cli("export", "--model", train, "--data", data, "--base", str(base), "--name", "penguins", *args)
+
+
+def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    data, _ = penguins_trained
+    res = export(penguins_trained, tmp_path)
+    assert res.returncode == 0, res.stderr
+    v1 = tmp_path / "penguins" / "1"
+    loaded = tf.saved_model.load(str(v1))
+    assert set(loaded.signatures) == {"serving_default", "predict_examples"}
+
+    # Raw features in, named outputs out.
+    raw = loaded.signatures["serving_default"](
+        island=tf.constant(["Biscoe", "Torgersen"]), bill_length_mm=tf.constant([48.0, 38.0]),
+        bill_depth_mm=tf.constant([15.0, 19.0]), flipper_length_mm=tf.constant([220, 185], tf.int64),
+        body_mass_g=tf.constant([5400, 3600], tf.int64), sex=tf.constant(["male", ""]),
+        year=tf.constant([2008, 2007], tf.int64))
+    assert [c.decode() for c in raw["classes"].numpy()] == ["Gentoo", "Adelie"]
+    assert raw["probabilities"].shape == (2, 3) and raw["class_ids"].numpy().tolist() == [2, 0]
+
+    # Serialized tf.Examples in (the test split as the data stage wrote it): the same answers
+    # as the raw signature on the same rows, and right on most of them.
+    records = raw_records(data, "test")
+    by_example = loaded.signatures["predict_examples"](examples=tf.constant(records))
+    labels = [tf.train.Example.FromString(r).features.feature["species"].bytes_list.value[0].decode()
+              for r in records]
+    got = [c.decode() for c in by_example["classes"].numpy()]
+    assert np.mean([a == b for a, b in zip(got, labels)]) >= 0.9
+
+    # Warmup records: PredictionLogs whose requests the model answers.
+    warm = str(v1 / "assets.extra" / "tf_serving_warmup_requests")
+    logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(warm)]
+    assert 0 < len(logs) <= 100
+    for log in logs[:5]:
+        request = log.predict_log.request
+        assert request.model_spec.name == "penguins" and request.model_spec.signature_name == "serving_default"
+        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        out = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+        assert out["probabilities"].shape == (1, 3)
+
+    meta = json.load(open(v1 / "assets.extra" / "tfpipe_export.json"))
+    assert meta["version"] == 1 and meta["reload_check"]["max_abs_diff"] <= 1e-5
+    assert meta["lineage"]["data_fingerprint"] == json.load(open(os.path.join(data, "data.json")))["fingerprint"]
+
+    # The next export is the next version; --keep prunes old ones but never the new one.
+    assert export(penguins_trained, tmp_path).returncode == 0
+    assert export(penguins_trained, tmp_path, "--keep", "1").returncode == 0
+    assert sorted(os.listdir(tmp_path / "penguins")) == [".tfpipe-last-version", "3"]
+    # Versions are never reused, even after the old ones are gone.
+    assert export(penguins_trained, tmp_path).returncode == 0
+    assert (tmp_path / "penguins" / "4").is_dir()
+
+
+def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
+    data, train = penguins_trained
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "export", "--model", train, "--data", data,
+                             "--base", str(tmp_path), "--name", "penguins"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not glob.glob(str(tmp_path / "penguins" / ".tmp-*")) and time.time() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    names = os.listdir(tmp_path / "penguins")
+    assert not [n for n in names if n.isdigit()]  # a server polling the base path sees nothing
+    res = export(penguins_trained, tmp_path)
+    assert res.returncode == 0
+    assert sorted(n for n in os.listdir(tmp_path / "penguins") if not n.startswith(".tfpipe")) == ["1"]
+
+
+@pytest.mark.parametrize("case", ["no_train", "incomplete", "version", "base"])
+def test_bad_input_exits_2_with_one_line(tmp_path, penguins_trained, case):
+    data, train = penguins_trained
+    args = ["--model", train, "--data", data, "--base", str(tmp_path / "models"), "--name", "penguins"]
+    if case == "no_train":
+        args[1] = str(tmp_path / "nope")
+        expect = "does not exist"
+    elif case == "incomplete":
+        os.makedirs(tmp_path / "half")
+        args[1] = str(tmp_path / "half")
+        expect = "is not a complete tfpipe train output: model.keras is missing"
+    elif case == "version":
+        assert run_cli("export", *args).returncode == 0
+        args += ["--version", "1"]
+        expect = "version 1 already exists"
+    else:
+        (tmp_path / "file").write_text("not a directory")
+        args[5] = str(tmp_path / "file")
+        expect = "cannot create"
+    res = run_cli("export", *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert expect in res.stderr and len(res.stderr.strip().splitlines()) == 1
