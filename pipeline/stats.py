@@ -24,8 +24,9 @@ class QuantileSketch:
     """A compactor sketch: level i holds items of weight 2**i, each level at most k items.
 
     Compacting a full level sorts it and promotes every other item, alternating the
-    offset so errors cancel. Rank error is about log2(n/k)/k; with k=2048 that is well
-    under 0.5% for a billion values, and memory is O(k log n).
+    offset so errors tend to cancel. The worst-case rank error grows like log2(n/k)/k
+    (about 0.9% for a billion values with k=2048; far less in practice, and the tests hold
+    it to 1% against numpy); memory is O(k log n).
     """
 
     def __init__(self, k: int = 2048):
@@ -88,7 +89,8 @@ class NumericStats:
         values = col.values[col.present].astype(np.float64)
         self.missing += int(len(col.present) - len(values))
         if len(values):
-            self._combine(len(values), float(values.mean()), float(((values - values.mean()) ** 2).sum()))
+            mean = float(values.mean())
+            self._combine(len(values), mean, float(((values - mean) ** 2).sum()))
             self.min = min(self.min, float(values.min()))
             self.max = max(self.max, float(values.max()))
             self.sketch.add(values)

@@ -68,14 +68,11 @@ class ExampleEncoder:
             for i, (c, k) in enumerate(zip(columns, self._keys)) if c.type == "int"
         }
 
-    def encode(self, columns: dict[str, Column], rows: np.ndarray | None = None) -> list[bytes]:
-        """Serialized Examples for the given rows (all rows when `rows` is None)."""
+    def encode(self, columns: dict[str, Column]) -> list[bytes]:
+        """One serialized Example per row of `columns`."""
         parts = []
         for i, c in enumerate(self.columns):
-            col = columns[c.name]
-            values, present = col.values, col.present
-            if rows is not None:
-                values, present = values[rows], present[rows]
+            values, present = columns[c.name].values, columns[c.name].present
             if c.type == "float":
                 parts.append(self._floats(i, values, present))
             elif c.type == "int":
@@ -130,12 +127,6 @@ class ExampleEncoder:
             for j in np.flatnonzero(~present):
                 out[j] = b""
         return out
-
-    @staticmethod
-    def _int_entry(key: bytes, v: int) -> bytes:
-        packed = varint(v)
-        int64_list = b"\x0a" + _len_prefix(len(packed)) + packed
-        return _entry(key, b"\x1a" + _len_prefix(len(int64_list)) + int64_list)
 
     @staticmethod
     def _bytes_entry(key: bytes, v) -> bytes:
