@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TFLITE_VARIANTS = ("float32", "float16", "dynamic", "int8")
 
 
 class ExportConfig(BaseModel):
@@ -18,3 +20,21 @@ class ExportConfig(BaseModel):
     warmup_records: int = Field(100, ge=0, le=1000, description="TF Serving warmup requests built from eval rows")
     keep: int | None = Field(None, ge=1, description="keep only the newest N versions (never the one just written)")
     tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras")
+    tflite: str = Field(",".join(TFLITE_VARIANTS),
+                        description="TFLite variants to build and measure, comma-separated ('' for none)")
+    max_accuracy_drop: float = Field(0.01, ge=0, description="largest accuracy drop of a TFLite variant below "
+                                     "the SavedModel (relative RMSE rise for regression)")
+    allow_drop: bool = Field(False, description="drop a variant that loses too much accuracy instead of failing")
+
+    @field_validator("tflite")
+    @classmethod
+    def _check_variants(cls, v: str) -> str:
+        names = [n.strip() for n in v.split(",") if n.strip()]
+        unknown = [n for n in names if n not in TFLITE_VARIANTS]
+        if unknown:
+            raise ValueError(f"unknown TFLite variant '{unknown[0]}'; allowed: {', '.join(TFLITE_VARIANTS)}")
+        return ",".join(names)
+
+    @property
+    def variants(self) -> list[str]:
+        return [n for n in self.tflite.split(",") if n]

@@ -59,6 +59,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         tf.saved_model.save(module, tmp, signatures=module.signatures())
         warm = _write_warmup(tmp, config, data)
         check = _check_reload(tmp, model, data, config.tolerance)
+        table = _tflite_variants(tmp, model, data, config, log) if config.variants else []
         _sync_tree(tmp)
         final = os.path.join(model_dir, str(version))
         os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
@@ -75,9 +76,10 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         "lineage": {"train": train_dir, "train_fingerprint": _read_json(os.path.join(train_dir, "train.json"))
                     .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
         "signatures": ["serving_default", "predict_examples"], "warmup_records": warm,
-        "reload_check": check, "removed_versions": removed, "elapsed_s": round(time.time() - started, 2),
+        "reload_check": check, "variants": table, "removed_versions": removed,
+        "elapsed_s": round(time.time() - started, 2),
     }
-    with open(os.path.join(final, "assets.extra", "tfpipe_export.json"), "w") as f:
+    with open(os.path.join(final, "assets.extra", "export.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     log(f"  SavedModel reloaded and checked on {check['rows']} test rows "
         f"(max difference {check['max_abs_diff']:.2e}); {warm} warmup records")
@@ -157,13 +159,7 @@ def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
 def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
     """Up to `limit` rows of a split as serving_default inputs (ints as int64; a missing int
     becomes 0, since a raw tensor cannot say 'missing' for an int)."""
-    ds = make_dataset(data.files(split), data.schema, limit, shuffle=False, seed=0, deterministic=True).take(1)
-    features, _ = next(iter(ds))
-    out = {}
-    for c in data.schema.features:
-        v = features[c.name].numpy()
-        out[c.name] = np.nan_to_num(v).astype(np.int64) if c.type == "int" else v
-    return out
+    return _serving_rows(_labelled_rows(data, split, limit)[0], data.schema)
 
 
 def _check_reload(tmp: str, model: keras.Model, data, tolerance: float) -> dict[str, Any]:
@@ -184,6 +180,90 @@ def _check_reload(tmp: str, model: keras.Model, data, tolerance: float) -> dict[
         raise ExportError(f"the reloaded SavedModel differs from the Keras model by {diff:.3g} "
                           f"(> {tolerance:g}) on the {split} split; nothing was published")
     return {"split": split, "rows": int(len(got)), "max_abs_diff": diff}
+
+
+def _tflite_variants(tmp: str, model: keras.Model, data, config: ExportConfig, log) -> list[dict[str, Any]]:
+    """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
+    from export.tflite import convert_all, device_inputs, device_model, litert_runner, measure
+
+    split = "test" if data.count("test") else "eval"
+    raw, labels = _labelled_rows(data, split)
+    train_raw, _ = _labelled_rows(data, "train", limit=1000)
+    lite_model, vocabularies = device_model(model, data.schema)
+    inputs = device_inputs(raw, data.schema, vocabularies)
+    task = data.schema.label.task
+    metric = "rmse" if task == "regression" else "accuracy"
+
+    loaded = tf.saved_model.load(tmp)
+    serve, by_example = loaded.signatures["serving_default"], loaded.signatures["predict_examples"]
+    key = "predictions" if task == "regression" else "probabilities"
+    examples = tf.constant(_serialized(data, split))
+
+    def saved_all(_):
+        out = by_example(examples=examples)[key].numpy()
+        return out[:, 1:] if task == "binary" else out
+
+    served_rows = _serving_rows(raw, data.schema)
+    saved = measure(lambda row: serve(**row), saved_all,
+                    {k: tf.constant(v) for k, v in served_rows.items()}, labels, task)
+    size_saved = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(tmp) for f in fs
+                     if "assets.extra" not in r)
+    table = [{"variant": "savedmodel", "bytes": size_saved, **saved, "drop": 0.0}]
+    folder = os.path.join(tmp, "assets.extra", "tflite")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "vocabularies.json"), "w") as f:
+        json.dump({"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies}, f)
+    converted = convert_all(lite_model, config.variants, device_inputs(train_raw, data.schema, vocabularies))
+    failed = []
+    for variant, blob in converted.items():
+        one, every = litert_runner(blob)
+        row = {"variant": variant, "bytes": len(blob), **measure(one, every, inputs, labels, task)}
+        if metric == "accuracy":
+            row["drop"] = round(saved["accuracy"] - row["accuracy"], 6)
+        else:
+            row["drop"] = round((row["rmse"] - saved["rmse"]) / max(saved["rmse"], 1e-12), 6)
+        row["ratio_bytes_vs_float32"] = round(len(blob) / len(converted.get("float32", blob)), 4)
+        if row["drop"] > config.max_accuracy_drop:
+            failed.append(row)
+            if config.allow_drop:
+                log(f"  dropping {variant}: {metric} drops {row['drop']:.4f} > {config.max_accuracy_drop:g}")
+                table.append({**row, "dropped": True})
+                continue
+        with open(os.path.join(folder, f"{variant}.tflite"), "wb") as f:
+            f.write(blob)
+        table.append(row)
+    for line in format_table(table, metric):
+        log(line)
+    if failed and not config.allow_drop:
+        names = ", ".join(f"{r['variant']} (-{r['drop']:.4f})" for r in failed)
+        raise ExportError(f"TFLite variant(s) {names} lose more {metric} than --max-accuracy-drop "
+                          f"{config.max_accuracy_drop:g}; nothing was published (--allow-drop skips them)")
+    return table
+
+
+def format_table(table: list[dict[str, Any]], metric: str) -> list[str]:
+    lines = [f"  {'variant':11s} {'size':>10s} {metric:>9s} {'drop':>8s} {'p50 ms':>8s} {'p99 ms':>8s}"]
+    for r in table:
+        lines.append(f"  {r['variant']:11s} {r['bytes'] / 1024:>8.1f}KB {r[metric]:>9.4f} {r['drop']:>8.4f} "
+                     f"{r['latency_ms_p50']:>8.3f} {r['latency_ms_p99']:>8.3f}" + ("  dropped" if r.get("dropped") else ""))
+    return lines
+
+
+def _labelled_rows(data, split: str, limit: int = 100000) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Raw features (ints as float64, NaN = missing) and encoded labels of a split."""
+    ds = make_dataset(data.files(split), data.schema, limit, shuffle=False, seed=0, deterministic=True).take(1)
+    features, labels = next(iter(ds))
+    return {k: v.numpy() for k, v in features.items()}, labels.numpy()
+
+
+def _serving_rows(raw: dict[str, np.ndarray], schema) -> dict[str, np.ndarray]:
+    return {c.name: (np.nan_to_num(raw[c.name]).astype(np.int64) if c.type == "int" else raw[c.name])
+            for c in schema.features}
+
+
+def _serialized(data, split: str) -> list[bytes]:
+    files = data.files(split)
+    return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
 
 
 def _sync_tree(path: str) -> None:

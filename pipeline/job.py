@@ -17,7 +17,6 @@ import argparse
 import glob as globlib
 import hashlib
 import json
-import logging
 import math
 import os
 import shutil
@@ -25,7 +24,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Callable
 
 import apache_beam as beam
 import numpy as np
@@ -127,7 +126,7 @@ class ValidateSplitWrite(beam.DoFn):
                     dealt[name] += len(records)
                     yield name, columns
         files = {}
-        for (name, shard), w in writers.items():
+        for (name, _), w in writers.items():
             w.close()
             files[os.path.basename(w.path)] = {"split": name, "records": w.records, "bytes": w.bytes_written}
         if dead is not None:

@@ -29,8 +29,10 @@ def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
 
 
 def export(trained, base, *args) -> subprocess.CompletedProcess:
+    """A SavedModel-only export (the TFLite variants have their own test)."""
     data, train = trained
-    return run_cli("export", "--model", train, "--data", data, "--base", str(base), "--name", "penguins", *args)
+    return run_cli("export", "--model", train, "--data", data, "--base", str(base), "--name", "penguins",
+                   "--tflite", "", *args)
 
 
 def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
@@ -73,7 +75,7 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
         out = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
         assert out["probabilities"].shape == (1, 3)
 
-    meta = json.load(open(v1 / "assets.extra" / "tfpipe_export.json"))
+    meta = json.load(open(v1 / "assets.extra" / "export.json"))
     assert meta["version"] == 1 and meta["reload_check"]["max_abs_diff"] <= 1e-5
     assert meta["lineage"]["data_fingerprint"] == json.load(open(os.path.join(data, "data.json")))["fingerprint"]
 
@@ -89,7 +91,7 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
 def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
     data, train = penguins_trained
     proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "export", "--model", train, "--data", data,
-                             "--base", str(tmp_path), "--name", "penguins"], cwd=ROOT,
+                             "--base", str(tmp_path), "--name", "penguins", "--tflite", ""], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not glob.glob(str(tmp_path / "penguins" / ".tmp-*")) and time.time() < deadline:
@@ -104,7 +106,53 @@ def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
     assert sorted(n for n in os.listdir(tmp_path / "penguins") if not n.startswith(".tfpipe")) == ["1"]
 
 
-@pytest.mark.parametrize("case", ["no_train", "incomplete", "version", "base"])
+def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    data, train = penguins_trained
+    base = ["--model", train, "--data", data, "--base", str(tmp_path), "--name", "penguins"]
+    # A generous threshold: every variant ships, each measured beside the SavedModel.
+    res = run_cli("export", *base, "--max-accuracy-drop", "0.2")
+    assert res.returncode == 0, res.stderr
+    assert "variant" in res.stdout and "int8" in res.stdout
+    folder = tmp_path / "penguins" / "1" / "assets.extra" / "tflite"
+    meta = json.load(open(tmp_path / "penguins" / "1" / "assets.extra" / "export.json"))
+    rows = {r["variant"]: r for r in meta["variants"]}
+    assert set(rows) == {"savedmodel", "float32", "float16", "dynamic", "int8"}
+    for name in ("float32", "float16", "dynamic", "int8"):
+        blob = (folder / f"{name}.tflite").read_bytes()
+        assert rows[name]["bytes"] == len(blob) and rows[name]["accuracy"] >= 0.8
+        assert rows[name]["latency_ms_p50"] > 0 and rows[name]["latency_ms_p99"] >= rows[name]["latency_ms_p50"]
+    assert rows["dynamic"]["bytes"] < rows["float32"]["bytes"]
+    # What a device app does: vocabulary indices for strings, NaN for a missing number.
+    vocab = json.load(open(folder / "vocabularies.json"))["vocabularies"]
+    runner = Interpreter(model_path=str(folder / "float32.tflite")).get_signature_runner("serving_default")
+    row = {"island": vocab["island"].index("Biscoe") + 1, "bill_length_mm": 48.0, "bill_depth_mm": 15.0,
+           "flipper_length_mm": 220.0, "body_mass_g": 5400.0, "sex": vocab["sex"].index("male") + 1,
+           "year": float("nan")}
+    feed = {k: np.array([v], dtype=np.int32 if k in vocab else np.float32) for k, v in row.items()}
+    probs = next(iter(runner(**feed).values()))[0]
+    assert int(np.argmax(probs)) == 2  # Gentoo, as the SavedModel says for this bird
+    del tf
+
+    # No tolerance for loss: a variant that drops accuracy fails the export with the table,
+    # and nothing is published; --allow-drop ships the rest and records the dropped one.
+    res = run_cli("export", *base, "--max-accuracy-drop", "0", "--tflite", "float32,int8")
+    if res.returncode == 0:  # int8 happened to lose nothing on this small test split
+        assert json.load(open(tmp_path / "penguins" / "2" / "assets.extra" / "export.json"))["variants"]
+    else:
+        assert res.returncode == 2 and "lose more accuracy than --max-accuracy-drop 0" in res.stderr
+        assert "variant" in res.stdout  # the table that shows why
+        assert not (tmp_path / "penguins" / "2").exists()
+        res = run_cli("export", *base, "--max-accuracy-drop", "0", "--tflite", "float32,int8", "--allow-drop")
+        assert res.returncode == 0, res.stderr
+        meta = json.load(open(tmp_path / "penguins" / "2" / "assets.extra" / "export.json"))
+        assert any(r.get("dropped") for r in meta["variants"])
+        assert not (tmp_path / "penguins" / "2" / "assets.extra" / "tflite" / "int8.tflite").exists()
+
+
+@pytest.mark.parametrize("case", ["no_train", "incomplete", "version", "base", "variant"])
 def test_bad_input_exits_2_with_one_line(tmp_path, penguins_trained, case):
     data, train = penguins_trained
     args = ["--model", train, "--data", data, "--base", str(tmp_path / "models"), "--name", "penguins"]
@@ -116,13 +164,16 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_trained, case):
         args[1] = str(tmp_path / "half")
         expect = "is not a complete tfpipe train output: model.keras is missing"
     elif case == "version":
-        assert run_cli("export", *args).returncode == 0
+        assert run_cli("export", *args, "--tflite", "").returncode == 0
         args += ["--version", "1"]
         expect = "version 1 already exists"
-    else:
+    elif case == "base":
         (tmp_path / "file").write_text("not a directory")
         args[5] = str(tmp_path / "file")
         expect = "cannot create"
-    res = run_cli("export", *args)
+    else:
+        args += ["--tflite", "float32,int4"]
+        expect = "unknown TFLite variant 'int4'; allowed: float32, float16, dynamic, int8"
+    res = run_cli("export", *args, *([] if case == "variant" else ["--tflite", ""]))
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert expect in res.stderr and len(res.stderr.strip().splitlines()) == 1

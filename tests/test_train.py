@@ -279,7 +279,7 @@ def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     finally:
         for p in procs:
             p.kill()
-    for p, (stdout, stderr) in zip(procs, results):
+    for p, (_, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr
     m = load(out)
     assert m["strategy"]["name"] == "MultiWorkerMirroredStrategy (TF_CONFIG)"

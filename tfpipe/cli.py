@@ -142,10 +142,11 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
 
     config = load_config(args.config)
     cfg = _section(args, config, "export", ExportConfig)
+    # The TFLite converter and LiteRT print to fd 2 as they work; errors still reach the user.
     with _quiet_native_stderr(not args.debug):
-        from export.job import run  # imports TensorFlow
+        from export.job import run
 
-    run(cfg, log=lambda line: print(line, flush=True))
+        run(cfg, log=lambda line: print(line, flush=True))
     return 0
 
 
