@@ -27,6 +27,7 @@ from pipeline import __version__
 from train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from train.data import load_data_dir, make_dataset
 from train.errors import TrainError
+from train.job import read_json
 
 HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is reused
 
@@ -73,7 +74,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         "stage": "export", "tfpipe_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
-        "lineage": {"train": train_dir, "train_fingerprint": _read_json(os.path.join(train_dir, "train.json"))
+        "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
                     .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
         "signatures": ["serving_default", "predict_examples"], "warmup_records": warm,
         "reload_check": check, "variants": table, "removed_versions": removed,
@@ -124,7 +125,7 @@ def _versions(model_dir: str) -> list[int]:
 
 def _choose_version(model_dir: str, requested: int | None) -> int:
     present = _versions(model_dir)
-    high = _read_json(os.path.join(model_dir, HIGH_WATER)) or 0
+    high = read_json(os.path.join(model_dir, HIGH_WATER)) or 0
     if requested is not None:
         if requested in present:
             raise ExportError(f"version {requested} already exists in {model_dir}; versions are never overwritten")
@@ -287,10 +288,3 @@ def _prune(model_dir: str, keep: int | None, newest: int) -> list[int]:
         shutil.rmtree(os.path.join(model_dir, str(v)), ignore_errors=True)
     return removed
 
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None

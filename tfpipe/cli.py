@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -125,29 +126,25 @@ def _quiet_native_stderr(quiet: bool):
         os.close(devnull)
 
 
+def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str) -> int:
+    """Import the stage (TensorFlow comes with it, only now) and run it. TensorFlow, the TFLite
+    converter and LiteRT write chatter to fd 2; errors still reach the user as exceptions."""
+    cfg = _section(args, load_config(args.config), section, model)
+    with _quiet_native_stderr(not args.debug):
+        importlib.import_module(module).run(cfg, log=lambda line: print(line, flush=True))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from train.config import TrainConfig
 
-    config = load_config(args.config)
-    cfg = _section(args, config, "train", TrainConfig)
-    with _quiet_native_stderr(not args.debug):
-        from train.job import run  # imports TensorFlow: only when training
-
-    run(cfg, log=lambda line: print(line, flush=True))
-    return 0
+    return _run_tensorflow_stage(args, "train", TrainConfig, "train.job")
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from export.config import ExportConfig
 
-    config = load_config(args.config)
-    cfg = _section(args, config, "export", ExportConfig)
-    # The TFLite converter and LiteRT print to fd 2 as they work; errors still reach the user.
-    with _quiet_native_stderr(not args.debug):
-        from export.job import run
-
-        run(cfg, log=lambda line: print(line, flush=True))
-    return 0
+    return _run_tensorflow_stage(args, "export", ExportConfig, "export.job")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -105,7 +105,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     out = os.path.abspath(config.out)
     fingerprint = _digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
                            "version": __version__})
-    previous = _read_json(os.path.join(out, "train.json"))
+    previous = read_json(os.path.join(out, "train.json"))
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
         log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
         return out
@@ -288,7 +288,7 @@ def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int) -> str:
     work = os.path.join(parent, f".{name}.partial" + (f"-worker{worker}" if worker else ""))
     key = _digest({"resume": config.resume_fields(), "data": data.manifest["fingerprint"]})
     marker = os.path.join(work, "resume.json")
-    if _read_json(marker) != {"key": key}:
+    if read_json(marker) != {"key": key}:
         shutil.rmtree(work, ignore_errors=True)  # another model or data: nothing to resume
         os.makedirs(os.path.join(work, "checkpoints"))
         with open(marker, "w") as f:
@@ -310,7 +310,7 @@ def _trim_metrics(work: str) -> None:
 
 
 def _resumed_epoch(work: str) -> int | None:
-    meta = _read_json(os.path.join(work, "backup", "training_metadata.json"))
+    meta = read_json(os.path.join(work, "backup", "training_metadata.json"))
     return int(meta["epoch"]) if meta else None
 
 
@@ -338,7 +338,8 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _read_json(path: str) -> Any:
+def read_json(path: str) -> Any:
+    """A JSON file's content, or None when it is missing or unreadable."""
     try:
         with open(path) as f:
             return json.load(f)
