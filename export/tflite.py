@@ -3,8 +3,8 @@
 The boundary: string lookups cannot become builtin TFLite ops, so a device app turns each
 string feature into its vocabulary index itself (vocabularies.json: index = position + 1,
 0 for a value not in the list, exactly as the StringLookup layers do). Everything else
-stays in the .tflite file: imputation of missing numbers (pass NaN), normalisation (in a
-form whose constants survive float16), embeddings or one-hot, the dense layers and the
+stays in the .tflite file: imputation of missing numbers (pass NaN), normalisation (whose
+constants survive float16, see train.model.ImputeNormalize), embeddings or one-hot, the dense layers and the
 head. Numbers go in as float32.
 """
 
@@ -18,47 +18,11 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import layers, ops
+from keras import layers
 
 from pipeline.schema import Schema
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
-
-
-class HalfSafeNormalize(layers.Layer):
-    """(x - mean) / std with every constant exact in float16, so the float16 variant (whose
-    converter stores constants in half precision) keeps features like Unix timestamps
-    (~1.4e9, beyond float16's 65504) intact: x is first scaled by powers of two (exact),
-    the scaled mean is subtracted as a sum of float16 residuals, and 1/std is two float16
-    factors. The arithmetic itself stays float32. A missing value (NaN) becomes 0 (the mean)
-    with a 0/1 flag beside it when the feature is nullable, as in the trained model."""
-
-    def __init__(self, mean: float, variance: float, flag_missing: bool, **kwargs):
-        super().__init__(**kwargs)
-        std = float(np.sqrt(max(variance, 1e-12)))
-        self.flag_missing = flag_missing
-        self.exponent = max(0, int(np.ceil(np.log2(max(abs(mean), std, 1.0)))))
-        residual = mean / 2.0 ** self.exponent
-        self.terms = []
-        for _ in range(3):
-            term = float(np.float16(residual))
-            self.terms.append(term)
-            residual -= term
-        inverse = 2.0 ** self.exponent / std
-        self.factor_a = float(np.float16(np.sqrt(inverse)))
-        self.factor_b = float(np.float16(inverse / self.factor_a))
-
-    def call(self, x):
-        x = ops.cast(x, "float32")
-        missing = ops.isnan(x)
-        z = x
-        for step in [2.0 ** -14] * (self.exponent // 14) + [2.0 ** -(self.exponent % 14)]:
-            z = z * step
-        for term in self.terms:
-            z = z - term
-        z = ops.where(missing, 0.0, z * self.factor_a * self.factor_b)
-        columns = [z] + ([ops.cast(missing, "float32")] if self.flag_missing else [])
-        return ops.stack(columns, axis=-1)
 
 
 def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[str, list[str]]]:
@@ -68,8 +32,7 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
     for c in schema.features:
         if c.type in ("int", "float"):
             x = inputs[c.name] = keras.Input(shape=(), dtype="float32", name=c.name)
-            norm = pre.get_layer(f"norm_{c.name}")
-            parts.append(HalfSafeNormalize(norm.mean, norm.variance, norm.flag_missing)(x))
+            parts.append(pre.get_layer(f"norm_{c.name}")(x))
             continue
         try:
             lookup = pre.get_layer(f"lookup_{c.name}")

@@ -25,21 +25,50 @@ ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, e
 
 @keras.saving.register_keras_serializable(package="tfpipe")
 class ImputeNormalize(layers.Layer):
-    """NaN -> the training mean, then (x - mean) / std; adds a 0/1 'was missing' column when
-    the feature is nullable, so the model can tell an imputed value from a real one."""
+    """(x - mean) / std, with NaN (missing) imputed as the mean, i.e. 0; adds a 0/1 'was
+    missing' column when the feature is nullable, so the model can tell an imputed value
+    from a real one.
+
+    Every constant is exact in float16, so a float16 TFLite conversion (which stores
+    constants in half precision) keeps features like Unix timestamps (~1.4e9, beyond
+    float16's 65504) intact: x is scaled by powers of two (exact), the scaled mean is
+    subtracted as a sum of float16 residuals, and 1/std is a product of float16 factors.
+    The arithmetic itself is float32."""
 
     def __init__(self, mean: float, variance: float, flag_missing: bool, **kwargs):
         super().__init__(**kwargs)
         self.mean = float(mean)
         self.variance = float(variance)
         self.flag_missing = bool(flag_missing)
+        std = math.sqrt(max(self.variance, 1e-12))
+        self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), std, 1.0))))
+        residual = self.mean / 2.0 ** self._exponent
+        self._terms = []
+        for _ in range(3):
+            term = float(np.float16(residual))
+            self._terms.append(term)
+            residual -= term
+        # 1/std of the scaled values is >= 1 (the exponent covers std); split it into exact
+        # powers of two and a float16 remainder, none beyond float16's range.
+        inverse = 2.0 ** self._exponent / std
+        self._factors = []
+        while inverse > 2.0 ** 15:
+            self._factors.append(2.0 ** 15)
+            inverse /= 2.0 ** 15
+        self._factors.append(float(np.float16(inverse)))
 
     def call(self, x):
         x = ops.cast(x, "float32")
         missing = ops.isnan(x)
-        filled = ops.where(missing, self.mean, x)
-        scaled = (filled - self.mean) / math.sqrt(max(self.variance, 1e-12))
-        columns = [scaled]
+        z = x
+        for step in [2.0 ** -14] * (self._exponent // 14) + [2.0 ** -(self._exponent % 14)]:
+            z = z * step
+        for term in self._terms:
+            z = z - term
+        for factor in self._factors:
+            z = z * factor
+        z = ops.where(missing, 0.0, z)
+        columns = [z]
         if self.flag_missing:
             columns.append(ops.cast(missing, "float32"))
         return ops.stack(columns, axis=-1)
