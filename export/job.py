@@ -59,8 +59,12 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         module = ServingModule(model, data.schema)
         tf.saved_model.save(module, tmp, signatures=module.signatures())
         warm = _write_warmup(tmp, config, data)
-        check = _check_reload(tmp, model, data, config.tolerance)
-        table = _tflite_variants(tmp, model, data, config, log) if config.variants else []
+        # Read back once: the reload check and the variants' baseline use the same load and rows.
+        split = "test" if data.count("test") else "eval"
+        raw, labels = _labelled_rows(data, split)
+        loaded = tf.saved_model.load(tmp)
+        check = _check_reload(loaded, model, data, split, raw, config.tolerance)
+        table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
         _sync_tree(tmp)
         final = os.path.join(model_dir, str(version))
         os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
@@ -163,11 +167,10 @@ def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
     return _serving_rows(_labelled_rows(data, split, limit)[0], data.schema)
 
 
-def _check_reload(tmp: str, model: keras.Model, data, tolerance: float) -> dict[str, Any]:
+def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
+                  tolerance: float) -> dict[str, Any]:
     """The SavedModel read back from disk must give the Keras model's predictions."""
-    split = "test" if data.count("test") else "eval"
-    rows = _raw_rows(data, split, 4096)
-    loaded = tf.saved_model.load(tmp)
+    rows = _serving_rows(raw, data.schema)
     served = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in rows.items()})
     keras_inputs = {c.name: (rows[c.name].astype(np.float64) if c.type == "int" else rows[c.name])
                     for c in data.schema.features}
@@ -183,19 +186,17 @@ def _check_reload(tmp: str, model: keras.Model, data, tolerance: float) -> dict[
     return {"split": split, "rows": int(len(got)), "max_abs_diff": diff}
 
 
-def _tflite_variants(tmp: str, model: keras.Model, data, config: ExportConfig, log) -> list[dict[str, Any]]:
+def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
+                     labels: np.ndarray, config: ExportConfig, log) -> list[dict[str, Any]]:
     """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
     from export.tflite import convert_all, device_inputs, device_model, litert_runner, measure
 
-    split = "test" if data.count("test") else "eval"
-    raw, labels = _labelled_rows(data, split)
     train_raw, _ = _labelled_rows(data, "train", limit=1000)
     lite_model, vocabularies = device_model(model, data.schema)
     inputs = device_inputs(raw, data.schema, vocabularies)
     task = data.schema.label.task
     metric = "rmse" if task == "regression" else "accuracy"
 
-    loaded = tf.saved_model.load(tmp)
     serve, by_example = loaded.signatures["serving_default"], loaded.signatures["predict_examples"]
     key = "predictions" if task == "regression" else "probabilities"
     examples = tf.constant(_serialized(data, split))
