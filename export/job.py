@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from export.config import ExportConfig
 from export.errors import ExportError
-from export.signatures import TF_DTYPES, ServingModule
+from export.signatures import TF_DTYPES, ServingModule, set_method_names
 from pipeline import __version__
 from train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from train.data import load_data_dir, make_dataset
@@ -58,6 +58,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
     try:
         module = ServingModule(model, data.schema)
         tf.saved_model.save(module, tmp, signatures=module.signatures())
+        set_method_names(tmp, module.method_names())
         warm = _write_warmup(tmp, config, data)
         # Read back once: the reload check and the variants' baseline use the same load and rows.
         split = "test" if data.count("test") else "eval"
@@ -80,7 +81,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
         "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
                     .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
-        "signatures": ["serving_default", "predict_examples"], "warmup_records": warm,
+        "signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
         "reload_check": check, "variants": table, "removed_versions": removed,
         "elapsed_s": round(time.time() - started, 2),
     }

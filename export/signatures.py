@@ -3,13 +3,19 @@
 serving_default: raw features as named tensors with a batch dimension (dtypes from
 schema.json) -> named outputs. predict_examples: serialized tf.train.Example strings ->
 the same outputs, for Example-based clients and batch scoring (a missing value is simply
-an absent feature there).
+an absent feature there). classification (or regression): serialized Examples under TF
+Serving's conventional input name `inputs` -> `classes` and `scores` (or `outputs`), with
+the classify (regress) method name, so TF Serving's Classify / Regress / MultiInference
+APIs and REST :classify / :regress work on the model too.
 """
 
 from __future__ import annotations
 
+import os
+
 import keras
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from pipeline.schema import Schema
 from train.data import parse_spec, raw_inputs
@@ -33,9 +39,32 @@ class ServingModule(tf.Module):
         self.serve_examples = tf.function(
             self._serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
 
+        self.serve_inputs = tf.function(
+            self._classify if self._classes is not None else self._regress,
+            input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+
+    @property
+    def example_signature(self) -> str:
+        return "regression" if self._classes is None else "classification"
+
     def signatures(self) -> dict:
         return {"serving_default": self.serve.get_concrete_function(),
-                "predict_examples": self.serve_examples.get_concrete_function()}
+                "predict_examples": self.serve_examples.get_concrete_function(),
+                self.example_signature: self.serve_inputs.get_concrete_function()}
+
+    def method_names(self) -> dict[str, str]:
+        """tf.saved_model.save marks every signature as predict; these two are not."""
+        kind = "regress" if self._classes is None else "classify"
+        return {self.example_signature: f"tensorflow/serving/{kind}"}
+
+    def _classify(self, inputs):
+        out = self._serve_examples(inputs)
+        scores = out["probabilities"]
+        classes = tf.tile(self._classes[tf.newaxis, :], [tf.shape(scores)[0], 1])
+        return {"classes": classes, "scores": scores}
+
+    def _regress(self, inputs):
+        return {"outputs": tf.reshape(self._serve_examples(inputs)["predictions"], [-1])}
 
     def _serve_raw(self, features):
         inputs = {}
@@ -61,3 +90,17 @@ class ServingModule(tf.Module):
         class_ids = tf.argmax(probabilities, axis=-1)
         return {"probabilities": tf.cast(probabilities, tf.float32), "class_ids": class_ids,
                 "classes": tf.gather(self._classes, class_ids)}
+
+
+def set_method_names(saved_model_dir: str, methods: dict[str, str]) -> None:
+    """Rewrite signature method names in saved_model.pb (TF2's saver has no option for it)."""
+    path = os.path.join(saved_model_dir, "saved_model.pb")
+    proto = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    for graph in proto.meta_graphs:
+        for key, method in methods.items():
+            if key in graph.signature_def:
+                graph.signature_def[key].method_name = method
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())

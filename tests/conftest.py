@@ -70,3 +70,16 @@ def raw_records(out: str, split: str) -> list[bytes]:
 
     files = sorted(glob.glob(os.path.join(out, f"{split}-*.tfrecord.gz")))
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+
+
+@pytest.fixture(scope="session")
+def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
+    """(data dir, train dir) of a penguins model trained through the CLI; shared by stages' tests."""
+    from pipeline.config import DataConfig
+    from pipeline.job import run as run_data
+
+    root = tmp_path_factory.mktemp("trained")
+    data = run_data(DataConfig(input=[penguins_csv], label="species", out=str(root / "data")), log=lambda _: None)
+    res = run_cli("train", "--data", data, "--out", str(root / "train"), "--epochs", "20")
+    assert res.returncode == 0, res.stderr
+    return data, str(root / "train")

@@ -16,18 +16,6 @@ import pytest
 from conftest import ROOT, raw_records, run_cli
 
 
-@pytest.fixture(scope="session")
-def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
-    from pipeline.config import DataConfig
-    from pipeline.job import run as run_data
-
-    root = tmp_path_factory.mktemp("export")
-    data = run_data(DataConfig(input=[penguins_csv], label="species", out=str(root / "data")), log=lambda _: None)
-    res = run_cli("train", "--data", data, "--out", str(root / "train"), "--epochs", "20")
-    assert res.returncode == 0, res.stderr
-    return data, str(root / "train")
-
-
 def export(trained, base, *args) -> subprocess.CompletedProcess:
     """A SavedModel-only export (the TFLite variants have their own test)."""
     data, train = trained
@@ -44,7 +32,12 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     assert res.returncode == 0, res.stderr
     v1 = tmp_path / "penguins" / "1"
     loaded = tf.saved_model.load(str(v1))
-    assert set(loaded.signatures) == {"serving_default", "predict_examples"}
+    assert set(loaded.signatures) == {"serving_default", "predict_examples", "classification"}
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    graph = saved_model_pb2.SavedModel.FromString((v1 / "saved_model.pb").read_bytes()).meta_graphs[0]
+    assert graph.signature_def["classification"].method_name == "tensorflow/serving/classify"
+    assert graph.signature_def["serving_default"].method_name == "tensorflow/serving/predict"
 
     # Raw features in, named outputs out.
     raw = loaded.signatures["serving_default"](

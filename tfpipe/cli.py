@@ -32,9 +32,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors a user can fix: shown as one line, exit code 2."""
     from export.errors import ExportError
     from pipeline.errors import DataError
+    from serve.errors import ServeError
     from train.errors import TrainError
 
-    return ConfigError, DataError, TrainError, ExportError
+    return ConfigError, DataError, TrainError, ExportError, ServeError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -147,6 +148,27 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     return _run_tensorflow_stage(args, "export", ExportConfig, "export.job")
 
 
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    from serve.flags import options_from_args
+
+    opts = options_from_args(args)
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    with _quiet_native_stderr(not args.debug):
+        import serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
+    if opts.emit_k8s:
+        from serve.k8s import emit
+
+        emit(opts, opts.emit_k8s, log)
+        return 0
+    if opts.backend != "embedded":
+        from serve.tfserving import launch
+
+        return launch(opts, log)
+    with _quiet_native_stderr(not args.debug):
+        from serve.server import run_embedded
+    return run_embedded(opts, log)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.config import DataConfig
     from train.config import TrainConfig
@@ -213,6 +235,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(export, ExportConfig)
     export.set_defaults(handler=cmd_export)
+
+    from serve.flags import add_serve_flags
+
+    debug_only = argparse.ArgumentParser(add_help=False)
+    debug_only.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's logs")
+    serve = sub.add_parser(
+        "serve", parents=[debug_only], allow_abbrev=False,
+        help="serve BASE/NAME/VERSION SavedModels with TF Serving's gRPC and REST APIs",
+        description=(
+            "Takes tensorflow_model_server's own flags: a command line written for it works with the "
+            "program name replaced by 'tfpipe serve'. The default backend is an embedded server that "
+            "speaks TF Serving's gRPC (PredictionService, ModelService) and REST APIs, polls the base "
+            "paths for new versions (hot reload with zero failed requests), runs warmup records, "
+            "batches requests with --enable_batching, and exports Prometheus metrics with "
+            "--monitoring_config_file. --backend tfserving runs the real tensorflow_model_server with "
+            "generated models.config / batching.config / monitoring.config; --backend docker runs the "
+            "tensorflow/serving image; --emit-k8s DIR writes Kubernetes manifests. SIGTERM drains "
+            "in-flight requests and exits 0."
+        ),
+        epilog=("example: tfpipe serve --rest_api_port=8501 --model_name=taxi --model_base_path=runs/taxi/models/taxi\n"
+                "         tfpipe serve --model_config_file=models.config --enable_batching "
+                "--batching_parameters_file=batching.config"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_serve_flags(serve)
+    serve.set_defaults(handler=cmd_serve)
     return parser
 
 

@@ -1,0 +1,181 @@
+"""TF Serving's gRPC services (tensorflow.serving.PredictionService and ModelService),
+with the messages from tensorflow-serving-api, so the official stubs work unchanged."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from serve.errors import ServingError, invalid
+from serve.inference import Inference
+from serve.metrics import Metrics
+from serve.requests import (
+    classification_result,
+    input_examples,
+    model_spec,
+    predict_inputs,
+    regression_result,
+    tensor_proto,
+)
+from serve.servable import CLASSIFY, REGRESS
+
+
+def spec_of(spec) -> tuple[str, int | None, str | None]:
+    if not spec.name:
+        raise invalid("Missing ModelSpec")
+    choice = spec.WhichOneof("version_choice")
+    return spec.name, spec.version.value if choice == "version" else None, spec.version_label if choice == "version_label" else None
+
+
+async def _answer(metrics: Metrics, api: str, name: str, context, handler):
+    t0 = time.perf_counter()
+    try:
+        response = await handler()
+    except ServingError as e:
+        metrics.request(name, api, e.code.name, time.perf_counter() - t0)
+        await context.abort(e.code, e.message)
+    except Exception as e:  # a bug, not bad input: INTERNAL, and the server keeps serving
+        metrics.request(name, api, "INTERNAL", time.perf_counter() - t0)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    metrics.request(name, api, "OK", time.perf_counter() - t0)
+    return response
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, inference: Inference, metrics: Metrics):
+        self.inference, self.metrics = inference, metrics
+
+    async def Predict(self, request, context):
+        async def run():
+            name, version, label = spec_of(request.model_spec)
+            servable, sig, outputs = await self.inference.predict(
+                name, version, label, request.model_spec.signature_name, predict_inputs(request),
+                request.output_filter)
+            response = predict_pb2.PredictResponse()
+            model_spec(response.model_spec, name, servable.version, sig.name)
+            for k, v in outputs.items():
+                response.outputs[k].CopyFrom(tensor_proto(v))
+            return response
+        return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
+
+    async def Classify(self, request, context):
+        async def run():
+            name, version, label = spec_of(request.model_spec)
+            servable, sig, classes, scores = await self.inference.classify(
+                name, version, label, request.model_spec.signature_name, input_examples(request.input))
+            response = classification_pb2.ClassificationResponse(result=classification_result(classes, scores))
+            model_spec(response.model_spec, name, servable.version, sig.name)
+            return response
+        return await _answer(self.metrics, "classify", request.model_spec.name, context, run)
+
+    async def Regress(self, request, context):
+        async def run():
+            name, version, label = spec_of(request.model_spec)
+            servable, sig, values = await self.inference.regress(
+                name, version, label, request.model_spec.signature_name, input_examples(request.input))
+            response = regression_pb2.RegressionResponse(result=regression_result(values))
+            model_spec(response.model_spec, name, servable.version, sig.name)
+            return response
+        return await _answer(self.metrics, "regress", request.model_spec.name, context, run)
+
+    async def MultiInference(self, request, context):
+        async def run():
+            if not request.tasks:
+                raise invalid("Tasks is empty")
+            examples = input_examples(request.input)
+            names = {t.model_spec.name for t in request.tasks}
+            if len(names) != 1:
+                raise invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name")
+            response = inference_pb2.MultiInferenceResponse()
+            for task in request.tasks:
+                name, version, label = spec_of(task.model_spec)
+                result = response.results.add()
+                if task.method_name == CLASSIFY:
+                    servable, sig, classes, scores = await self.inference.classify(
+                        name, version, label, task.model_spec.signature_name, examples)
+                    result.classification_result.CopyFrom(classification_result(classes, scores))
+                elif task.method_name == REGRESS:
+                    servable, sig, values = await self.inference.regress(
+                        name, version, label, task.model_spec.signature_name, examples)
+                    result.regression_result.CopyFrom(regression_result(values))
+                else:
+                    raise invalid(f"Unsupported signature method_name: {task.method_name}")
+                model_spec(result.model_spec, name, servable.version, sig.name)
+            return response
+        name = request.tasks[0].model_spec.name if request.tasks else ""
+        return await _answer(self.metrics, "multi_inference", name, context, run)
+
+    async def GetModelMetadata(self, request, context):
+        async def run():
+            return metadata_response(self.inference, request)
+        return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
+
+
+def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    name, version, label = spec_of(request.model_spec)
+    fields = list(request.metadata_field)
+    if not fields:
+        raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
+    for f in fields:
+        if f != "signature_def":
+            raise invalid(f"Metadata field {f} is not supported")
+    servable = inference.manager.resolve(name, version, label)
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    model_spec(response.model_spec, name, servable.version, "")
+    sig_map = get_model_metadata_pb2.SignatureDefMap()
+    for k, v in servable.signature_defs.items():
+        sig_map.signature_def[k].CopyFrom(v)
+    response.metadata["signature_def"].Pack(sig_map)
+    return response
+
+
+def status_response(inference: Inference, request) -> get_model_status_pb2.GetModelStatusResponse:
+    name, version, label = spec_of(request.model_spec)
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for s in inference.manager.status(name, version, label):
+        st = response.model_version_status.add(version=s.version)
+        st.state = get_model_status_pb2.ModelVersionStatus.State.Value(s.state)
+        st.status.error_code = _error_code(s.error_code)
+        st.status.error_message = s.error_message
+    return response
+
+
+def _error_code(name: str) -> int:
+    from tensorflow.core.protobuf import error_codes_pb2
+
+    return error_codes_pb2.Code.Value(name)
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, inference: Inference, metrics: Metrics, log=print):
+        self.inference, self.metrics, self.log = inference, metrics, log
+
+    async def GetModelStatus(self, request, context):
+        async def run():
+            return status_response(self.inference, request)
+        return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
+
+    async def HandleReloadConfigRequest(self, request, context):
+        async def run():
+            import asyncio
+
+            if request.config.WhichOneof("config") is None:
+                raise invalid("ReloadConfigRequest has no config")
+            await asyncio.get_running_loop().run_in_executor(None, self.inference.manager.set_config, request.config)
+            self.log(f"reloaded model config: {[c.name for c in request.config.model_config_list.config]}")
+            response = model_management_pb2.ReloadConfigResponse()
+            response.status.error_code = 0
+            return response
+        return await _answer(self.metrics, "reload_config", "", context, run)

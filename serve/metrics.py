@@ -1,0 +1,92 @@
+"""Prometheus metrics in the text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import defaultdict
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class _Histogram:
+    def __init__(self, buckets):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+
+def _labels(pairs) -> str:
+    return "{" + ",".join(f'{k}="{str(v)}"' for k, v in pairs) + "}" if pairs else ""
+
+
+class Metrics:
+    """Request counts by model, API and status; latency and batch-size histograms; queue depth;
+    loaded versions (filled in at scrape time by the server)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: dict[tuple, int] = defaultdict(int)
+        self.latency: dict[tuple, _Histogram] = {}
+        self.batch_sizes = _Histogram(BATCH_BUCKETS)
+        self.padded_rows = 0
+        self.queue_depth = 0
+
+    def request(self, model: str, api: str, status: str, seconds: float) -> None:
+        with self._lock:
+            self.requests[(model, api, status)] += 1
+            key = (model, api)
+            if key not in self.latency:
+                self.latency[key] = _Histogram(LATENCY_BUCKETS_S)
+            self.latency[key].observe(seconds)
+
+    def batch(self, rows: int, padded: int, depth: int) -> None:
+        with self._lock:
+            self.batch_sizes.observe(rows)
+            self.padded_rows += padded - rows
+            self.queue_depth = depth
+
+    def render(self, loaded: dict[str, list[int]], queue_depth: int | None = None) -> str:
+        out = []
+        with self._lock:
+            out += ["# HELP tfpipe_serving_requests_total Requests by model, API and final status.",
+                    "# TYPE tfpipe_serving_requests_total counter"]
+            for (model, api, status), n in sorted(self.requests.items()):
+                out.append(f"tfpipe_serving_requests_total{_labels([('model', model), ('api', api), ('status', status)])} {n}")
+            out += ["# HELP tfpipe_serving_request_latency_seconds Time from request received to response ready.",
+                    "# TYPE tfpipe_serving_request_latency_seconds histogram"]
+            for (model, api), h in sorted(self.latency.items()):
+                out += _histogram("tfpipe_serving_request_latency_seconds", [("model", model), ("api", api)], h)
+            out += ["# HELP tfpipe_serving_batch_size Rows per executed batch (before padding).",
+                    "# TYPE tfpipe_serving_batch_size histogram"]
+            out += _histogram("tfpipe_serving_batch_size", [], self.batch_sizes)
+            out += ["# HELP tfpipe_serving_batch_padding_rows_total Rows added to reach an allowed batch size.",
+                    "# TYPE tfpipe_serving_batch_padding_rows_total counter",
+                    f"tfpipe_serving_batch_padding_rows_total {self.padded_rows}",
+                    "# HELP tfpipe_serving_batch_queue_depth Rows waiting in batch queues.",
+                    "# TYPE tfpipe_serving_batch_queue_depth gauge",
+                    f"tfpipe_serving_batch_queue_depth {self.queue_depth if queue_depth is None else queue_depth}"]
+        out += ["# HELP tfpipe_serving_loaded_versions Versions loaded and AVAILABLE per model.",
+                "# TYPE tfpipe_serving_loaded_versions gauge"]
+        for model, versions in sorted(loaded.items()):
+            out.append(f"tfpipe_serving_loaded_versions{_labels([('model', model)])} {len(versions)}")
+            for v in versions:
+                out.append(f"tfpipe_serving_version_available{_labels([('model', model), ('version', v)])} 1")
+        return "\n".join(out) + "\n"
+
+
+def _histogram(name: str, labels: list, h: _Histogram) -> list[str]:
+    lines, cumulative = [], 0
+    for bound, count in zip([*h.buckets, "+Inf"], h.counts, strict=True):
+        cumulative += count
+        lines.append(f"{name}_bucket{_labels(labels + [('le', bound)])} {cumulative}")
+    lines.append(f"{name}_sum{_labels(labels)} {h.total:.6f}")
+    lines.append(f"{name}_count{_labels(labels)} {h.n}")
+    return lines

@@ -1,0 +1,125 @@
+"""Real TensorFlow Serving: config files, the tensorflow_model_server command line, and the
+tensorflow/serving container with the right mounts and ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from tensorflow_serving.config import model_server_config_pb2
+
+from serve.configs import (
+    DEFAULT_METRICS_PATH,
+    batching_parameters,
+    model_server_config,
+    monitoring_config,
+    write_text_proto,
+)
+from serve.errors import ServeError
+from serve.flags import ServeOptions
+from serve.protos import MonitoringConfig
+
+CONTAINER_MODELS, CONTAINER_CONFIG = "/models", "/config"
+GRPC_IN_CONTAINER, REST_IN_CONTAINER = 8500, 8501  # what the image's entrypoint passes
+
+
+def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str] | None = None) -> dict[str, str]:
+    """models.config, batching.config (with --enable_batching) and monitoring.config (always:
+    Prometheus on at the usual path unless a monitoring file says otherwise) in config_dir.
+    `base_paths` rewrites each model's base_path (the container sees its own paths)."""
+    os.makedirs(config_dir, exist_ok=True)
+    config = model_server_config(opts)
+    for c in config.model_config_list.config:
+        if base_paths and c.name in base_paths:
+            c.base_path = base_paths[c.name]
+        if not c.model_platform:
+            c.model_platform = "tensorflow"
+    paths = {"models": write_text_proto(os.path.join(config_dir, "models.config"), config)}
+    if opts.enable_batching:
+        paths["batching"] = write_text_proto(os.path.join(config_dir, "batching.config"), batching_parameters(opts))
+    monitoring = monitoring_config(opts)
+    if monitoring is None:
+        monitoring = MonitoringConfig()
+        monitoring.prometheus_config.enable = True
+        monitoring.prometheus_config.path = DEFAULT_METRICS_PATH
+    paths["monitoring"] = write_text_proto(os.path.join(config_dir, "monitoring.config"), monitoring)
+    return paths
+
+
+def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) -> list[str]:
+    """tensorflow_model_server's flags for these options and config files."""
+    flags = []
+    if ports:
+        flags += [f"--port={opts.port}", f"--rest_api_port={opts.rest_api_port}"]
+    flags += [f"--model_config_file={paths['models']}",
+              f"--model_config_file_poll_wait_seconds={opts.model_config_file_poll_wait_seconds}",
+              f"--file_system_poll_wait_seconds={opts.file_system_poll_wait_seconds}",
+              f"--monitoring_config_file={paths['monitoring']}",
+              f"--enable_model_warmup={str(opts.enable_model_warmup).lower()}",
+              f"--rest_api_num_threads={opts.rest_api_num_threads}",
+              f"--rest_api_timeout_in_ms={opts.rest_api_timeout_in_ms}",
+              f"--grpc_max_threads={opts.grpc_max_threads}"]
+    if opts.enable_batching:
+        flags += ["--enable_batching=true", f"--batching_parameters_file={paths['batching']}"]
+    if opts.tensorflow_intra_op_parallelism:
+        flags.append(f"--tensorflow_intra_op_parallelism={opts.tensorflow_intra_op_parallelism}")
+    if opts.tensorflow_inter_op_parallelism:
+        flags.append(f"--tensorflow_inter_op_parallelism={opts.tensorflow_inter_op_parallelism}")
+    return flags
+
+
+def tfserving_command(opts: ServeOptions) -> list[str]:
+    binary = shutil.which("tensorflow_model_server")
+    if binary is None and not opts.dry_run:
+        raise ServeError("tensorflow_model_server is not on PATH: install TensorFlow Serving "
+                         "(apt package tensorflow-model-server, see tensorflow.org/tfx/serving/setup), "
+                         "use --backend docker, or the default --backend embedded")
+    paths = write_configs(opts, os.path.abspath(opts.config_dir))
+    return [binary or "tensorflow_model_server", *server_flags(opts, paths)]
+
+
+def image(opts: ServeOptions) -> str:
+    return opts.docker_image or ("tensorflow/serving:latest-gpu" if opts.gpu else "tensorflow/serving:latest")
+
+
+def container_base_paths(config: model_server_config_pb2.ModelServerConfig) -> dict[str, str]:
+    return {c.name: f"{CONTAINER_MODELS}/{c.name}" if "://" not in c.base_path else c.base_path
+            for c in config.model_config_list.config}
+
+
+def docker_command(opts: ServeOptions) -> list[str]:
+    if not opts.dry_run:
+        if shutil.which("docker") is None:
+            raise ServeError("docker is not on PATH: install Docker to use --backend docker, or use "
+                             "--backend tfserving or the default --backend embedded")
+        if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+            raise ServeError("docker is installed but its engine is not reachable (is the daemon running "
+                             "and may this user use it?)")
+    config = model_server_config(opts)
+    config_dir = os.path.abspath(opts.config_dir)
+    host_paths = {c.name: c.base_path for c in config.model_config_list.config}
+    write_configs(opts, config_dir, container_base_paths(config))
+    inside = {k: f"{CONTAINER_CONFIG}/{k}.config" for k in ("models", "batching", "monitoring")}
+    cmd = ["docker", "run", "--rm", "--init",
+           "-p", f"{opts.port}:{GRPC_IN_CONTAINER}"]
+    if opts.rest_api_port:
+        cmd += ["-p", f"{opts.rest_api_port}:{REST_IN_CONTAINER}"]
+    if opts.gpu:
+        cmd += ["--gpus", "all"]
+    for name, path in host_paths.items():
+        if "://" not in path:
+            cmd += ["-v", f"{path}:{CONTAINER_MODELS}/{name}:ro"]
+    cmd += ["-v", f"{config_dir}:{CONTAINER_CONFIG}:ro", image(opts)]
+    return cmd + server_flags(opts, inside, ports=False)
+
+
+def launch(opts: ServeOptions, log=print) -> int:
+    """Run real TF Serving (replacing this process, so signals reach it directly)."""
+    cmd = tfserving_command(opts) if opts.backend == "tfserving" else docker_command(opts)
+    log(f"configs in {os.path.abspath(opts.config_dir)}")
+    log(" ".join(cmd))
+    if opts.dry_run:
+        return 0
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached

@@ -1,0 +1,571 @@
+"""Behaviour of `tfpipe serve`: the embedded server on 127.0.0.1 ephemeral ports, answering
+TF Serving's REST and gRPC APIs (official stubs and messages) with SavedModels built here and
+one exported by tfpipe; TF Serving configs round-tripped through the official protos."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+from conftest import ROOT, run_cli
+
+
+def _opts(**kw):
+    from serve.flags import ServeOptions
+
+    return ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, **kw)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, penguins_trained):
+    """A model_config_file serving three models: half (with a warmup file), multi, and penguins
+    as exported by tfpipe export."""
+    from serving_models import save_half, save_multi
+
+    from export.config import ExportConfig
+    from export.job import run as export
+
+    root = tmp_path_factory.mktemp("serve")
+    save_half(str(root / "half" / "1"), b=2.0, warmup=3)
+    save_half(str(root / "half" / "2"), b=3.0)
+    save_multi(str(root / "multi" / "7"))
+    data, train = penguins_trained
+    export(ExportConfig(model=train, data=data, base=str(root), name="penguins", tflite=""), log=lambda _: None)
+    (root / "models.config").write_text("""
+model_config_list {
+  config { name: "half" base_path: "half" model_platform: "tensorflow"
+           model_version_policy { all {} }
+           version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } }
+  config { name: "multi" base_path: "multi" model_platform: "tensorflow" }
+  config { name: "penguins" base_path: "penguins" model_platform: "tensorflow" }
+}""")
+    (root / "monitoring.config").write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }')
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    from serve.server import ServerThread
+
+    opts = _opts(model_config_file=str(models / "models.config"), file_system_poll_wait_seconds=0,
+                 monitoring_config_file=str(models / "monitoring.config"), max_request_bytes=256 * 1024)
+    with ServerThread(opts) as s:
+        s.url = f"http://127.0.0.1:{s.rest_port}"
+        yield s
+
+
+def _stubs(port: int):
+    import grpc
+    from tensorflow_serving.apis import (
+        model_service_pb2_grpc,
+        prediction_service_pb2_grpc,
+    )
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return (prediction_service_pb2_grpc.PredictionServiceStub(channel),
+            model_service_pb2_grpc.ModelServiceStub(channel))
+
+
+def test_rest_api_answers_as_tf_serving_documents(server):
+    url = server.url
+    # Status: every version, versions as strings, TF Serving's state and status names.
+    status = requests.get(f"{url}/v1/models/half").json()
+    assert status == {"model_version_status": [
+        {"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}},
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+    assert requests.get(f"{url}/v1/models/half/versions/1").json()["model_version_status"][0]["version"] == "1"
+    assert requests.get(f"{url}/v1/models/half/labels/canary").json()["model_version_status"][0]["version"] == "2"
+
+    # Predict, row and columnar, as in TF Serving's REST example (half_plus_two: 0.5x + 2);
+    # with no version the latest (2: 0.5x + 3) answers.
+    post = lambda path, body: requests.post(f"{url}/v1/models/{path}", data=json.dumps(body))
+    assert post("half/versions/1:predict", {"instances": [1.0, 2.0, 5.0]}).json() == {"predictions": [2.5, 3.0, 4.5]}
+    assert post("half/labels/stable:predict", {"inputs": [1.0, 2.0]}).json() == {"outputs": [2.5, 3.0]}
+    assert post("half:predict", {"inputs": {"x": [1.0]}}).json() == {"outputs": [3.5]}
+    assert post("half:predict", {"instances": [{"x": 1.0}]}).json() == {"predictions": [3.5]}
+    # Regress over tf.Examples on a named signature, as in TF Serving's example.
+    r = post("half/versions/1:regress", {"signature_name": "regress_x", "examples": [{"x": 1.0}, {"x": 2.0}]})
+    assert r.json() == {"results": [2.5, 3.0]}
+
+    # Several named inputs and outputs: objects per row; b64 in, `_bytes` outputs b64 out.
+    rows = [{"a": [1.0, 2.0], "b": 3, "tag": "x"}, {"a": [0.5, 0.5], "b": -1, "tag": {"b64": base64.b64encode(b"y").decode()}}]
+    r = post("multi:predict", {"instances": rows}).json()
+    assert r == {"predictions": [
+        {"sum": 6.0, "double": [2.0, 4.0], "tag_bytes": {"b64": base64.b64encode(b"x!").decode()}, "upper": "X"},
+        {"sum": 0.0, "double": [1.0, 1.0], "tag_bytes": {"b64": base64.b64encode(b"y!").decode()}, "upper": "Y"}]}
+    r = post("multi:predict", {"inputs": {"a": [[1.0, 1.0]], "b": [1], "tag": ["q"]}}).json()
+    assert r["outputs"]["sum"] == [3.0] and r["outputs"]["upper"] == ["Q"]
+
+    # Metadata: the SignatureDefMap, version as a string.
+    meta = requests.get(f"{url}/v1/models/multi/metadata").json()
+    assert meta["model_spec"] == {"name": "multi", "signature_name": "", "version": "7"}
+    sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert sig["method_name"] == "tensorflow/serving/predict"
+    assert sig["inputs"]["a"]["dtype"] == "DT_FLOAT"
+    assert [d["size"] for d in sig["inputs"]["a"]["tensor_shape"]["dim"]] == ["-1", "2"]
+    assert set(sig["outputs"]) == {"sum", "double", "tag_bytes", "upper"}
+
+    # The model exported by tfpipe: raw rows in, classes out; :classify on its classification signature.
+    row = {"island": "Biscoe", "bill_length_mm": 48.0, "bill_depth_mm": 15.0, "flipper_length_mm": 220,
+           "body_mass_g": 5400, "sex": "male", "year": 2008}
+    r = post("penguins:predict", {"instances": [row]}).json()["predictions"][0]
+    assert r["classes"] == "Gentoo" and len(r["probabilities"]) == 3
+    r = post("penguins:classify", {"signature_name": "classification", "examples": [row]}).json()
+    labels = [label for label, _ in r["results"][0]]
+    assert labels == ["Adelie", "Chinstrap", "Gentoo"] and max(r["results"][0], key=lambda p: p[1])[0] == "Gentoo"
+
+    # Warmup records ran before version 1 became AVAILABLE; Prometheus metrics are exported.
+    metrics = requests.get(f"{url}/monitoring/prometheus/metrics").text
+    assert re.search(r'tfpipe_serving_requests_total\{model="half",api="predict",status="OK"\} [1-9]', metrics)
+    assert 'tfpipe_serving_loaded_versions{model="half"} 2' in metrics
+    assert "tfpipe_serving_request_latency_seconds_bucket" in metrics
+
+
+def test_grpc_api_with_the_official_stubs(server):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        inference_pb2,
+        model_management_pb2,
+        predict_pb2,
+        regression_pb2,
+    )
+
+    predict_stub, model_stub = _stubs(server.grpc_port)
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "half"
+    req.model_spec.version_label = "stable"
+    req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0], np.float32)))
+    resp = predict_stub.Predict(req, timeout=10)
+    assert tf.make_ndarray(resp.outputs["y"]).tolist() == [2.5, 3.0]
+    assert (resp.model_spec.name, resp.model_spec.version.value, resp.model_spec.signature_name) == \
+        ("half", 1, "serving_default")
+
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "multi"
+    req.inputs["a"].CopyFrom(tf.make_tensor_proto(np.ones((2, 2), np.float32)))
+    req.inputs["b"].CopyFrom(tf.make_tensor_proto(np.array([1, 2], np.int64)))
+    req.inputs["tag"].CopyFrom(tf.make_tensor_proto(np.array([b"p", b"q"], object)))
+    req.output_filter.append("upper")
+    resp = predict_stub.Predict(req, timeout=10)
+    assert list(resp.outputs) == ["upper"] and tf.make_ndarray(resp.outputs["upper"]).tolist() == [b"P", b"Q"]
+
+    ex = tf.train.Example()
+    ex.features.feature["x"].float_list.value.append(4.0)
+    reg = regression_pb2.RegressionRequest()
+    reg.model_spec.name, reg.model_spec.signature_name = "half", "regress_x"
+    reg.input.example_list.examples.append(ex)
+    assert [r.value for r in predict_stub.Regress(reg, timeout=10).result.regressions] == [5.0]
+
+    penguin = tf.train.Example()
+    for k, v in {"island": b"Torgersen", "sex": b"female"}.items():
+        penguin.features.feature[k].bytes_list.value.append(v)
+    for k, v in {"bill_length_mm": 38.0, "bill_depth_mm": 19.0}.items():
+        penguin.features.feature[k].float_list.value.append(v)
+    for k, v in {"flipper_length_mm": 185, "body_mass_g": 3600, "year": 2007}.items():
+        penguin.features.feature[k].int64_list.value.append(v)
+    cls = classification_pb2.ClassificationRequest()
+    cls.model_spec.name, cls.model_spec.signature_name = "penguins", "classification"
+    cls.input.example_list.examples.append(penguin)
+    result = predict_stub.Classify(cls, timeout=10).result.classifications[0]
+    assert max(result.classes, key=lambda c: c.score).label == "Adelie"
+    assert abs(sum(c.score for c in result.classes) - 1.0) < 1e-5
+
+    multi = inference_pb2.MultiInferenceRequest()
+    multi.input.CopyFrom(cls.input)
+    task = multi.tasks.add()
+    task.model_spec.name, task.model_spec.signature_name = "penguins", "classification"
+    task.method_name = "tensorflow/serving/classify"
+    out = predict_stub.MultiInference(multi, timeout=10).results[0]
+    assert out.model_spec.signature_name == "classification" and len(out.classification_result.classifications) == 1
+
+    meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    meta_req.model_spec.name = "penguins"
+    meta = predict_stub.GetModelMetadata(meta_req, timeout=10)
+    sigs = get_model_metadata_pb2.SignatureDefMap()
+    meta.metadata["signature_def"].Unpack(sigs)
+    assert {"serving_default", "predict_examples", "classification"} <= set(sigs.signature_def)
+
+    status = model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
+    assert [(s.version, s.state) for s in status.model_version_status] == \
+        [(7, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+
+    # Errors carry TF Serving's gRPC codes.
+    def code(call, request):
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=10)
+        return e.value.code()
+
+    bad = predict_pb2.PredictRequest()
+    bad.model_spec.name = "nope"
+    assert code(predict_stub.Predict, bad) == grpc.StatusCode.NOT_FOUND
+    bad.model_spec.name = "half"
+    bad.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(["a"], object)))
+    assert code(predict_stub.Predict, bad) == grpc.StatusCode.INVALID_ARGUMENT
+    bad.model_spec.signature_name = "missing"
+    assert code(predict_stub.Predict, bad) == grpc.StatusCode.FAILED_PRECONDITION
+    reg.model_spec.signature_name = "serving_default"
+    assert code(predict_stub.Regress, reg) == grpc.StatusCode.INVALID_ARGUMENT
+
+    # HandleReloadConfigRequest: drop 'multi', keep the rest.
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = text_format.Parse(open(server.opts.model_config_file).read(), model_server_config_pb2.ModelServerConfig())
+    for c in config.model_config_list.config:
+        c.base_path = os.path.join(os.path.dirname(server.opts.model_config_file), c.base_path)
+    smaller = model_server_config_pb2.ModelServerConfig()
+    smaller.model_config_list.config.extend(c for c in config.model_config_list.config if c.name != "multi")
+    model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=smaller), timeout=60)
+    with pytest.raises(grpc.RpcError) as e:
+        model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    half = predict_pb2.PredictRequest(model_spec={"name": "half"})
+    half.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([0.0], np.float32)))
+    assert predict_stub.Predict(half, timeout=10).outputs["y"].float_val == [3.0]
+    # ...and back: 'multi' loads again.
+    model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    status = model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
+    assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+
+
+BAD_REQUESTS = [
+    # (method, path, body, expected HTTP status)
+    ("POST", "/v1/models/half:predict", "{not json", 400),
+    ("POST", "/v1/models/half:predict", '{"instances": [1.0], "inputs": [1.0]}', 400),
+    ("POST", "/v1/models/half:predict", '{"instances": ["a", "b"]}', 400),
+    ("POST", "/v1/models/half:predict", '{"instances": [[1.0, 2.0], [1.0]]}', 400),
+    ("POST", "/v1/models/half:predict", '{"instances": [1.0], "signature_name": "nope"}', 400),
+    ("POST", "/v1/models/half:predict", '{"inputs": {"z": [1.0]}}', 400),
+    ("POST", "/v1/models/half:predict", '[1, 2]', 400),
+    ("POST", "/v1/models/half:predict", '{}', 400),
+    ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1.5, "tag": "x"}]}', 400),
+    ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1, "tag": "x"}, {"a": [1, 2]}]}', 400),
+    ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2, 3], "b": 1, "tag": "x"}]}', 400),
+    ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1, "tag": {"b64": "%%%"}}]}', 400),
+    ("POST", "/v1/models/nope:predict", '{"instances": [1.0]}', 404),
+    ("POST", "/v1/models/half/versions/9:predict", '{"instances": [1.0]}', 404),
+    ("POST", "/v1/models/half/versions/x:predict", '{"instances": [1.0]}', 400),
+    ("POST", "/v1/models/half/labels/nolabel:predict", '{"instances": [1.0]}', 400),
+    ("POST", "/v1/models/half:explode", '{"instances": [1.0]}', 400),
+    ("GET", "/v1/models/half:predict", None, 400),
+    ("POST", "/v1/models/half", '{}', 400),
+    ("PUT", "/v1/models/half:predict", '{"instances": [1.0]}', 400),
+    ("GET", "/v1/models/nope", None, 404),
+    ("GET", "/v2/health", None, 404),
+    ("POST", "/v1/models/half:regress", '{"examples": [{"x": 1.0}]}', 400),
+    ("POST", "/v1/models/half:classify", '{"signature_name": "regress_x", "examples": [{"x": 1.0}]}', 400),
+    ("POST", "/v1/models/half:regress", '{"signature_name": "regress_x", "examples": []}', 400),
+    ("POST", "/v1/models/half:regress", '{"signature_name": "regress_x", "examples": [{"x": [1.0, "a"]}]}', 400),
+]
+
+
+def _fuzz_body(rng: random.Random) -> str:
+    values = [None, True, 1, -1, 1.5, "x", [], {}, [1, [2]], {"b64": "@@"}, "NaN", [[1.0, 2.0]], 1e400,
+              {"instances": 1}, [{"x": 1}], 2 ** 70]
+    keys = ["instances", "inputs", "signature_name", "examples", "context", "x", "a"]
+    body = {rng.choice(keys): rng.choice(values) for _ in range(rng.randint(0, 3))}
+    text = json.dumps(body)
+    mutation = rng.randint(0, 4)
+    if mutation == 0 and text:
+        i = rng.randrange(len(text))
+        text = text[:i] + rng.choice(['"', "{", "]", ",", "\\", "\x00", "é"]) + text[i + 1:]
+    elif mutation == 1:
+        text = text[: rng.randrange(len(text) + 1)]
+    return text
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
+    session = requests.Session()
+    for method, path, body, expected in BAD_REQUESTS:
+        r = session.request(method, server.url + path, data=body)
+        assert r.status_code == expected, (method, path, body, r.text)
+        assert isinstance(r.json()["error"], str) and r.json()["error"], (path, body)
+
+    # Over the request size limit: 413, and the connection is still usable for the next one.
+    r = session.post(server.url + "/v1/models/half:predict", data=json.dumps({"instances": [1.0] * 60000}))
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+
+    # 1000 random malformed requests against every endpoint: never a 5xx.
+    rng = random.Random(6)
+    paths = ["/v1/models/half:predict", "/v1/models/multi:predict", "/v1/models/penguins:predict",
+             "/v1/models/half:regress", "/v1/models/penguins:classify", "/v1/models/half/versions/1:predict",
+             "/v1/models/half/labels/stable:predict", "/v1/models/half/metadata", "/v1/models/%ff:predict"]
+    statuses = {}
+    for _ in range(1000):
+        r = session.request(rng.choice(["POST", "POST", "POST", "GET"]), server.url + rng.choice(paths),
+                            data=_fuzz_body(rng).encode("utf-8", "surrogatepass"))
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code < 500, r.text
+    assert sum(n for s, n in statuses.items() if 400 <= s < 500) >= 900, statuses
+    ok = session.post(server.url + "/v1/models/half/versions/1:predict", data='{"instances": [2.0]}')
+    assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
+
+
+def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path):
+    from serving_models import save_half, save_slow
+
+    from serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    save_slow(str(tmp_path / "slow" / "1"), steps=10000)
+    (tmp_path / "models.config").write_text(
+        'model_config_list { config { name: "half" base_path: "half" } config { name: "slow" base_path: "slow" } }')
+    (tmp_path / "batching.config").write_text(
+        "max_batch_size { value: 8 }\nbatch_timeout_micros { value: 50000 }\nnum_batch_threads { value: 1 }\n"
+        "max_enqueued_batches { value: 2 }\nallowed_batch_sizes: 4\nallowed_batch_sizes: 8\n")
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    opts = _opts(model_config_file=str(tmp_path / "models.config"), enable_batching=True,
+                 batching_parameters_file=str(tmp_path / "batching.config"),
+                 monitoring_config_file=str(tmp_path / "monitoring.config"), file_system_poll_wait_seconds=0)
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models"
+
+        def predict(model, x):
+            return requests.post(f"{url}/{model}:predict", data=json.dumps({"instances": [x]}), timeout=30)
+
+        # 6 concurrent one-row requests within the 50 ms window: merged, each gets its own row back.
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda x: predict("half", float(x)), range(6)))
+        assert [a.json()["predictions"] for a in answers] == [[0.5 * x + 2.0] for x in range(6)]
+        metrics = requests.get(f"http://127.0.0.1:{s.rest_port}/monitoring/prometheus/metrics").text
+        count = int(re.search(r"^tfpipe_serving_batch_size_count (\d+)", metrics, re.MULTILINE)[1])
+        assert count < 6, metrics  # fewer model calls than requests
+        padding = int(re.search(r"^tfpipe_serving_batch_padding_rows_total (\d+)", metrics, re.MULTILINE)[1])
+        assert padding > 0  # padded up to an allowed batch size (4 or 8)
+
+        # The slow model (one thread, two batches may wait): a burst of 40 overflows the queue,
+        # and the overflow fails at once with 503, as TF Serving's batch queue does.
+        with ThreadPoolExecutor(40) as pool:
+            burst = list(pool.map(lambda x: predict("slow", float(x)), range(40)))
+        codes = [r.status_code for r in burst]
+        assert set(codes) == {200, 503}, codes
+        assert all("queue" in r.json()["error"] for r in burst if r.status_code == 503)
+        assert all(r.json()["predictions"] == [x + 1.0] for x, r in enumerate(burst) if r.status_code == 200)
+        assert predict("slow", 1.0).json() == {"predictions": [2.0]}  # and it recovers
+
+
+def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
+    from serving_models import save_half
+
+    from serve.server import ServerThread
+
+    base = tmp_path / "half"
+    save_half(str(base / "1"), b=2.0)
+    save_half(str(tmp_path / "staging2"), b=3.0)
+    (tmp_path / "staging3").mkdir()
+    (tmp_path / "staging3" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    opts = _opts(model_name="half", model_base_path=str(base), file_system_poll_wait_seconds=1)
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/half"
+        stop = threading.Event()
+        results: list[tuple[int, float | None]] = []
+
+        def client():
+            session = requests.Session()
+            while not stop.is_set():
+                r = session.post(f"{url}:predict", data='{"instances": [2.0]}', timeout=30)
+                results.append((r.status_code, r.json()["predictions"][0] if r.status_code == 200 else None))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        os.rename(tmp_path / "staging2", base / "2")  # a new version appears, published atomically
+        deadline = time.time() + 30
+        while time.time() < deadline and not (results and results[-1][1] == 4.0):
+            time.sleep(0.1)
+        os.rename(tmp_path / "staging3", base / "3")  # a broken version appears
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            states = {v["version"]: v for v in requests.get(url).json()["model_version_status"]}
+            if "3" in states and states["3"]["state"] == "END":
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join()
+
+    codes = [c for c, _ in results]
+    values = [v for _, v in results]
+    assert len(results) > 100 and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
+    # v1 answered (0.5*2+2 = 3), then v2 (0.5*2+3 = 4); never a mix after the swap.
+    assert values[0] == 3.0 and values[-1] == 4.0
+    first_v2 = values.index(4.0)
+    assert set(values[first_v2 + 20:]) == {4.0}
+    # The broken version is reported with its error and took no traffic; v1 was unloaded.
+    assert states["3"]["status"]["error_code"] != "OK" and "Failed to load" in states["3"]["status"]["error_message"]
+    assert states["2"]["state"] == "AVAILABLE" and states["1"]["state"] == "END"
+
+
+def _start_cli_server(*flags: str) -> tuple[subprocess.Popen, int, int]:
+    """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
+    import queue
+
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", "--port=-1",
+                             "--rest_api_port=-1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    ports, seen = {}, []
+    deadline = time.time() + 120
+    while len(ports) < 2 and time.time() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        m = re.search(r"(gRPC ModelServer|HTTP/REST API) at:?\s*[\d.]+:(\d+)", line)
+        if m:
+            ports[m[1]] = int(m[2])
+    if len(ports) < 2:
+        proc.kill()
+        raise AssertionError(f"server did not start: {''.join(seen)}")
+    return proc, ports["gRPC ModelServer"], ports["HTTP/REST API"]
+
+
+def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
+    from serving_models import save_slow
+
+    save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    proc, grpc_port, rest_port = _start_cli_server(
+        "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}", "--file_system_poll_wait_seconds=0",
+        "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000")
+    try:
+        url = f"http://127.0.0.1:{rest_port}/v1/models/slow:predict"
+        assert requests.post(url, data='{"instances": [1.0]}', timeout=30).json() == {"predictions": [2.0]}
+        in_flight = ThreadPoolExecutor(1).submit(
+            lambda: requests.post(url, data='{"instances": [5.0]}', timeout=30))
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        answer = in_flight.result(timeout=30)
+        assert answer.status_code == 200 and answer.json() == {"predictions": [6.0]}
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(requests.ConnectionError):
+            requests.post(url, data='{"instances": [1.0]}', timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from serve.protos import BatchingParameters, MonitoringConfig
+
+    base = tmp_path / "models" / "taxi"
+    (base / "1").mkdir(parents=True)
+    (tmp_path / "batching.config").write_text("max_batch_size { value: 32 }\nbatch_timeout_micros { value: 2000 }")
+    args = ["serve", "--port=9000", "--rest_api_port=9001", "--model_name=taxi", f"--model_base_path={base}",
+            "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
+            f"--config_dir={tmp_path / 'cfg'}", "--file_system_poll_wait_seconds=5"]
+    if shutil.which("tensorflow_model_server") is None:
+        res = run_cli(*args, "--backend=tfserving")
+        assert res.returncode == 2 and "tensorflow_model_server is not on PATH" in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    res = run_cli(*args, "--backend=tfserving", "--dry_run")
+    assert res.returncode == 0, res.stderr
+    command = res.stdout.strip().splitlines()[-1].split()
+    cfg = tmp_path / "cfg"
+    assert command[0].endswith("tensorflow_model_server")
+    for flag in ["--port=9000", "--rest_api_port=9001", f"--model_config_file={cfg / 'models.config'}",
+                 "--enable_batching=true", f"--batching_parameters_file={cfg / 'batching.config'}",
+                 f"--monitoring_config_file={cfg / 'monitoring.config'}", "--file_system_poll_wait_seconds=5"]:
+        assert flag in command, (flag, command)
+    models = text_format.Parse((cfg / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    (model,) = models.model_config_list.config
+    assert (model.name, model.base_path, model.model_platform) == ("taxi", str(base), "tensorflow")
+    batching = text_format.Parse((cfg / "batching.config").read_text(), BatchingParameters())
+    assert batching.max_batch_size.value == 32 and batching.batch_timeout_micros.value == 2000
+    monitoring = text_format.Parse((cfg / "monitoring.config").read_text(), MonitoringConfig())
+    assert monitoring.prometheus_config.enable and monitoring.prometheus_config.path == "/monitoring/prometheus/metrics"
+
+    # Docker: the model mounted read-only where the container's config points, ports mapped.
+    res = run_cli(*args, "--backend=docker", "--gpu", "--dry_run")
+    assert res.returncode == 0, res.stderr
+    command = res.stdout.strip().splitlines()[-1].split()
+    assert command[:2] == ["docker", "run"] and "tensorflow/serving:latest-gpu" in command
+    assert f"{base}:/models/taxi:ro" in command and "9000:8500" in command and "9001:8501" in command
+    assert "--model_config_file=/config/models.config" in command and "--gpus" in command
+    inside = text_format.Parse((cfg / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    assert inside.model_config_list.config[0].base_path == "/models/taxi"
+    if shutil.which("docker") is None:
+        res = run_cli(*args, "--backend=docker")
+        assert res.returncode == 2 and "docker is not on PATH" in res.stderr
+
+
+@pytest.mark.skipif(shutil.which("tensorflow_model_server") is None,
+                    reason="tensorflow_model_server is not installed here (not on PyPI or Debian)")
+def test_real_tensorflow_model_server_answers_like_the_embedded_one(tmp_path):  # pragma: no cover
+    from serving_models import save_half
+
+    save_half(str(tmp_path / "half" / "1"))
+    proc = subprocess.Popen(["tensorflow_model_server", "--port=0", "--rest_api_port=18541", "--model_name=half",
+                             f"--model_base_path={tmp_path / 'half'}"])
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                r = requests.post("http://127.0.0.1:18541/v1/models/half:predict", data='{"instances": [1.0]}')
+                break
+            except requests.ConnectionError:
+                time.sleep(0.5)
+        assert r.json() == {"predictions": [2.5]}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_emit_k8s_writes_deployment_service_and_autoscaler(tmp_path):
+    import yaml
+
+    base = tmp_path / "models" / "taxi"
+    (base / "1").mkdir(parents=True)
+    out = tmp_path / "k8s"
+    res = run_cli("serve", "--model_name=taxi", f"--model_base_path={base}", "--gpu", f"--emit-k8s={out}")
+    assert res.returncode == 0, res.stderr
+    docs = {p.stem: yaml.safe_load(p.read_text()) for p in out.glob("*.yaml")}
+    assert set(docs) == {"configmap", "deployment", "service", "horizontalpodautoscaler"}
+    dep = docs["deployment"]
+    assert dep["apiVersion"] == "apps/v1" and dep["kind"] == "Deployment"
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "tensorflow/serving:latest-gpu"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and container["resources"]["requests"]["cpu"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v1/models/taxi", "port": "rest"}
+    assert "--model_config_file=/config/models.config" in container["args"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts == {"config": "/config", "models": "/models"}
+    assert volumes["config"]["configMap"]["name"] == docs["configmap"]["metadata"]["name"]
+    assert "persistentVolumeClaim" in volumes["models"]
+    assert dep["spec"]["selector"]["matchLabels"] == dep["spec"]["template"]["metadata"]["labels"]
+    svc = docs["service"]
+    assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {8500, 8501}
+    hpa = docs["horizontalpodautoscaler"]
+    assert hpa["apiVersion"] == "autoscaling/v2" and hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = text_format.Parse(docs["configmap"]["data"]["models.config"], model_server_config_pb2.ModelServerConfig())
+    assert config.model_config_list.config[0].base_path == "/models/taxi"
