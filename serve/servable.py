@@ -31,6 +31,8 @@ class Signature:
     function: Any
     inputs: dict[str, tuple[tf.DType, tf.TensorShape]] = field(default_factory=dict)
     outputs: dict[str, tf.DType] = field(default_factory=dict)
+    numpy_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    dims: dict[str, list[int | None] | None] = field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -65,6 +67,9 @@ class Servable:
             s = Signature(key, sig_def, loaded.signatures[key])
             s.inputs = {k: (tf.as_dtype(v.dtype), _shape(v)) for k, v in sig_def.inputs.items()}
             s.outputs = {k: tf.as_dtype(v.dtype) for k, v in sig_def.outputs.items()}
+            s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
+                              for k, (d, _) in s.inputs.items()}
+            s.dims = {k: shape.as_list() if shape.rank is not None else None for k, (_, shape) in s.inputs.items()}
             self.signatures[key] = s
 
     def signature(self, name: str) -> Signature:
@@ -84,10 +89,12 @@ class Servable:
         out = {}
         for name, value in inputs.items():
             dtype, shape = sig.inputs[name]
-            value = coerce(value, dtype, name)
-            if not shape.is_compatible_with(value.shape):
-                raise invalid(f"input '{name}' has shape {list(value.shape)}; the signature expects "
-                              f"{shape.as_list() if shape.rank is not None else 'any shape'}")
+            if value.dtype != sig.numpy_dtypes[name]:  # the common case needs no checks
+                value = coerce(value, dtype, name)
+            dims = sig.dims[name]
+            if dims is not None and (len(dims) != value.ndim or
+                                     any(d is not None and d != n for d, n in zip(dims, value.shape, strict=True))):
+                raise invalid(f"input '{name}' has shape {list(value.shape)}; the signature expects {shape.as_list()}")
             out[name] = value
         return out
 

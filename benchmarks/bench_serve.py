@@ -1,0 +1,235 @@
+"""Benchmark `tfpipe serve` (the embedded server) in one run, on the Chicago taxi model.
+
+    python benchmarks/bench_serve.py [--seconds 8] [--calls 400]
+
+Needs the model bench_export.py writes (.bench/export/models/taxi); runs that first when it
+is missing. Requests are the model's own warmup records (real eval rows, one row each).
+Prints:
+  * batch-1 p50 latency at concurrency 1 over calling the same SavedModel in-process, for
+    gRPC and REST (targets: overhead <= 0.5 ms gRPC, <= 1 ms REST);
+  * throughput at 32 concurrent gRPC clients, batching on vs off (target >= 3x);
+  * throughput at 32 concurrent clients against a plain single-threaded grpcio server
+    (benchmarks/plain_grpc_server.py; target >= 2x).
+Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow_serving.apis import prediction_log_pb2, prediction_service_pb2_grpc  # noqa: E402
+
+BASE = os.path.join(ROOT, ".bench", "export", "models", "taxi")
+
+
+def model_dir() -> str:
+    versions = sorted((int(v) for v in os.listdir(BASE) if v.isdigit()), reverse=True) if os.path.isdir(BASE) else []
+    if not versions:
+        subprocess.run([sys.executable, os.path.join(HERE, "bench_export.py")], check=True)
+        return model_dir()
+    return os.path.join(BASE, str(versions[0]))
+
+
+def payloads(path: str):
+    records = tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests"))
+    out = []
+    for r in records:
+        req = prediction_log_pb2.PredictionLog.FromString(r.numpy()).predict_log.request
+        req.model_spec.name = "taxi"
+        out.append(req)
+    return out
+
+
+def rest_body(req) -> str:
+    row = {}
+    for k, v in req.inputs.items():
+        x = tf.make_ndarray(v)[0]
+        row[k] = x.decode() if isinstance(x, bytes) else x.item()
+    return json.dumps({"instances": [row]})
+
+
+def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    ports, deadline = [], time.time() + 180
+    while len(ports) < count and time.time() < deadline and proc.poll() is None:
+        try:
+            m = re.search(pattern, lines.get(timeout=1))
+        except queue.Empty:
+            continue
+        if m:
+            ports.append(int(m[1]))
+    if len(ports) < count:
+        proc.kill()
+        raise SystemExit(f"server did not start: {' '.join(cmd)}")
+    return proc, ports
+
+
+def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000) -> tuple[subprocess.Popen, int, int]:
+    flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", "--model_name=taxi",
+             f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0"]
+    if batching:
+        cfg = os.path.join(tmp, "batching.config")
+        with open(cfg, "w") as f:
+            f.write(f"max_batch_size {{ value: 32 }}\nbatch_timeout_micros {{ value: {timeout_us} }}\n"
+                    f"num_batch_threads {{ value: {threads} }}\nmax_enqueued_batches {{ value: 1000 }}\n")
+        flags += ["--enable_batching", f"--batching_parameters_file={cfg}"]
+    proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2)
+    return proc, ports[0], ports[1]
+
+
+def p50_ms(times: list[float]) -> float:
+    return float(np.median(times)) * 1e3
+
+
+def in_process(path: str, reqs, calls: int) -> float:
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    inputs = [{k: tf.make_ndarray(v) for k, v in r.inputs.items()} for r in reqs]
+    times = []
+    for i in range(calls + 20):
+        t0 = time.perf_counter()
+        fn(**{k: tf.constant(v) for k, v in inputs[i % len(inputs)].items()})
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+    return p50_ms(times)
+
+
+def grpc_latency(port: int, reqs, calls: int) -> float:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    times = []
+    for i in range(calls + 20):
+        t0 = time.perf_counter()
+        stub.Predict(reqs[i % len(reqs)], timeout=30)
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+    return p50_ms(times)
+
+
+def rest_latency(port: int, bodies: list[str], calls: int) -> float:
+    """http.client on one keep-alive connection: the lightest Python client, so the figure is
+    the server's cost rather than a client library's."""
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    times = []
+    for i in range(calls + 20):
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/models/taxi:predict", body=bodies[i % len(bodies)],
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        body = r.read()
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+        assert r.status == 200, body
+    return p50_ms(times)
+
+
+def grpc_throughput(port: int, reqs, clients: int, seconds: float) -> tuple[float, float]:
+    """Requests/s and p50 latency (ms) with `clients` concurrent callers, each one request at a time."""
+    async def run():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for r in reqs[:10]:
+                await stub.Predict(r, timeout=30)
+            done, times, failures = 0, [], 0
+            end = time.perf_counter() + seconds
+
+            async def client(k: int):
+                nonlocal done, failures
+                i = k
+                while time.perf_counter() < end:
+                    t0 = time.perf_counter()
+                    try:
+                        await stub.Predict(reqs[i % len(reqs)], timeout=30)
+                        done += 1
+                        times.append(time.perf_counter() - t0)
+                    except grpc.aio.AioRpcError:
+                        failures += 1
+                    i += clients
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(k) for k in range(clients)))
+            if failures:
+                print(f"  ({failures} failed requests)")
+            return done / (time.perf_counter() - t0), p50_ms(times)
+    return asyncio.run(run())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--batch-threads", type=int, default=1, help="num_batch_threads (default 1)")
+    ap.add_argument("--batch-timeout-us", type=int, default=2000, help="batch_timeout_micros (default 2000)")
+    ap.add_argument("--only-batching", action="store_true", help="measure only batching on (for tuning)")
+    args = ap.parse_args()
+    path = model_dir()
+    reqs = payloads(path)
+    bodies = [rest_body(r) for r in reqs]
+    print(f"model {path}: {len(reqs)} one-row requests from its warmup records")
+    base = in_process(path, reqs, args.calls)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, gport, _ = serve(path, batching=True, tmp=tmp, threads=args.batch_threads,
+                               timeout_us=args.batch_timeout_us)
+        try:
+            on, on_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait()
+        if args.only_batching:
+            print(f"batching on: {on:.0f} req/s (p50 {on_p50:.2f} ms)")
+            return
+        proc, gport, rport = serve(path, batching=False, tmp=tmp)
+        try:
+            g1, r1 = grpc_latency(gport, reqs, args.calls), rest_latency(rport, bodies, args.calls)
+            off, off_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait()
+        proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), path, "0"],
+                            r"at 127.0.0.1:(\d+)", 1)
+        try:
+            plain, plain_p50 = grpc_throughput(ports[0], reqs, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait()
+        proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), "echo", "0"],
+                            r"at 127.0.0.1:(\d+)", 1)
+        try:
+            floor = grpc_latency(ports[0], reqs, args.calls)
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(f"\nbatch-1 p50 latency, concurrency 1 ({args.calls} calls each)")
+    print(f"  SavedModel in-process  {base:7.3f} ms")
+    print(f"  gRPC                   {g1:7.3f} ms   overhead {g1 - base:+.3f} ms (target <= 0.5)")
+    print(f"  (gRPC floor: the same request to a server that answers an empty response: {floor:.3f} ms)")
+    print(f"  REST                   {r1:7.3f} ms   overhead {r1 - base:+.3f} ms (target <= 1.0)")
+    print(f"\nthroughput, {args.clients} concurrent gRPC clients, one row per request, {args.seconds:g} s each")
+    print(f"  embedded, batching off {off:8.0f} req/s  (p50 {off_p50:.2f} ms)")
+    print(f"  embedded, batching on  {on:8.0f} req/s  (p50 {on_p50:.2f} ms)   on/off {on / off:.2f}x (target >= 3)")
+    print(f"  plain grpcio server    {plain:8.0f} req/s  (p50 {plain_p50:.2f} ms)   "
+          f"embedded+batching/plain {on / plain:.2f}x (target >= 2)")
+
+
+if __name__ == "__main__":
+    main()
