@@ -66,27 +66,31 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         loaded = tf.saved_model.load(tmp)
         check = _check_reload(loaded, model, data, split, raw, config.tolerance)
         table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
-        _sync_tree(tmp)
         final = os.path.join(model_dir, str(version))
+        old = [v for v in _versions(model_dir) if v != version]
+        to_remove = old[: max(0, len(old) - (config.keep - 1))] if config.keep else []
+        manifest = {
+            "stage": "export", "tfpipe_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
+            "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
+                        .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
+            "signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
+            "reload_check": check, "variants": table, "removed_versions": to_remove,
+            "elapsed_s": round(time.time() - started, 2),
+        }
+        # The manifest is part of the version: written before the rename like everything else.
+        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+        with open(os.path.join(tmp, "assets.extra", "export.json"), "w") as f:
+            json.dump(manifest, f, indent=2)
+        _sync_tree(tmp)
         os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     with open(os.path.join(model_dir, HIGH_WATER), "w") as f:
         f.write(str(version))
-    removed = _prune(model_dir, config.keep, version)
-    manifest = {
-        "stage": "export", "tfpipe_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
-        "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
-                    .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
-        "signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
-        "reload_check": check, "variants": table, "removed_versions": removed,
-        "elapsed_s": round(time.time() - started, 2),
-    }
-    with open(os.path.join(final, "assets.extra", "export.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    removed = _prune(model_dir, to_remove)
     log(f"  SavedModel reloaded and checked on {check['rows']} test rows "
         f"(max difference {check['max_abs_diff']:.2e}); {warm} warmup records")
     if removed:
@@ -281,11 +285,8 @@ def _sync_tree(path: str) -> None:
             os.close(fd)
 
 
-def _prune(model_dir: str, keep: int | None, newest: int) -> list[int]:
-    if not keep:
-        return []
-    old = [v for v in _versions(model_dir) if v != newest]
-    removed = old[: max(0, len(old) - (keep - 1))]
+def _prune(model_dir: str, removed: list[int]) -> list[int]:
+    """Remove old versions beyond --keep (chosen before the new version was published)."""
     for v in removed:
         shutil.rmtree(os.path.join(model_dir, str(v)), ignore_errors=True)
     return removed
