@@ -32,10 +32,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors a user can fix: shown as one line, exit code 2."""
     from export.errors import ExportError
     from pipeline.errors import DataError
+    from loadtest.errors import LoadtestError
     from serve.errors import ServeError
     from train.errors import TrainError
 
-    return ConfigError, DataError, TrainError, ExportError, ServeError
+    return ConfigError, DataError, TrainError, ExportError, ServeError, LoadtestError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -169,6 +170,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     return run_embedded(opts, log)
 
 
+def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
+    from loadtest.config import LoadtestConfig
+
+    cfg = _section(args, load_config(args.config), "loadtest", LoadtestConfig)
+    with _quiet_native_stderr(not args.debug):  # TensorFlow builds the gRPC requests
+        from loadtest.job import run
+
+        return run(cfg, log=lambda line: print(line, flush=True))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.config import DataConfig
     from train.config import TrainConfig
@@ -261,6 +272,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_flags(serve)
     serve.set_defaults(handler=cmd_serve)
+
+    from loadtest.config import LoadtestConfig
+
+    loadtest = sub.add_parser(
+        "loadtest", parents=[common],
+        help="load-test a TF Serving endpoint (REST or gRPC) with locust: true percentiles, sweeps, an SLO gate",
+        description=(
+            "Builds requests from real eval rows of a tfpipe data directory (or takes --payload), shaped "
+            "for the signature the server reports, checks that the server accepts one, then runs locust "
+            "as a library in its own process per step: closed model (--users N, each user waits for its "
+            "answer) or open model (--rate R requests/s on a schedule, latency counted from the intended "
+            "send time). Every response time is kept with microsecond resolution; prints p50/p90/p95/p99/"
+            "p99.9/max per step, finds the knee of a --sweep, writes results.json and results.csv, and "
+            "exits 1 when --slo is missed (0 when met). Requests go only to --target."
+        ),
+        epilog=('example: tfpipe loadtest --target http://127.0.0.1:8501 --model taxi --data runs/taxi/data '
+                '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"'),
+    )
+    add_model_flags(loadtest, LoadtestConfig)
+    loadtest.set_defaults(handler=cmd_loadtest)
     return parser
 
 

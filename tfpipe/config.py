@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.config import DataConfig
 from export.config import ExportConfig
+from loadtest.config import LoadtestConfig
 from train.config import TrainConfig
 
 
@@ -25,6 +26,7 @@ class Config(BaseModel):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
 
 
 def load_config(path: str | None) -> Config:

@@ -1,0 +1,62 @@
+"""Configuration of `tfpipe loadtest`: the `[loadtest]` section of tfpipe.toml, one CLI flag per key."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def parse_duration(text: str) -> float:
+    """'30s', '2m', '500ms' or a plain number of seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 2m, 500ms)")
+    return float(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m[2]]
+
+
+class LoadtestConfig(BaseModel):
+    """Options of `tfpipe loadtest`; the field descriptions are the CLI's --help."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str | None = Field(None, description="server to load: http://HOST:PORT (REST) or grpc://HOST:PORT")
+    model: str | None = Field(None, description="model name on the server")
+    version: int | None = Field(None, ge=0, description="model version (default: the latest)")
+    label: str | None = Field(None, description="model version label (instead of --version)")
+    signature: str = Field("serving_default", description="signature to call")
+    data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows")
+    payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
+    batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
+    users: int = Field(8, ge=1, le=10000, description="closed model: concurrent users, each waits for its answer")
+    rate: float | None = Field(None, gt=0, description="open model: requests/s on a fixed schedule (instead of --users)")
+    sweep: str = Field("", description="comma list of users (or rates with --rate) to step through, e.g. 1,2,4,8")
+    duration: str = Field("10s", description="measured time per step")
+    warmup: str = Field("2s", description="unmeasured load before each step")
+    max_requests: int = Field(1_000_000, ge=1, description="stop a step after this many requests")
+    slo: str = Field("", description='service level objective, e.g. "p99<20ms,errors<0.1%"; exit 1 when missed')
+    out: str = Field("runs/loadtest", description="where results.json and results.csv go")
+
+    @field_validator("sweep")
+    @classmethod
+    def _check_sweep(cls, v: str) -> str:
+        for part in [p for p in v.split(",") if p.strip()]:
+            if float(part) <= 0:
+                raise ValueError("sweep steps must be positive numbers")
+        return v
+
+    @field_validator("duration", "warmup")
+    @classmethod
+    def _check_duration(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_version_choice(self):
+        if self.version is not None and self.label:
+            raise ValueError("give --version or --label, not both")
+        return self
+
+    def steps(self) -> list[float]:
+        values = [float(p) for p in self.sweep.split(",") if p.strip()]
+        return values or [self.rate if self.rate else float(self.users)]

@@ -1,0 +1,2 @@
+class LoadtestError(Exception):
+    """A user error (unreachable target, unknown model, bad SLO): one line, exit 2."""

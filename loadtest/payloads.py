@@ -1,0 +1,164 @@
+"""Real requests: eval rows of a tfpipe data directory (or a ready JSON body), shaped for the
+signature the server reports in its metadata, as REST bodies or gRPC PredictRequests."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+import numpy as np
+
+from loadtest.errors import LoadtestError
+
+MAX_PAYLOADS = 200
+_NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT64": np.int64, "DT_INT32": np.int32,
+          "DT_STRING": object, "DT_BOOL": np.bool_}
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    """('rest', 'http://host:port') or ('grpc', 'host:port'); only these schemes."""
+    u = urlparse(target or "")
+    if u.scheme in ("http", "https") and u.hostname:
+        return "rest", f"{u.scheme}://{u.netloc}"
+    if u.scheme == "grpc" and u.hostname and u.port:
+        return "grpc", u.netloc
+    raise LoadtestError(f"--target must be http://HOST:PORT (REST) or grpc://HOST:PORT, got {target!r}")
+
+
+def model_path(model: str, version: int | None, label: str | None) -> str:
+    path = f"/v1/models/{model}"
+    if version is not None:
+        path += f"/versions/{version}"
+    elif label:
+        path += f"/labels/{label}"
+    return path
+
+
+def signature_inputs(kind: str, address: str, model: str, version, label, signature: str) -> dict[str, str]:
+    """{input name: dtype name} of the signature, from the server's metadata; fails with one
+    clear line when the server is unreachable, or the model or signature is unknown."""
+    if kind == "rest":
+        url = address + model_path(model, version, label) + "/metadata"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                meta = json.load(r)
+        except urllib.error.HTTPError as e:
+            raise LoadtestError(f"{url}: HTTP {e.code}: {_error_text(e)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise LoadtestError(f"cannot reach {address}: {getattr(e, 'reason', e)}") from None
+        sigs = meta["metadata"]["signature_def"]["signature_def"]
+        if signature not in sigs:
+            raise LoadtestError(f"model {model} has no signature {signature!r}; it has: "
+                                f"{', '.join(k for k in sigs if not k.startswith('__'))}")
+        return {k: v["dtype"] for k, v in sigs[signature]["inputs"].items()}
+    import grpc
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+    req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    req.model_spec.name = model
+    if version is not None:
+        req.model_spec.version.value = version
+    elif label:
+        req.model_spec.version_label = label
+    try:
+        with grpc.insecure_channel(address) as channel:
+            resp = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(req, timeout=10)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            raise LoadtestError(f"cannot reach grpc://{address}: {e.details()}") from None
+        raise LoadtestError(f"grpc://{address}: {e.code().name}: {e.details()}") from None
+    sigs = get_model_metadata_pb2.SignatureDefMap()
+    resp.metadata["signature_def"].Unpack(sigs)
+    if signature not in sigs.signature_def:
+        raise LoadtestError(f"model {model} has no signature {signature!r}; it has: "
+                            f"{', '.join(k for k in sigs.signature_def if not k.startswith('__'))}")
+    return {k: types_pb2.DataType.Name(v.dtype) for k, v in sigs.signature_def[signature].inputs.items()}
+
+
+def _error_text(e: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(e.read())["error"]
+    except Exception:
+        return e.reason
+
+
+def rows_from_data(data_dir: str, inputs: dict[str, str], limit: int) -> list[dict]:
+    """Eval rows (test, then train, when a split is empty) as {input: python value}."""
+    import tensorflow as tf
+
+    files = []
+    for split in ("eval", "test", "train"):
+        files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*.tfrecord.gz")))
+        if files:
+            break
+    if not files:
+        raise LoadtestError(f"{data_dir} holds no TFRecords: pass the output directory of tfpipe data")
+    rows = []
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit):
+        ex = tf.train.Example.FromString(record.numpy())
+        row = {}
+        for name, dtype in inputs.items():
+            f = ex.features.feature.get(name)
+            kind = f.WhichOneof("kind") if f is not None else None
+            values = list(getattr(f, kind).value) if kind else []
+            if dtype == "DT_STRING":
+                row[name] = values[0].decode("utf-8", "replace") if values else ""
+            elif dtype in ("DT_FLOAT", "DT_DOUBLE"):
+                row[name] = float(values[0]) if values else float("nan")
+            else:
+                row[name] = int(values[0]) if values else 0
+        if not any(n in ex.features.feature for n in inputs):
+            raise LoadtestError(f"the rows in {data_dir} share no feature with the signature's inputs "
+                                f"{sorted(inputs)}")
+        rows.append(row)
+    return rows
+
+
+def rows_from_payload(path: str) -> list[dict] | dict:
+    try:
+        with open(path) as f:
+            body = json.load(f)
+    except (OSError, ValueError) as e:
+        raise LoadtestError(f"--payload {path}: {e}") from None
+    if not isinstance(body, dict) or not ({"instances", "inputs"} & set(body)):
+        raise LoadtestError(f"--payload {path} must be a JSON object with 'instances' (or 'inputs')")
+    return body
+
+
+def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:
+    n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
+    bodies = []
+    for i in range(n):
+        chunk = [rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)]
+        bodies.append(json.dumps({"signature_name": signature, "instances": chunk}))
+    return bodies
+
+
+def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], model: str, version, label,
+                  signature: str) -> list[bytes]:
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
+    out = []
+    for i in range(n):
+        chunk = [rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)]
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name, req.model_spec.signature_name = model, signature
+        if version is not None:
+            req.model_spec.version.value = version
+        elif label:
+            req.model_spec.version_label = label
+        for name, dtype in inputs.items():
+            values = [r[name] for r in chunk]
+            if dtype == "DT_STRING":
+                values = [v.encode() if isinstance(v, str) else v for v in values]
+            req.inputs[name].CopyFrom(tf.make_tensor_proto(np.array(values, dtype=_NUMPY.get(dtype, object))))
+        out.append(req.SerializeToString())
+    return out
