@@ -115,7 +115,8 @@ def run(spec: dict) -> dict:
     user = rest_user(spec, schedule) if spec["kind"] == "rest" else grpc_user(spec, schedule)
     env = Environment(user_classes=[user])
     hist, errors = LatencyHistogram(), {}
-    state = {"measuring": False, "requests": 0}
+    state = {"measuring": False, "requests": 0, "t0": 0.0}
+    series: dict[int, list[float]] = {}  # second of the step -> response times (ms) answered in it
 
     def on_request(response_time, exception, **_):
         if not state["measuring"]:
@@ -123,6 +124,7 @@ def run(spec: dict) -> dict:
         state["requests"] += 1
         if exception is None:
             hist.add(response_time / 1000)
+            series.setdefault(int(time.perf_counter() - state["t0"]), []).append(response_time)
         else:
             kind = str(exception).splitlines()[0][:120] or type(exception).__name__
             errors[kind] = errors.get(kind, 0) + 1
@@ -138,6 +140,7 @@ def run(spec: dict) -> dict:
         schedule.start, schedule.counter = time.perf_counter(), itertools.count()
     me = psutil.Process()
     cpu0, t0 = sum(me.cpu_times()[:2]), time.perf_counter()
+    state["t0"] = t0
     state["measuring"] = True
     deadline = t0 + spec["duration"]
     while time.perf_counter() < deadline and state["requests"] < spec["max_requests"]:
@@ -147,7 +150,9 @@ def run(spec: dict) -> dict:
     cpu = (sum(me.cpu_times()[:2]) - cpu0) / elapsed
     runner.quit()
     return {"histogram": hist.to_json(), "n": hist.n, "total_us": hist.total_us, "max_us": hist.max_us,
-            "requests": state["requests"], "errors": errors, "elapsed_s": elapsed, "generator_cpu": cpu}
+            "requests": state["requests"], "errors": errors, "elapsed_s": elapsed, "generator_cpu": cpu,
+            "series": [{"second": k, "answered": len(v), "p99_ms": sorted(v)[max(0, -(-99 * len(v) // 100) - 1)]}
+                       for k, v in sorted(series.items()) if k < int(elapsed + 0.999)]}
 
 
 def main() -> None:

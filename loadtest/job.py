@@ -90,13 +90,16 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(steps)
+    from loadtest.report import write_report
+
+    write_report(results, os.path.join(config.out, "report.html"))
     for line in table(steps):
         log(line)
     if knee is not None and len(steps) > 1:
         log(f"knee: step {knee['step']}, {knee['rps']:.0f} req/s with p99 {knee['p99_ms']:.2f} ms")
     if terms:
         log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
-    log(f"wrote {os.path.join(config.out, 'results.json')} and results.csv")
+    log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html")
     return 0 if passed else 1
 
 
@@ -153,7 +156,7 @@ def _summarise(index: int, spec: dict, result: dict) -> dict:
             "error_fraction": errors / requests if requests else 1.0,
             "rps": hist.n / result["elapsed_s"], "elapsed_s": result["elapsed_s"],
             "generator_cpu": round(result["generator_cpu"], 3), **hist.summary(),
-            "histogram": result["histogram"]}
+            "histogram": result["histogram"], "series": result.get("series", [])}
     notes = []
     if result["generator_cpu"] > 0.9:
         notes.append(f"its process used {result['generator_cpu']:.0%} of a core")

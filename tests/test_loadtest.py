@@ -72,6 +72,30 @@ def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["users"] for r in rows] == ["1", "4"]
     assert "knee" in res.stdout and "SLO p99<2s,errors<1%: met" in res.stdout
+    # The report is one well-formed, self-contained file: charts as inline SVG, nothing fetched.
+    report = (out / "report.html").read_text()
+    from html.parser import HTMLParser
+
+    class Check(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.svgs, self.external = [], 0, []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta", "br", "circle", "line", "polyline"):
+                self.stack.append(tag)
+            self.svgs += tag == "svg"
+            self.external += [v for k, v in attrs if k in ("src", "href") and v and "://" in v]
+
+        def handle_endtag(self, tag):
+            if tag in ("circle", "line", "polyline"):
+                return
+            assert self.stack and self.stack.pop() == tag, (tag, self.stack)
+
+    check = Check()
+    check.feed(report)
+    assert not check.stack and check.svgs >= 3 and not check.external
+    assert "<script" not in report and "Latency vs throughput" in report
 
 
 def test_grpc_open_model_and_a_missed_slo_exits_1(tmp_path, half_server):
