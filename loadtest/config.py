@@ -33,6 +33,7 @@ class LoadtestConfig(BaseModel):
     sweep: str = Field("", description="comma list of users (or rates with --rate) to step through, e.g. 1,2,4,8")
     duration: str = Field("10s", description="measured time per step")
     warmup: str = Field("2s", description="unmeasured load before each step")
+    workers: int = Field(1, ge=1, le=64, description="locust worker processes under a master (use every core)")
     max_requests: int = Field(1_000_000, ge=1, description="stop a step after this many requests")
     slo: str = Field("", description='service level objective, e.g. "p99<20ms,errors<0.1%"; exit 1 when missed')
     out: str = Field("runs/loadtest", description="where results.json and results.csv go")

@@ -16,6 +16,7 @@ monkey.patch_all()
 
 import base64  # noqa: E402
 import itertools  # noqa: E402
+import math  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -34,10 +35,12 @@ class Schedule:
 
     def __init__(self, rate: float):
         self.rate = rate
-        self.start = time.perf_counter()
+        self.start: float | None = None  # set by the first request, so no backlog builds before
         self.counter = itertools.count()
 
     def next_slot(self) -> float:
+        if self.start is None:
+            self.start = time.perf_counter()
         slot = self.start + next(self.counter) / self.rate
         delay = slot - time.perf_counter()
         if delay > 0:
@@ -109,53 +112,143 @@ def grpc_user(spec: dict, schedule: Schedule | None):
     return GrpcUser
 
 
-def run(spec: dict) -> dict:
-    rate = spec.get("rate")
-    schedule = Schedule(rate) if rate else None
-    user = rest_user(spec, schedule) if spec["kind"] == "rest" else grpc_user(spec, schedule)
-    env = Environment(user_classes=[user])
-    hist, errors = LatencyHistogram(), {}
-    state = {"measuring": False, "requests": 0, "t0": 0.0}
-    series: dict[int, list[float]] = {}  # second of the step -> response times (ms) answered in it
+class Recorder:
+    """Every answer, by wall-clock second (whole seconds line up across worker processes)."""
 
-    def on_request(response_time, exception, **_):
-        if not state["measuring"]:
-            return
-        state["requests"] += 1
+    def __init__(self):
+        self.seconds: dict[int, dict] = {}
+
+    def on_request(self, response_time, exception, **_):
+        now = time.time()
+        sec = self.seconds.setdefault(int(now), {"hist": LatencyHistogram(), "errors": {}, "requests": 0})
+        sec["requests"] += 1
         if exception is None:
-            hist.add(response_time / 1000)
-            series.setdefault(int(time.perf_counter() - state["t0"]), []).append(response_time)
+            sec["hist"].add(response_time / 1000)
         else:
             kind = str(exception).splitlines()[0][:120] or type(exception).__name__
-            errors[kind] = errors.get(kind, 0) + 1
-        if state["requests"] >= spec["max_requests"]:
-            gevent.spawn(runner.quit)
+            sec["errors"][kind] = sec["errors"].get(kind, 0) + 1
 
-    env.events.request.add_listener(on_request)
-    runner = env.create_local_runner()
+    def pop_completed(self) -> dict[str, dict]:
+        """Finished seconds, serialisable (for the report a worker sends its master)."""
+        done = {}
+        for k in [k for k in self.seconds if k < int(time.time())]:
+            sec = self.seconds.pop(k)
+            h = sec["hist"]
+            done[str(k)] = {"counts": {str(us): c for us, c in h.counts.items()}, "n": h.n, "total_us": h.total_us,
+                            "max_us": h.max_us, "errors": sec["errors"], "requests": sec["requests"]}
+        return done
+
+
+def _summarise_window(seconds: dict[str, dict], first: int, last: int) -> dict:
+    hist, errors, requests, series = LatencyHistogram(), {}, 0, []
+    for k in range(first, last):
+        sec = seconds.get(str(k))
+        if sec is None:
+            series.append({"second": k - first, "answered": 0, "p99_ms": None})
+            continue
+        h = LatencyHistogram()
+        h.counts = {int(us): c for us, c in sec["counts"].items()}
+        h.n, h.total_us, h.max_us = sec["n"], sec["total_us"], sec["max_us"]
+        hist.merge(h)
+        for kind, c in sec["errors"].items():
+            errors[kind] = errors.get(kind, 0) + c
+        requests += sec["requests"]
+        series.append({"second": k - first, "answered": h.n, "p99_ms": h.percentile(99) if h.n else None})
+    return {"histogram": hist.to_json(), "n": hist.n, "total_us": hist.total_us, "max_us": hist.max_us,
+            "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
+
+
+def _user_class(spec: dict, share: float):
+    rate = spec.get("rate")
+    schedule = Schedule(rate * share) if rate else None
+    return rest_user(spec, schedule) if spec["kind"] == "rest" else grpc_user(spec, schedule)
+
+
+def _tree_cpu(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+def run(spec: dict) -> dict:
+    """One step: load for warmup + duration; measure whole seconds after the warmup."""
+    workers = spec.get("workers", 1)
+    env = Environment(user_classes=[_user_class(spec, 1.0)] if workers <= 1 else [_user_class(spec, 1.0 / workers)])
+    merged: dict[str, dict] = {}
+    recorder = Recorder()
+    procs = []
+    if workers <= 1:
+        env.events.request.add_listener(recorder.on_request)
+        runner = env.create_local_runner()
+    else:
+        import socket
+        import subprocess
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        runner = env.create_master_runner("127.0.0.1", port)
+        env.events.worker_report.add_listener(lambda client_id, data: merged.update(data.get("tfpipe", {})))
+        procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker", str(port), sys.argv[1]])
+                 for _ in range(workers)]
+        deadline = time.time() + 120
+        while runner.worker_count < workers and time.time() < deadline:
+            gevent.sleep(0.1)
+        if runner.worker_count < workers:
+            raise SystemExit(f"only {runner.worker_count} of {workers} locust workers connected")
     users = spec["users"]
     runner.start(users, spawn_rate=max(users, 1) * 10)
-    gevent.sleep(spec["warmup"])
-    if schedule:  # restart the schedule so warmup backlog does not count
-        schedule.start, schedule.counter = time.perf_counter(), itertools.count()
+    first = math.ceil(time.time() + spec["warmup"])
+    last = first + max(1, math.ceil(spec["duration"]))
     me = psutil.Process()
-    cpu0, t0 = sum(me.cpu_times()[:2]), time.perf_counter()
-    state["t0"] = t0
-    state["measuring"] = True
-    deadline = t0 + spec["duration"]
-    while time.perf_counter() < deadline and state["requests"] < spec["max_requests"]:
+    gevent.sleep(max(0.0, first - time.time()))
+    cpu0 = _tree_cpu(me)
+    while time.time() < last:
+        done = sum(v["requests"] for k, v in {**merged, **{str(k): v for k, v in recorder.seconds.items()}}.items()
+                   if first <= int(k) < last) if workers <= 1 else 0
+        if done >= spec["max_requests"]:
+            last = int(time.time()) + 1
+            break
         gevent.sleep(0.05)
-    state["measuring"] = False
-    elapsed = time.perf_counter() - t0
-    cpu = (sum(me.cpu_times()[:2]) - cpu0) / elapsed
+    gevent.sleep(max(0.0, last - time.time()))
+    cpu = (_tree_cpu(me) - cpu0) / (last - first)
+    if workers > 1:
+        gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
+    else:
+        merged.update(recorder.pop_completed())
     runner.quit()
-    return {"histogram": hist.to_json(), "n": hist.n, "total_us": hist.total_us, "max_us": hist.max_us,
-            "requests": state["requests"], "errors": errors, "elapsed_s": elapsed, "generator_cpu": cpu,
-            "series": [{"second": k, "answered": len(v), "p99_ms": sorted(v)[max(0, -(-99 * len(v) // 100) - 1)]}
-                       for k, v in sorted(series.items()) if k < int(elapsed + 0.999)]}
+    for p in procs:
+        p.wait(timeout=30)
+    result = _summarise_window(merged, first, last)
+    result["generator_cpu"] = cpu
+    result["workers"] = workers
+    return result
+
+
+def worker(port: int, spec: dict) -> None:
+    """A locust worker: runs users for its master, reports finished seconds every interval."""
+    import locust.runners
+
+    locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL
+    env = Environment(user_classes=[_user_class(spec, 1.0 / spec["workers"])])
+    recorder = Recorder()
+    env.events.request.add_listener(recorder.on_request)
+    env.events.report_to_master.add_listener(lambda client_id, data: data.update({"tfpipe": recorder.pop_completed()}))
+    runner = env.create_worker_runner("127.0.0.1", port)
+    runner.greenlet.join()
+
+
+WORKER_REPORT_INTERVAL = 0.5
 
 
 def main() -> None:
+    if sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), json.load(open(sys.argv[3])))
+        return
     spec = json.load(open(sys.argv[1]))
     result = run(spec)
     with open(sys.argv[2], "w") as f:

@@ -42,7 +42,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         rows = body.get("instances") if isinstance(body.get("instances"), list) else None
         if kind == "grpc" and not (rows and all(isinstance(r, dict) for r in rows)):
             raise LoadtestError("for gRPC, --payload needs 'instances' as a list of objects (one per row)")
-    spec = {"kind": kind, "address": address, "max_requests": config.max_requests,
+    spec = {"kind": kind, "address": address, "max_requests": config.max_requests, "workers": config.workers,
             "warmup": warmup, "duration": duration}
     if kind == "rest":
         spec["path"] = model_path(config.model, config.version, config.label) + ":predict"
@@ -158,8 +158,9 @@ def _summarise(index: int, spec: dict, result: dict) -> dict:
             "generator_cpu": round(result["generator_cpu"], 3), **hist.summary(),
             "histogram": result["histogram"], "series": result.get("series", [])}
     notes = []
-    if result["generator_cpu"] > 0.9:
-        notes.append(f"its process used {result['generator_cpu']:.0%} of a core")
+    per_process = result["generator_cpu"] / max(1, spec.get("workers", 1))
+    if per_process > 0.9:
+        notes.append(f"each generator process used {per_process:.0%} of a core")
     if spec.get("rate") and requests / result["elapsed_s"] < 0.95 * spec["rate"]:
         notes.append(f"it sent {requests / result['elapsed_s']:.0f} of {spec['rate']:g} requests/s")
     step["generator_bound"], step["generator_note"] = bool(notes), "; ".join(notes)

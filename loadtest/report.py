@@ -80,7 +80,8 @@ def write_report(results: dict, path: str) -> None:
                           [("answered", "#2ca02c", pts)], log_x=True)
     series = [_chart(f"Step {s['step']} over time", "second", "req/s and p99 ms",
                      [("req/s", "#1f77b4", [(p["second"], p["answered"]) for p in s["series"]]),
-                      ("p99 ms", "#d62728", [(p["second"], p["p99_ms"]) for p in s["series"]])])
+                      ("p99 ms", "#d62728", [(p["second"], p["p99_ms"]) for p in s["series"]
+                                             if p["p99_ms"] is not None])])
               for s in steps if s.get("series")]
     verdict = ("" if results["slo_passed"] is None else
                f"<p><b>SLO {html.escape(results['slo'])}: {'met' if results['slo_passed'] else 'MISSED'}</b></p>")

@@ -144,3 +144,17 @@ def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message)
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_two_locust_workers_merge_into_one_result(tmp_path, half_server):
+    server, _ = half_server
+    (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
+    res = run_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
+                  "--payload", str(tmp_path / "body.json"), "--users", "4", "--workers", "2", "--duration", "2s",
+                  "--warmup", "1s", "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    step = json.loads((tmp_path / "out" / "results.json").read_text())["steps"][0]
+    assert step["errors"] == 0 and step["requests"] > 50
+    # The merged histogram holds every answer the workers reported, second by second.
+    assert sum(step["histogram"]["counts"]) == step["requests"] == sum(p["answered"] for p in step["series"])
+    assert len(step["series"]) == 2
