@@ -92,6 +92,3 @@ def emit(opts: ServeOptions, out_dir: str, log=print) -> list[str]:
         log(f"the Deployment mounts PersistentVolumeClaim '{MODEL_CLAIM}' at {CONTAINER_MODELS}: copy each "
             f"model's base path to {CONTAINER_MODELS}/NAME there, or use gs:// base paths")
     return written
-
-
-
