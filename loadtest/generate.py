@@ -16,8 +16,8 @@ monkey.patch_all()
 
 import base64  # noqa: E402
 import itertools  # noqa: E402
-import math  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -133,9 +133,7 @@ class Recorder:
         done = {}
         for k in [k for k in self.seconds if k < int(time.time())]:
             sec = self.seconds.pop(k)
-            h = sec["hist"]
-            done[str(k)] = {"counts": {str(us): c for us, c in h.counts.items()}, "n": h.n, "total_us": h.total_us,
-                            "max_us": h.max_us, "errors": sec["errors"], "requests": sec["requests"]}
+            done[str(k)] = {"hist": sec["hist"].to_json(), "errors": sec["errors"], "requests": sec["requests"]}
         return done
 
 
@@ -146,16 +144,13 @@ def _summarise_window(seconds: dict[str, dict], first: int, last: int) -> dict:
         if sec is None:
             series.append({"second": k - first, "answered": 0, "p99_ms": None})
             continue
-        h = LatencyHistogram()
-        h.counts = {int(us): c for us, c in sec["counts"].items()}
-        h.n, h.total_us, h.max_us = sec["n"], sec["total_us"], sec["max_us"]
+        h = LatencyHistogram.from_json(sec["hist"])
         hist.merge(h)
         for kind, c in sec["errors"].items():
             errors[kind] = errors.get(kind, 0) + c
         requests += sec["requests"]
         series.append({"second": k - first, "answered": h.n, "p99_ms": h.percentile(99) if h.n else None})
-    return {"histogram": hist.to_json(), "n": hist.n, "total_us": hist.total_us, "max_us": hist.max_us,
-            "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
+    return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
 
 
 def _user_class(spec: dict, share: float):
@@ -208,8 +203,9 @@ def run(spec: dict) -> dict:
     gevent.sleep(max(0.0, first - time.time()))
     cpu0 = _tree_cpu(me)
     while time.time() < last:
-        done = sum(v["requests"] for k, v in {**merged, **{str(k): v for k, v in recorder.seconds.items()}}.items()
-                   if first <= int(k) < last) if workers <= 1 else 0
+        # Answers in the window so far: this process's own (one process) or the workers' reports.
+        done = (sum(v["requests"] for k, v in recorder.seconds.items() if first <= k < last)
+                + sum(v["requests"] for k, v in merged.items() if first <= int(k) < last))
         if done >= spec["max_requests"]:
             last = int(time.time()) + 1
             break

@@ -58,4 +58,13 @@ class LatencyHistogram:
         return out
 
     def to_json(self) -> dict:
-        return {"us": sorted(self.counts), "counts": [self.counts[k] for k in sorted(self.counts)]}
+        keys = sorted(self.counts)
+        return {"us": keys, "counts": [self.counts[k] for k in keys], "n": self.n, "total_us": self.total_us,
+                "max_us": self.max_us}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LatencyHistogram":
+        h = cls()
+        h.counts = dict(zip(data["us"], data["counts"], strict=True))
+        h.n, h.total_us, h.max_us = data["n"], data["total_us"], data["max_us"]
+        return h

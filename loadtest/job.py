@@ -146,9 +146,7 @@ def _run_step(spec: dict, timeout: float) -> dict:
 
 
 def _summarise(index: int, spec: dict, result: dict) -> dict:
-    hist = LatencyHistogram()
-    hist.counts = dict(zip(result["histogram"]["us"], result["histogram"]["counts"], strict=True))
-    hist.n, hist.total_us, hist.max_us = result["n"], result["total_us"], result["max_us"]
+    hist = LatencyHistogram.from_json(result["histogram"])
     errors = sum(result["errors"].values())
     requests = result["requests"]
     step = {"step": index, "users": spec["users"], "rate": spec.get("rate"), "requests": requests,

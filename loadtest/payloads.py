@@ -131,13 +131,14 @@ def rows_from_payload(path: str) -> list[dict] | dict:
     return body
 
 
-def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:
+def _chunks(rows: list[dict], batch_size: int) -> list[list[dict]]:
+    """Up to MAX_PAYLOADS requests of batch_size rows each, cycling through the rows."""
     n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
-    bodies = []
-    for i in range(n):
-        chunk = [rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)]
-        bodies.append(json.dumps({"signature_name": signature, "instances": chunk}))
-    return bodies
+    return [[rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)] for i in range(n)]
+
+
+def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:
+    return [json.dumps({"signature_name": signature, "instances": chunk}) for chunk in _chunks(rows, batch_size)]
 
 
 def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], model: str, version, label,
@@ -145,10 +146,8 @@ def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], mod
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
-    n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
     out = []
-    for i in range(n):
-        chunk = [rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)]
+    for chunk in _chunks(rows, batch_size):
         req = predict_pb2.PredictRequest()
         req.model_spec.name, req.model_spec.signature_name = model, signature
         if version is not None:

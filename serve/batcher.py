@@ -77,7 +77,7 @@ class BatchScheduler:
         self.executor = ThreadPoolExecutor(options.num_batch_threads, thread_name_prefix="tfpipe-batch")
         self.idle = options.num_batch_threads
         self.queues: dict[tuple, _Queue] = {}
-        self.on_batch = on_batch  # metrics hook: (rows, padded_rows, queue_depth)
+        self.on_batch = on_batch  # metrics hook: (rows, padded_rows)
         self._timer: asyncio.TimerHandle | None = None
 
     def depth(self) -> int:
@@ -127,7 +127,7 @@ class BatchScheduler:
         try:
             merged, padded = self._merge(batch)
             if self.on_batch:
-                self.on_batch(batch.rows, padded, self.depth())
+                self.on_batch(batch.rows, padded)
             try:
                 outputs = await loop.run_in_executor(self.executor, q.run, merged)
             except Exception as e:

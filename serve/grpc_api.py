@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import grpc
+from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -147,15 +148,9 @@ def status_response(inference: Inference, request) -> get_model_status_pb2.GetMo
     for s in inference.manager.status(name, version, label):
         st = response.model_version_status.add(version=s.version)
         st.state = get_model_status_pb2.ModelVersionStatus.State.Value(s.state)
-        st.status.error_code = _error_code(s.error_code)
+        st.status.error_code = error_codes_pb2.Code.Value(s.error_code)
         st.status.error_message = s.error_message
     return response
-
-
-def _error_code(name: str) -> int:
-    from tensorflow.core.protobuf import error_codes_pb2
-
-    return error_codes_pb2.Code.Value(name)
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):

@@ -12,6 +12,7 @@ from serve.flags import ServeOptions
 from serve.tfserving import (
     CONTAINER_CONFIG,
     CONTAINER_MODELS,
+    container_base_paths,
     image,
     server_flags,
     write_configs,
@@ -25,11 +26,12 @@ def manifests(opts: ServeOptions, config_dir: str) -> list[dict]:
     config = model_server_config(opts)
     remote = all("://" in c.base_path for c in config.model_config_list.config)
     # Local base paths become a read-only volume (a PersistentVolumeClaim the user fills);
-    # gs:// or s3:// base paths are read by TF Serving directly.
-    paths = write_configs(opts, config_dir, {c.name: c.base_path if "://" in c.base_path
-                                             else f"{CONTAINER_MODELS}/{c.name}"
-                                             for c in config.model_config_list.config})
-    files = {os.path.basename(p): open(p).read() for p in paths.values()}
+    # gs:// or s3:// base paths are read by TF Serving directly (container_base_paths).
+    paths = write_configs(opts, config_dir, container_base_paths(config))
+    files = {}
+    for path in paths.values():
+        with open(path) as f:
+            files[os.path.basename(path)] = f.read()
     first = config.model_config_list.config[0].name
     args = server_flags(opts, {k: f"{CONTAINER_CONFIG}/{k}.config" for k in paths}, ports=False)
     args = [a for a in args if not a.startswith("--model_config_file_poll")] + [

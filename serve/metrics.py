@@ -37,7 +37,6 @@ class Metrics:
         self.latency: dict[tuple, _Histogram] = {}
         self.batch_sizes = _Histogram(BATCH_BUCKETS)
         self.padded_rows = 0
-        self.queue_depth = 0
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
         with self._lock:
@@ -47,13 +46,12 @@ class Metrics:
                 self.latency[key] = _Histogram(LATENCY_BUCKETS_S)
             self.latency[key].observe(seconds)
 
-    def batch(self, rows: int, padded: int, depth: int) -> None:
+    def batch(self, rows: int, padded: int) -> None:
         with self._lock:
             self.batch_sizes.observe(rows)
             self.padded_rows += padded - rows
-            self.queue_depth = depth
 
-    def render(self, loaded: dict[str, list[int]], queue_depth: int | None = None) -> str:
+    def render(self, loaded: dict[str, list[int]], queue_depth: int) -> str:
         out = []
         with self._lock:
             out += ["# HELP tfpipe_serving_requests_total Requests by model, API and final status.",
@@ -72,7 +70,7 @@ class Metrics:
                     f"tfpipe_serving_batch_padding_rows_total {self.padded_rows}",
                     "# HELP tfpipe_serving_batch_queue_depth Rows waiting in batch queues.",
                     "# TYPE tfpipe_serving_batch_queue_depth gauge",
-                    f"tfpipe_serving_batch_queue_depth {self.queue_depth if queue_depth is None else queue_depth}"]
+                    f"tfpipe_serving_batch_queue_depth {queue_depth}"]
         out += ["# HELP tfpipe_serving_loaded_versions Versions loaded and AVAILABLE per model.",
                 "# TYPE tfpipe_serving_loaded_versions gauge"]
         for model, versions in sorted(loaded.items()):
