@@ -16,8 +16,9 @@ def _scale(values, lo_zero=True):
     return lo, hi if hi > lo else lo + 1.0
 
 
-def _chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list[tuple[float, float]]]],
-           log_x: bool = False) -> str:
+def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list[tuple[float, float]]]],
+               log_x: bool = False) -> str:
+    """Lines with points, one per (name, colour, points) series, axes scaled to the data."""
     xs = [x for _, _, pts in series for x, _ in pts]
     ys = [y for _, _, pts in series for _, y in pts]
     if not xs:
@@ -57,18 +58,57 @@ def _chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, li
     return "".join(parts)
 
 
-def write_report(results: dict, path: str) -> None:
+def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str = "#1f77b4") -> str:
+    """Labelled vertical bars with their values written on top."""
+    if not bars:
+        return f"<p>{html.escape(title)}: no data</p>"
+    top = max(v for _, v in bars) or 1.0
+    slot = (W - 2 * PAD) / len(bars)
+    base = H - PAD + 10
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
+             f'aria-label="{html.escape(title)}">',
+             f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
+             f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
+             f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
+             f'{html.escape(ylabel)}</text>']
+    for i, (label, value) in enumerate(bars):
+        h = value / top * (H - 2 * PAD)
+        x = PAD + i * slot + slot * 0.15
+        parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" fill="{color}"/>')
+        parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
+                     f'font-size="11">{value:,.4g}</text>')
+        parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base + 16}" text-anchor="middle" '
+                     f'font-size="11">{html.escape(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}"
+         "svg{margin:8px;border:1px solid #eee}.ok{color:#1a7f37}.bad{color:#c62828;font-weight:bold}"
+         ".text td{text-align:left}pre{white-space:pre-wrap;word-break:break-all;background:#f7f7f7;padding:6px}")
+
+
+def table_html(header: list[str] | None, rows: list[list], text: bool = False) -> str:
+    """An escaped table; `text` left-aligns cells (prose rather than figures); no header row when None."""
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>" if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    cls = ' class="text"' if text else ""
+    return f"<table{cls}>{head}{body}</table>"
+
+
+def loadtest_section(results: dict) -> str:
+    """The steps table, latency-vs-throughput, the latency distribution, per-step time series and
+    the SLO verdict, as an HTML fragment (also used by `tfpipe run`'s report)."""
     steps = results["steps"]
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-            s["step"], s["users"], s["rate"] or "-", s["requests"], s["errors"], f"{s['rps']:.1f}",
-            f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p95_ms']:.3f}", f"{s['p99_ms']:.3f}",
-            f"{s['p99.9_ms']:.3f}", f"{s['max_ms']:.3f}",
-            "-" if s["slo_ok"] is None else ("ok" if s["slo_ok"] else "missed: " + "; ".join(s["slo_failures"])),
-            s["generator_note"] or "")) + "</tr>" for s in steps)
-    curve = _chart("Latency vs throughput", "requests/s", "ms",
-                   [(f"p{p}", c, [(s["rps"], s[f"p{p}_ms"]) for s in steps])
-                    for p, c in (("50", "#1f77b4"), ("99", "#d62728"), ("99.9", "#9467bd"))])
+    rows = [[s["step"], s["users"], s["rate"] or "-", s["requests"], s["errors"], f"{s['rps']:.1f}",
+             f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p95_ms']:.3f}", f"{s['p99_ms']:.3f}",
+             f"{s['p99.9_ms']:.3f}", f"{s['max_ms']:.3f}",
+             "-" if s["slo_ok"] is None else ("ok" if s["slo_ok"] else "missed: " + "; ".join(s["slo_failures"])),
+             s["generator_note"] or ""] for s in steps]
+    curve = line_chart("Latency vs throughput", "requests/s", "ms",
+                       [(f"p{p}", c, [(s["rps"], s[f"p{p}_ms"]) for s in steps])
+                        for p, c in (("50", "#1f77b4"), ("99", "#d62728"), ("99.9", "#9467bd"))])
     last = steps[-1]
     hist = last["histogram"]
     total = sum(hist["counts"]) or 1
@@ -76,34 +116,38 @@ def write_report(results: dict, path: str) -> None:
     for us, c in zip(hist["us"], hist["counts"], strict=True):
         cumulative += c
         pts.append((us / 1000, cumulative / total * 100))
-    distribution = _chart(f"Latency distribution, step {last['step']} (cumulative)", "ms (log)", "% of requests",
-                          [("answered", "#2ca02c", pts)], log_x=True)
-    series = [_chart(f"Step {s['step']} over time", "second", "req/s and p99 ms",
-                     [("req/s", "#1f77b4", [(p["second"], p["answered"]) for p in s["series"]]),
-                      ("p99 ms", "#d62728", [(p["second"], p["p99_ms"]) for p in s["series"]
-                                             if p["p99_ms"] is not None])])
+    distribution = line_chart(f"Latency distribution, step {last['step']} (cumulative)", "ms (log)",
+                              "% of requests", [("answered", "#2ca02c", pts)], log_x=True)
+    series = [line_chart(f"Step {s['step']} over time", "second", "req/s and p99 ms",
+                         [("req/s", "#1f77b4", [(p["second"], p["answered"]) for p in s["series"]]),
+                          ("p99 ms", "#d62728", [(p["second"], p["p99_ms"]) for p in s["series"]
+                                                 if p["p99_ms"] is not None])])
               for s in steps if s.get("series")]
     verdict = ("" if results["slo_passed"] is None else
-               f"<p><b>SLO {html.escape(results['slo'])}: {'met' if results['slo_passed'] else 'MISSED'}</b></p>")
+               f'<p class="{"ok" if results["slo_passed"] else "bad"}"><b>SLO {html.escape(results["slo"])}: '
+               f'{"met" if results["slo_passed"] else "MISSED"}</b></p>')
     knee = results.get("knee")
     knee_html = (f"<p>Knee: step {knee['step']}, {knee['rps']:.0f} requests/s with p99 {knee['p99_ms']:.2f} ms</p>"
                  if knee and len(steps) > 1 else "")
     cfg = results["config"]
-    doc = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>tfpipe loadtest: {html.escape(str(cfg.get('model')))}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}svg{{margin:8px;border:1px solid #eee}}</style>
-</head><body>
-<h1>tfpipe loadtest</h1>
-<p>Target {html.escape(str(cfg.get('target')))}, model {html.escape(str(cfg.get('model')))}, signature
+    return f"""<p>Target {html.escape(str(cfg.get('target')))}, model {html.escape(str(cfg.get('model')))}, signature
 {html.escape(str(cfg.get('signature')))}, {cfg.get('batch_size')} row(s) per request,
 {'open model (rate)' if cfg.get('rate') else 'closed model (users)'}.</p>
 {verdict}{knee_html}
-<table><tr><th>step</th><th>users</th><th>rate</th><th>requests</th><th>errors</th><th>req/s</th><th>p50 ms</th>
-<th>p90 ms</th><th>p95 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>SLO</th><th>generator</th></tr>
-{rows}</table>
+{table_html(["step", "users", "rate", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms",
+             "p99.9 ms", "max ms", "SLO", "generator"], rows)}
 <div>{curve}{distribution}</div>
-<div>{''.join(series)}</div>
+<div>{''.join(series)}</div>"""
+
+
+def write_report(results: dict, path: str) -> None:
+    cfg = results["config"]
+    doc = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tfpipe loadtest: {html.escape(str(cfg.get('model')))}</title>
+<style>{STYLE}</style>
+</head><body>
+<h1>tfpipe loadtest</h1>
+{loadtest_section(results)}
 <p>Command: <code>{html.escape(' '.join(results.get('command', [])))}</code></p>
 </body></html>
 """

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import logging
 import os
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 import typing
@@ -28,15 +30,16 @@ def _on_signal(signum, frame):
     raise KeyboardInterrupt
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
+def user_errors() -> tuple[type[Exception], ...]:
     """Errors a user can fix: shown as one line, exit code 2."""
     from export.errors import ExportError
     from pipeline.errors import DataError
     from loadtest.errors import LoadtestError
     from serve.errors import ServeError
+    from tfpipe.run import RunError
     from train.errors import TrainError
 
-    return ConfigError, DataError, TrainError, ExportError, ServeError, LoadtestError
+    return ConfigError, DataError, TrainError, ExportError, ServeError, LoadtestError, RunError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -180,6 +183,28 @@ def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
         return run(cfg, log=lambda line: print(line, flush=True))
 
 
+def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.run import DEMO_CONFIG, RunRequest, default_workdir, run
+
+    path = args.config or DEMO_CONFIG
+    overrides = list(args.set or [])
+    if args.input:
+        overrides.append("data.input=" + json.dumps(args.input))
+    config = load_config(path, overrides)
+    workdir = args.workdir or default_workdir(config, path)
+    return run(RunRequest(config=config, config_path=path, workdir=workdir, from_step=args.from_step,
+                          only=args.only, force=args.force, serve_after=args.serve_after, debug=args.debug))
+
+
+def cmd_show(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.run import DEMO_CONFIG, default_workdir
+    from tfpipe.show import show
+
+    path = args.config or DEMO_CONFIG
+    workdir = args.workdir or default_workdir(load_config(path), path)
+    return show(workdir, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.config import DataConfig
     from train.config import TrainConfig
@@ -292,6 +317,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(loadtest, LoadtestConfig)
     loadtest.set_defaults(handler=cmd_loadtest)
+
+    from tfpipe.run import STEPS
+
+    run = sub.add_parser(
+        "run", parents=[common],
+        help="the whole pipeline, data -> train -> export -> serve -> loadtest, step-cached, one report",
+        description=textwrap.fill(
+            "Runs every stage in one workdir from one config file (a section per stage: [data], [train], "
+            "[export], [serve], [loadtest], [run]); with no --config, the bundled penguins demo "
+            "(examples/penguins.toml). The workdir decides every stage's paths (paths in the stage sections "
+            "are for the single-stage commands). Each step is cached by a fingerprint of its config section, "
+            "the hashes of its inputs and the tfpipe version: a rerun with nothing changed does no work, a "
+            "changed option reruns that step and the ones after it, and a run that failed or was killed "
+            "resumes at the step where it stopped (training from its last finished epoch). The model is "
+            "served by the embedded server on 127.0.0.1 from the generated TF Serving configs, its answers "
+            "checked against the SavedModel in-process, then load-tested. Writes manifest.json (lineage) "
+            "and report.html; logs/STEP.log holds each step's output. Exit 1 when the load test misses "
+            "its SLO, 2 on a user error."
+        ),
+        epilog=("examples: tfpipe run\n"
+                "          tfpipe run --config examples/chicago_taxi.toml --input ../shared/data/chicago_taxi/data.csv\n"
+                "          tfpipe run --set train.learning_rate=0.003        (reruns train and what follows)\n"
+                "          tfpipe run --from export --serve-after"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--workdir", metavar="DIR", help="where everything goes (default: [run] workdir, "
+                     "else runs/<config file name>)")
+    run.add_argument("--from", dest="from_step", choices=STEPS, metavar="STEP",
+                     help=f"rerun this step and every later one ({', '.join(STEPS)})")
+    run.add_argument("--only", choices=STEPS, metavar="STEP",
+                     help="run just this step (earlier ones must have run)")
+    run.add_argument("--force", action="store_true", help="rerun every step, cached or not")
+    run.add_argument("--serve-after", action="store_true",
+                     help="keep serving the model in the foreground afterwards, printing curl and Python calls")
+    run.add_argument("--input", nargs="+", metavar="PATH", help="the data's input files (overrides [data] input)")
+    run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                     help="override one config key, e.g. --set train.learning_rate=0.003 (repeatable)")
+    run.set_defaults(handler=cmd_run)
+
+    show = sub.add_parser(
+        "show", parents=[common],
+        help="what a run's workdir holds: each step's state, fingerprint, inputs and outputs, and the lineage",
+        description="Prints manifest.json of a tfpipe run workdir: per step its status, when it ran, its "
+                    "fingerprint, inputs and outputs; then which data made the model version being served.",
+    )
+    show.add_argument("--workdir", metavar="DIR", help="the run's workdir (default: as tfpipe run picks it)")
+    show.add_argument("--json", action="store_true", help="print manifest.json itself")
+    show.set_defaults(handler=cmd_show)
     return parser
 
 
@@ -319,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         return args.handler(args, extra)
-    except _user_errors() as e:
+    except user_errors() as e:
         if args.debug:
             traceback.print_exc()
         print(f"tfpipe {args.command}: error: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,31 +18,85 @@ class ConfigError(Exception):
     """A config file or flag that does not validate; the CLI shows it as one line, exit 2."""
 
 
+class ServeSection(BaseModel):
+    """`[serve]`: how `tfpipe run` serves the exported model (the embedded server). `tfpipe serve`
+    itself takes tensorflow_model_server's flags instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: Literal["127.0.0.1", "0.0.0.0"] = Field("127.0.0.1", description="address the server listens on")
+    port: int = Field(-1, ge=-1, le=65535, description="gRPC port (-1: a free port)")
+    rest_api_port: int = Field(-1, ge=-1, le=65535, description="REST port (-1: a free port)")
+    protocol: Literal["rest", "grpc"] = Field("rest", description="the API the load test calls")
+    enable_batching: bool = Field(False, description="batch concurrent requests (TF Serving's --enable_batching)")
+    max_batch_size: int = Field(32, ge=1, description="batching: most rows in one model call")
+    batch_timeout_micros: int = Field(1000, ge=0, description="batching: longest wait to fill a batch")
+    max_enqueued_batches: int = Field(100, ge=1, description="batching: queue length before 503/UNAVAILABLE")
+    num_batch_threads: int = Field(0, ge=0, description="batching: model calls in parallel (0: one per core)")
+    check_rows: int = Field(32, ge=1, le=1000, description="eval rows whose served predictions (REST and gRPC) "
+                            "must match the SavedModel run in-process")
+
+    def fingerprint_fields(self) -> dict:
+        """What decides the serve step's result; where it listens does not."""
+        return self.model_dump(exclude={"host", "port", "rest_api_port", "protocol"})
+
+
+class RunSection(BaseModel):
+    """`[run]`: options of `tfpipe run` itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workdir: str | None = Field(None, description="where every stage's output goes (default: runs/<config name>)")
+
+
 class Config(BaseModel):
     """The whole tfpipe.toml: a section per stage."""
 
     model_config = ConfigDict(extra="forbid")
 
+    run: RunSection = Field(default_factory=RunSection)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    serve: ServeSection = Field(default_factory=ServeSection)
     loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
 
 
-def load_config(path: str | None) -> Config:
-    """Read and validate a TOML config (an empty config when `path` is None)."""
-    if path is None:
-        return Config()
+def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+    """Read and validate a TOML config (an empty config when `path` is None), with
+    `SECTION.KEY=VALUE` overrides laid over it."""
+    raw = read_toml(path) if path else {}
+    for item in overrides:
+        section, key, value = parse_override(item)
+        raw.setdefault(section, {})[key] = value
+    source = (path or "options") + (" with --set/--input" if overrides and path else "")
+    return validate(Config, raw, source=source)
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """'train.learning_rate=0.01' -> ('train', 'learning_rate', 0.01). The value is read as TOML
+    (numbers, true/false, [lists], "strings") and taken as a plain string when it is not TOML."""
+    name, sep, text = item.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"--set {item!r}: use SECTION.KEY=VALUE, e.g. train.learning_rate=0.01")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return section, key, value
+
+
+def read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as e:
         raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    return validate(Config, raw, source=path)
 
 
 def validate(model: type[BaseModel], raw: dict[str, Any], source: str, prefix: str = "") -> Any:

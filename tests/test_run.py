@@ -1,0 +1,256 @@
+"""`tfpipe run` end to end on penguins: every artifact's content, a rerun that is all cache hits,
+a changed learning rate that reruns train and what follows but not data, and a run killed during
+training that resumes there. The tests share one workdir and run in file order."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from browser import render
+from conftest import ROOT, run_cli
+
+STEPS = ["data", "train", "export", "serve", "loadtest"]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, penguins_csv) -> str:
+    """The penguins demo, shortened for tests: one TFLite variant, a 2-second load test."""
+    path = tmp_path_factory.mktemp("config") / "penguins.toml"
+    path.write_text(f"""
+[data]
+input = [{json.dumps(penguins_csv)}]
+label = "species"
+
+[train]
+epochs = 40
+batch_size = 32
+patience = 40
+
+[export]
+name = "penguins"
+tflite = "float32"
+max_accuracy_drop = 0.05
+
+[serve]
+check_rows = 16
+
+[loadtest]
+users = 2
+duration = "2s"
+warmup = "0.5s"
+slo = "p99<2000ms,errors<1%"
+""")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, config) -> tuple[str, subprocess.CompletedProcess]:
+    workdir = str(tmp_path_factory.mktemp("run") / "penguins")
+    res = run_cli("run", "--config", config, "--workdir", workdir, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return workdir, res
+
+
+def manifest(workdir: str) -> dict:
+    with open(os.path.join(workdir, "manifest.json")) as f:
+        return json.load(f)
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def states(stdout: str) -> dict[str, str]:
+    """{step: its final state} from the one line per step the run prints."""
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in STEPS and parts[1] in ("cached", "done", "failed", "running"):
+            out[parts[0]] = parts[1]
+    return out
+
+
+def test_first_run_produces_every_artifact_with_reconciling_content(first_run, penguins_csv):
+    workdir, res = first_run
+    assert states(res.stdout) == dict.fromkeys(STEPS, "done")
+    assert f"report: {workdir}/report.html" in res.stdout
+    m = manifest(workdir)
+    assert m["last_run"]["states"] == dict.fromkeys(STEPS, "done")
+    assert all(m["steps"][s]["status"] == "done" and len(m["steps"][s]["fingerprint"]) == 64 for s in STEPS)
+
+    # data: every CSV row is accounted for
+    with open(penguins_csv) as f:
+        csv_rows = sum(1 for _ in csv.DictReader(f))
+    data = load(os.path.join(workdir, "data", "data.json"))
+    c = data["counts"]
+    assert c["read"] == csv_rows == 344
+    assert sum(c["splits"].values()) + c["bad"] == c["read"]
+    assert data["inputs"][0]["sha256"] == hashlib.sha256(open(penguins_csv, "rb").read()).hexdigest()
+
+    # train: a real model
+    train = load(os.path.join(workdir, "train", "train.json"))
+    assert train["metrics"]["eval"]["accuracy"] >= 0.9
+    assert train["data"]["fingerprint"] == data["fingerprint"]
+
+    # export: version 1, its lineage names this train run and this data snapshot
+    version_dir = os.path.join(workdir, "export", "models", "penguins", "1")
+    export = load(os.path.join(version_dir, "assets.extra", "export.json"))
+    assert export["lineage"]["train_fingerprint"] == train["fingerprint"]
+    assert export["lineage"]["data_fingerprint"] == data["fingerprint"]
+    assert [v["variant"] for v in export["variants"]] == ["savedmodel", "float32"]
+
+    # serve: the TF Serving configs parse with the official protos and point at the model; the
+    # answer the server gave for a row equals what the SavedModel gives in this process
+    import tensorflow as tf
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    served = load(os.path.join(workdir, "serve", "serve.json"))
+    config = text_format.Parse(open(os.path.join(workdir, "serve", "models.config")).read(),
+                               model_server_config_pb2.ModelServerConfig())
+    assert [(c.name, c.base_path) for c in config.model_config_list.config] == \
+        [("penguins", os.path.join(workdir, "export", "models", "penguins"))]
+    assert served["check"]["rows"] == 16 and served["check"]["max_abs_diff"] <= 1e-5
+    row = served["check"]["example"]["instance"]
+    fn = tf.saved_model.load(version_dir).signatures["serving_default"]
+    feeds = {k: tf.constant([v.encode() if isinstance(v, str) else v], spec.dtype)
+             for k, spec in fn.structured_input_signature[1].items() for v in [row[k]]}
+    local = fn(**feeds)
+    np.testing.assert_allclose(served["check"]["served"]["probabilities"], local["probabilities"].numpy()[0],
+                               atol=1e-5)
+    assert served["check"]["served"]["classes"] == local["classes"].numpy()[0].decode()
+
+    # loadtest: requests were answered, none failed, the SLO verdict is recorded
+    results = load(os.path.join(workdir, "loadtest", "results.json"))
+    step = results["steps"][0]
+    assert step["requests"] > 50 and step["errors"] == 0 and 0 < step["p50_ms"] <= step["p99_ms"]
+    assert results["slo_passed"] is True
+    assert results["config"]["target"].startswith("http://127.0.0.1:")
+
+
+def test_report_renders_in_a_headless_browser(first_run):
+    workdir, _ = first_run
+    page = render(os.path.join(workdir, "report.html"))
+    assert page["errors"] == []
+    # rows per split, loss, accuracy, throughput, variant sizes, latency vs throughput,
+    # latency distribution, one time series per load step
+    assert page["svgs"] >= 8 and page["empty_svgs"] == 0
+    for text in ("Lineage", "penguins version 1", "Rows per split", "Loss per epoch", "float32",
+                 "match", "SLO p99<2000ms,errors<1%: met"):
+        assert text in page["text"] or text in open(os.path.join(workdir, "report.html")).read(), text
+
+
+def test_show_prints_the_lineage_down_to_the_input_file(first_run, penguins_csv):
+    workdir, _ = first_run
+    res = run_cli("show", "--workdir", workdir)
+    assert res.returncode == 0, res.stderr
+    sha = hashlib.sha256(open(penguins_csv, "rb").read()).hexdigest()
+    assert "lineage: model penguins version 1" in res.stdout
+    assert f"{penguins_csv} sha256 {sha[:16]}" in res.stdout
+    for step in STEPS:
+        assert f"\n{step:<9} done" in res.stdout
+
+
+def test_a_second_run_is_all_cache_hits(first_run, config):
+    workdir, _ = first_run
+    before = manifest(workdir)
+    res = run_cli("run", "--config", config, "--workdir", workdir)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert states(res.stdout) == dict.fromkeys(STEPS, "cached")
+    after = manifest(workdir)
+    assert after["last_run"]["states"] == dict.fromkeys(STEPS, "cached")
+    assert {s: after["steps"][s]["fingerprint"] for s in STEPS} == {s: before["steps"][s]["fingerprint"] for s in STEPS}
+    assert [v for v in os.listdir(os.path.join(workdir, "export", "models", "penguins")) if v.isdigit()] == ["1"]
+
+
+def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(first_run, config):
+    workdir, _ = first_run
+    data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]
+    args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003"]
+
+    # Start the changed run and kill it hard once training has finished two epochs.
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    progress = os.path.join(workdir, ".train.partial", "metrics.jsonl")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(progress) and sum(1 for _ in open(progress)) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed during training"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    printed = []
+    while not lines.empty():
+        printed.append(lines.get())
+    printed = "".join(printed)
+    assert "data     cached" in printed and "train    running  ([train] config changed)" in printed, printed
+    killed = manifest(workdir)
+    assert killed["steps"]["train"]["status"] == "running"  # what a killed run leaves behind
+
+    res = run_cli(*args, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "resuming: the last run stopped at train" in res.stdout
+    assert states(res.stdout) == {"data": "cached", **dict.fromkeys(STEPS[1:], "done")}
+    m = manifest(workdir)
+    assert m["steps"]["data"]["outputs"]["sha256"] == data_sha
+    train = load(os.path.join(workdir, "train", "train.json"))
+    assert train["config"]["learning_rate"] == 0.003
+    assert train["resumed_from_epoch"] >= 2
+    assert "resuming from the backup of epoch" in open(os.path.join(workdir, "logs", "train.log")).read()
+    export = load(os.path.join(workdir, "export", "models", "penguins", "2", "assets.extra", "export.json"))
+    assert export["lineage"]["train_fingerprint"] == train["fingerprint"]
+    assert load(os.path.join(workdir, "serve", "serve.json"))["version"] == 2
+
+
+def test_a_failing_step_says_where_and_points_at_its_log(tmp_path, config):
+    workdir = str(tmp_path / "w")
+    res = run_cli("run", "--config", config, "--workdir", workdir, "--input", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert states(res.stdout) == {"data": "failed"}
+    assert "missing.csv" in res.stdout and f"log: {workdir}/logs/data.log" in res.stdout
+    assert "run the same command again to resume" in res.stdout
+    entry = manifest(workdir)["steps"]["data"]
+    assert entry["status"] == "failed" and "missing.csv" in entry["error"]
+    assert "missing.csv" in open(os.path.join(workdir, "logs", "data.log")).read()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.learning_rat=0.1"], "unknown key 'train.learning_rat' (did you mean 'learning_rate'?)"),
+    (["--set", "train.epochs=-1"], "'train.epochs': Input should be greater than or equal to 1"),
+    (["--set", "nonsense"], "use SECTION.KEY=VALUE"),
+    (["--only", "export"], "--only export needs the output of data, train: run without --only first"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path, config, args, message):
+    res = run_cli("run", "--config", config, "--workdir", str(tmp_path / "w"), *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr
+
+
+def test_chicago_taxi_config_with_the_input_on_the_command_line(tmp_path, chicago_csv):
+    workdir = str(tmp_path / "taxi")
+    res = run_cli("run", "--config", os.path.join(ROOT, "examples", "chicago_taxi.toml"), "--input", chicago_csv,
+                  "--workdir", workdir, "--only", "data")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert states(res.stdout) == {"data": "done"}
+    schema = load(os.path.join(workdir, "data", "schema.json"))
+    assert schema["label"]["name"] == "big_tipper"
+    assert "tips" not in [f["name"] for f in schema["features"]]
+    counts = load(os.path.join(workdir, "data", "data.json"))["counts"]
+    with open(chicago_csv) as f:
+        assert counts["read"] == sum(1 for _ in csv.DictReader(f))

@@ -1,0 +1,201 @@
+"""One self-contained report.html per `tfpipe run`: each step's state, the lineage of the model,
+and per stage the figures people would rather look at than read. Inline SVG, no scripts and no
+network, so it opens from the file system anywhere."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from typing import Any
+
+from loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+
+
+def _json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _esc(v: Any) -> str:
+    return html.escape(str(v))
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return "-" if v is None else str(v)
+
+
+def _done(manifest: dict, step: str) -> dict | None:
+    entry = manifest.get("steps", {}).get(step)
+    return entry if entry and entry.get("status") == "done" else None
+
+
+def steps_section(manifest: dict) -> str:
+    states = manifest.get("last_run", {}).get("states", {})
+    rows = []
+    for name, entry in manifest.get("steps", {}).items():
+        rows.append([name, states.get(name, "-"), entry.get("status"), f"{entry.get('elapsed_s', 0):.1f}s",
+                     entry.get("reason", "") if states.get(name) not in (None, "cached") else "unchanged",
+                     entry.get("summary") or entry.get("error") or "", entry.get("fingerprint", "")[:12],
+                     entry.get("log", "")])
+    return table_html(["step", "this run", "status", "took", "why", "result", "fingerprint", "log"], rows, text=True)
+
+
+def lineage_section(manifest: dict) -> str:
+    export, train, data = (_done(manifest, s) for s in ("export", "train", "data"))
+    if not (export and train and data):
+        return "<p>No exported model yet.</p>"
+    e = _json(export["outputs"]["manifest"]) or {}
+    d = _json(data["outputs"]["manifest"]) or {}
+    inputs = "".join(f"<li><code>{_esc(i['path'])}</code>, {i['size']:,} bytes, sha256 {_esc(i['sha256'][:16])}</li>"
+                     for i in d.get("inputs", []))
+    return (f"<p>Model <b>{_esc(e.get('name'))}</b> version <b>{_esc(e.get('version'))}</b> "
+            f"(<code>{_esc(e.get('path'))}</code>) was exported from the train run with fingerprint "
+            f"<code>{_esc(e.get('lineage', {}).get('train_fingerprint', '')[:16])}</code>, which was trained on the "
+            f"data snapshot <code>{_esc(e.get('lineage', {}).get('data_fingerprint', '')[:16])}</code> made from:</p>"
+            f"<ul>{inputs}</ul>")
+
+
+def data_section(workdir: str, manifest: dict) -> str:
+    entry = _done(manifest, "data")
+    if not entry:
+        return "<p>Not run.</p>"
+    d = _json(entry["outputs"]["manifest"])
+    stats = _json(os.path.join(entry["outputs"]["path"], "stats.json")) or {}
+    schema = _json(os.path.join(entry["outputs"]["path"], "schema.json")) or {}
+    c = d["counts"]
+    bars = bar_chart("Rows per split", "rows", [*c["splits"].items(), ("dead-letter", c["bad"])])
+    dead = d["outputs"].get("deadletter") or []
+    dead_html = (f"<p>{c['bad']:,} of {c['read']:,} rows went to the dead-letter output "
+                 f"({d['bad_fraction']:.2%}); every row is accounted for: "
+                 f"{sum(c['splits'].values()):,} written + {c['bad']:,} dead-lettered = {c['read']:,} read.</p>")
+    if dead:
+        dead_html += "<p>Dead-letter files: " + ", ".join(f"<code>{_esc(x)}</code>" for x in dead) + "</p>"
+    split = "train" if "train" in stats.get("splits", {}) else next(iter(stats.get("splits", {})), None)
+    rows = []
+    for name, f in (stats["splits"][split]["features"].items() if split else []):
+        if f["kind"] == "numeric":
+            q = f.get("quantiles", {})
+            rows.append([name, "numeric", f["count"], f["missing"], _fmt(f.get("mean")), _fmt(f.get("std")),
+                         _fmt(f.get("min")), _fmt(q.get("0.5")), _fmt(f.get("max")), ""])
+        else:
+            top = ", ".join(f"{v} ({n})" for v, n in f.get("top", [])[:5])
+            rows.append([name, f["kind"], f["count"], f["missing"], "", "", "", "", "", top])
+    label = schema.get("label", {})
+    return (f"<p>Label <b>{_esc(label.get('name'))}</b> ({_esc(label.get('task'))}); "
+            f"{len(schema.get('features', []))} features; Beam runner {_esc(d['beam']['runner'])}; "
+            f"{d['elapsed_s']:.1f}s.</p>{dead_html}<div>{bars}</div>"
+            f"<h3>Features ({_esc(split)} split)</h3>"
+            + table_html(["feature", "kind", "count", "missing", "mean", "std", "min", "median", "max",
+                          "most frequent"], rows))
+
+
+def train_section(workdir: str, manifest: dict) -> str:
+    entry = _done(manifest, "train")
+    if not entry:
+        return "<p>Not run.</p>"
+    t = _json(entry["outputs"]["manifest"])
+    epochs = []
+    try:
+        with open(os.path.join(entry["outputs"]["path"], "metrics.jsonl")) as f:
+            epochs = [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        pass
+    charts = [line_chart("Loss per epoch", "epoch", "loss",
+                         [(k, COLORS[i], [(e["epoch"], e[k]) for e in epochs if k in e])
+                          for i, k in enumerate(("loss", "val_loss"))])]
+    skip = {"epoch", "loss", "seconds", "steps", "step_seconds", "examples_per_s"}
+    for metric in [k for k in (epochs[0] if epochs else {}) if k not in skip and not k.startswith("val_")]:
+        charts.append(line_chart(f"{metric} per epoch", "epoch", metric,
+                                 [(k, COLORS[i], [(e["epoch"], e[k]) for e in epochs if k in e])
+                                  for i, k in enumerate((metric, f"val_{metric}"))]))
+    charts.append(line_chart("Throughput per epoch", "epoch", "examples/s",
+                             [("examples/s", COLORS[2], [(e["epoch"], e["examples_per_s"]) for e in epochs
+                                                         if "examples_per_s" in e])]))
+    gpus = t["devices"]["gpus"]
+    device = (", ".join(f"{g['name']}" for g in gpus) if gpus else f"CPU only ({t['devices']['cpus']} cores)")
+    facts = [["device", device], ["precision", f"{t['precision']['policy']} ({t['precision']['why']})"],
+             ["XLA", f"{'on' if t['xla']['jit_compile'] else 'off'} ({t['xla']['why']})"],
+             ["strategy", f"{t['strategy']['name']}, global batch {t['strategy']['global_batch']}"],
+             ["epochs", f"{t['epochs_run']}" + (f" (resumed after epoch {t['resumed_from_epoch']})"
+                                               if t.get("resumed_from_epoch") else "")],
+             ["throughput", f"{t.get('examples_per_s', 0):,.0f} examples/s, step {t.get('mean_step_s', 0) * 1000:.2f} ms"],
+             ["input wait", f"{t.get('input_wait_fraction', 0):.1%} of step time"],
+             ["took", f"{t['elapsed_s']:.1f}s"]]
+    if t.get("gpu_utilization"):
+        facts.append(["GPU utilisation", json.dumps(t["gpu_utilization"])])
+    names = sorted({k for m in t["metrics"].values() for k in m})
+    metrics = [[split, *(_fmt(m.get(k)) for k in names)] for split, m in t["metrics"].items()]
+    return (table_html(None, facts, text=True)
+            + "<h3>Final metrics</h3>" + table_html(["split", *names], metrics)
+            + f"<div>{''.join(charts)}</div>")
+
+
+def export_section(workdir: str, manifest: dict) -> str:
+    entry = _done(manifest, "export")
+    if not entry:
+        return "<p>Not run.</p>"
+    e = _json(entry["outputs"]["manifest"])
+    quality = "accuracy" if any("accuracy" in v for v in e["variants"]) else "rmse"
+    rows = [[v["variant"], f"{v['bytes']:,}", _fmt(v.get("ratio_bytes_vs_float32")), _fmt(v.get(quality)),
+             _fmt(v.get("drop")), _fmt(v.get("latency_ms_p50")), _fmt(v.get("latency_ms_p99"))]
+            for v in e["variants"]]
+    sizes = bar_chart("Size per variant", "KB", [(v["variant"], v["bytes"] / 1024) for v in e["variants"]])
+    return (f"<p>{_esc(e['name'])} version {e['version']} at <code>{_esc(e['path'])}</code>; signatures "
+            f"{_esc(', '.join(e['signatures']))}; {e['warmup_records']} warmup records; reloaded SavedModel "
+            f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']} rows.</p>"
+            + table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms"], rows)
+            + f"<div>{sizes}</div>")
+
+
+def serve_section(workdir: str, manifest: dict) -> str:
+    entry = _done(manifest, "serve")
+    if not entry:
+        return "<p>Not run.</p>"
+    s = _json(entry["outputs"]["manifest"])
+    c = s["check"]
+    configs = ", ".join(f"<code>{_esc(p)}</code>" for p in s["configs"].values())
+    return (f"<p>{_esc(s['model'])} version {s['version']} served by the embedded server. The same "
+            f"{c['rows']} eval rows sent over {' and '.join(c['apis'])} got the SavedModel's own answers "
+            f"(outputs {_esc(', '.join(c['outputs']))}; largest difference {c['max_abs_diff']:.1e}, "
+            f"tolerance {c['tolerance']:g}).</p>"
+            f"<p>TF Serving configs: {configs}. The same model with real TensorFlow Serving:</p>"
+            f"<pre>{_esc(' '.join(s['tensorflow_model_server']))}</pre>")
+
+
+def load_section(workdir: str, manifest: dict) -> str:
+    entry = _done(manifest, "loadtest")
+    if not entry:
+        return "<p>Not run.</p>"
+    results = _json(entry["outputs"]["manifest"])
+    return loadtest_section(results)
+
+
+def write_run_report(workdir: str, manifest: dict, path: str) -> None:
+    sections = [("Data", data_section), ("Training", train_section), ("Export", export_section),
+                ("Serving", serve_section), ("Load test", load_section)]
+    body = "".join(f"<h2>{title}</h2>{fn(workdir, manifest)}" for title, fn in sections)
+    run = manifest.get("last_run", {})
+    doc = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tfpipe run: {_esc(os.path.basename(workdir))}</title>
+<style>{STYLE}</style>
+</head><body>
+<h1>tfpipe run: {_esc(os.path.basename(workdir))}</h1>
+<p>Workdir <code>{_esc(workdir)}</code>; tfpipe {_esc(manifest.get('tfpipe_version'))}; last run started
+{_esc(run.get('started'))}: <code>{_esc(' '.join(run.get('command', [])))}</code></p>
+{steps_section(manifest)}
+<h2>Lineage</h2>{lineage_section(manifest)}
+{body}
+</body></html>
+"""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(doc)
+    os.replace(tmp, path)

@@ -1,0 +1,71 @@
+"""`tfpipe show`: a run's manifest as text, ending with the lineage of the model it serves."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tfpipe.run import STEPS, RunError, file_sha256, read_manifest
+
+
+def show(workdir: str, as_json: bool = False) -> int:
+    manifest = read_manifest(workdir)
+    if not manifest:
+        raise RunError(f"{workdir} holds no manifest.json: it is not a tfpipe run workdir (run `tfpipe run` first)")
+    if as_json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    print(f"workdir  {manifest['workdir']}")
+    print(f"config   {manifest.get('config_path') or '(none)'}; tfpipe {manifest.get('tfpipe_version')}")
+    last = manifest.get("last_run", {})
+    print(f"last run {last.get('started')} -> {last.get('ended', 'did not finish')}: {' '.join(last.get('command', []))}")
+    print()
+    steps = manifest.get("steps", {})
+    for name in STEPS:
+        e = steps.get(name)
+        if not e:
+            print(f"{name:<9} not run")
+            continue
+        intact = ""
+        if e.get("status") == "done" and file_sha256(e["outputs"]["manifest"]) != e["outputs"]["sha256"]:
+            intact = "  (its output was changed or removed since)"
+        print(f"{name:<9} {e['status']:<11} {e.get('started')}  {e.get('elapsed_s', 0):.1f}s  "
+              f"fingerprint {e.get('fingerprint', '')[:16]}{intact}")
+        inputs = e.get("parts", {}).get("inputs", {})
+        if "files" in inputs:
+            for f in inputs["files"]:
+                print(f"          input  {f['path']} ({f['size']:,} bytes)")
+        else:
+            for need, sha in inputs.items():
+                print(f"          input  {need} output, manifest sha256 {sha[:16]}")
+        if e.get("status") == "done":
+            print(f"          output {e['outputs'].get('path')}")
+            print(f"          {e.get('summary', '')}")
+        elif e.get("error"):
+            print(f"          error  {e['error']}")
+        print(f"          log    {os.path.join(manifest['workdir'], e.get('log', ''))}")
+    print()
+    for line in lineage(manifest):
+        print(line)
+    return 0
+
+
+def lineage(manifest: dict) -> list[str]:
+    """Which data made the model this workdir serves: version <- train run <- data snapshot <- files."""
+    steps = manifest.get("steps", {})
+    export = steps.get("export", {})
+    if export.get("status") != "done":
+        return ["lineage: no model exported yet"]
+    try:
+        with open(export["outputs"]["manifest"]) as f:
+            e = json.load(f)
+        with open(steps["data"]["outputs"]["manifest"]) as f:
+            d = json.load(f)
+    except (OSError, KeyError, ValueError):
+        return ["lineage: the exported model's or the data's manifest is gone"]
+    lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})",
+             f"  <- train run {e['lineage']['train_fingerprint'][:16]} ({e['lineage']['train']})",
+             f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} rows read, "
+             f"{d['counts']['bad']:,} dead-lettered)"]
+    lines += [f"  <- {i['path']} sha256 {i['sha256'][:16]}" for i in d.get("inputs", [])]
+    return lines
