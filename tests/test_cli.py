@@ -63,7 +63,7 @@ def test_unknown_or_mistyped_keys_are_named(tmp_path):
 
     cfg.write_text('[dat]\nlabel = "species"\n')
     res = run_cli("data", "--config", str(cfg))
-    assert res.returncode == 2 and "unknown key 'dat' (did you mean 'data'?); allowed: data" in res.stderr
+    assert res.returncode == 2 and "unknown key 'dat' (did you mean 'data'?); allowed: run, data, train, export, serve, loadtest" in res.stderr
 
     cfg.write_text('[data]\nformat = "xlsx"\n')
     res = run_cli("data", "--config", str(cfg))

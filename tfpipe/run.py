@@ -259,10 +259,11 @@ class Run:
             return self.server
         from serve.server import ServerThread
 
-        self._server_log = open(self.path("logs", "server.log"), "a", buffering=1)
-        opts = self.serve_options()
-        self._server_ctx = ServerThread(opts, log=lambda line: self._server_log.write(line + "\n"))
-        self.server = self._server_ctx.__enter__()
+        log_path = self.path("logs", "server.log")
+        self._server_log = open(log_path, "a", buffering=1)
+        self._server_ctx = ServerThread(self.serve_options(), log=lambda line: self._server_log.write(line + "\n"))
+        with output_into(log_path, not self.req.debug):  # TensorFlow's import chatter
+            self.server = self._server_ctx.__enter__()
         return self.server
 
     def serve_options(self):
@@ -549,10 +550,17 @@ def check_served(server, model_path: str, name: str, data_dir: str, rows_wanted:
             if not diff <= tolerance:
                 raise RunError(f"{api} output {key} differs from the SavedModel by {diff:.3g} (tolerance {tolerance})")
         log(f"{api}: {len(rows)} rows agree with the in-process SavedModel")
+    # 7 significant digits name the same float32 as the row's value, and read better in a curl line.
+    instance = {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in rows[0].items()}
     return {"rows": len(rows), "outputs": sorted(local), "max_abs_diff": worst, "tolerance": tolerance,
-            "apis": ["REST", "gRPC"],
-            "example": {"instance": rows[0], "prediction": {k: _plain(v[0]) for k, v in local.items()}},
+            "apis": ["REST", "gRPC"], "input_dtypes": inputs,
+            "example": {"instance": instance, "prediction": {k: _plain(v[0]) for k, v in local.items()}},
             "served": predictions[0]}
+
+
+def _tf_dtype_names(dtypes: dict[str, str]) -> dict[str, str]:
+    """{'x': 'DT_INT64'} -> {'x': 'int64'}: what tf.make_tensor_proto takes as dtype."""
+    return {k: v.removeprefix("DT_").lower() for k, v in dtypes.items()}
 
 
 def _plain(value: Any) -> Any:
@@ -658,7 +666,8 @@ def serve_forever(r: Run, console: Console) -> None:
                   "from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc\n"
                   f"req = predict_pb2.PredictRequest(); req.model_spec.name = {name!r}\n"
                   f"row = {info['check']['example']['instance']!r}\n"
-                  "for k, v in row.items(): req.inputs[k].CopyFrom(tf.make_tensor_proto([v]))\n"
+                  f"dtypes = {_tf_dtype_names(info['check']['input_dtypes'])!r}\n"
+                  "for k, v in row.items(): req.inputs[k].CopyFrom(tf.make_tensor_proto([v], dtype=dtypes[k]))\n"
                   f"stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel('{host}:{server.grpc_port}'))\n"
                   "print(stub.Predict(req, timeout=10).outputs)\n"
                   "EOF")
