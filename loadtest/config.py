@@ -35,6 +35,11 @@ class LoadtestConfig(BaseModel):
     warmup: str = Field("2s", description="unmeasured load before each step")
     workers: int = Field(1, ge=1, le=64, description="locust worker processes under a master (use every core)")
     max_requests: int = Field(1_000_000, ge=1, description="stop a step after this many requests")
+    model_path: str | None = Field(None, description="the served SavedModel on this machine (a version directory, "
+                                   "or the base path for its newest version): its in-process latency on the same "
+                                   "payloads is the baseline that separates serving overhead from model time")
+    web: bool = Field(False, description="also serve locust's web UI on 127.0.0.1:--web-port to watch the run live")
+    web_port: int = Field(8089, ge=0, le=65535, description="port of locust's web UI with --web")
     slo: str = Field("", description='service level objective, e.g. "p99<20ms,errors<0.1%"; exit 1 when missed')
     out: str = Field("runs/loadtest", description="where results.json and results.csv go")
 

@@ -18,6 +18,7 @@ import base64  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -195,33 +196,48 @@ def run(spec: dict) -> dict:
             gevent.sleep(0.1)
         if runner.worker_count < workers:
             raise SystemExit(f"only {runner.worker_count} of {workers} locust workers connected")
+    if spec.get("web_port") is not None:
+        env.create_web_ui("127.0.0.1", spec["web_port"])
+    stop = []
+    gevent.signal_handler(signal.SIGINT, lambda: stop.append(True))  # stop early, keep whole seconds
     users = spec["users"]
     runner.start(users, spawn_rate=max(users, 1) * 10)
-    first = math.ceil(time.time() + spec["warmup"])
+    started = time.time()
+    first = math.ceil(started + spec["warmup"])
     last = first + max(1, math.ceil(spec["duration"]))
     me = psutil.Process()
-    gevent.sleep(max(0.0, first - time.time()))
-    cpu0 = _tree_cpu(me)
+    cpu0, next_report = None, 0.0
     while time.time() < last:
-        # Answers in the window so far: this process's own (one process) or the workers' reports.
-        done = (sum(v["requests"] for k, v in recorder.seconds.items() if first <= k < last)
-                + sum(v["requests"] for k, v in merged.items() if first <= int(k) < last))
-        if done >= spec["max_requests"]:
-            last = int(time.time()) + 1
+        now = time.time()
+        if cpu0 is None and now >= first:
+            cpu0 = _tree_cpu(me)
+        if stop:
+            last = max(first, int(now))
             break
+        # Answers in the window so far: this process's own (one process) or the workers' reports.
+        seconds = [*recorder.seconds.items(), *((int(k), v) for k, v in merged.items())]
+        if sum(v["requests"] for k, v in seconds if first <= k < last) >= spec["max_requests"]:
+            last = int(now) + 1
+            break
+        if now >= next_report:  # for the parent's progress bar
+            print(f"PROGRESS {now - started:.1f} {sum(v['requests'] for _, v in seconds)}", flush=True)
+            next_report = now + 0.5
         gevent.sleep(0.05)
     gevent.sleep(max(0.0, last - time.time()))
-    cpu = (_tree_cpu(me) - cpu0) / (last - first)
+    cpu = (_tree_cpu(me) - cpu0) / (last - first) if cpu0 is not None and last > first else 0.0
     if workers > 1:
         gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
     else:
         merged.update(recorder.pop_completed())
     runner.quit()
+    if env.web_ui is not None:
+        env.web_ui.stop()
     for p in procs:
         p.wait(timeout=30)
     result = _summarise_window(merged, first, last)
     result["generator_cpu"] = cpu
     result["workers"] = workers
+    result["interrupted"] = bool(stop)
     return result
 
 
@@ -229,6 +245,7 @@ def worker(port: int, spec: dict) -> None:
     """A locust worker: runs users for its master, reports finished seconds every interval."""
     import locust.runners
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master decides when workers stop
     locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL
     env = Environment(user_classes=[_user_class(spec, 1.0 / spec["workers"])])
     recorder = Recorder()

@@ -6,9 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Callable
@@ -16,12 +20,12 @@ from typing import Callable
 from loadtest.config import LoadtestConfig, parse_duration
 from loadtest.errors import LoadtestError
 from loadtest.histogram import LatencyHistogram
-from loadtest.payloads import (grpc_requests, model_path, parse_target, rest_bodies, rows_from_data,
-                               rows_from_payload, signature_inputs)
+from loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model, rest_bodies,
+                               rows_from_data, rows_from_payload, saved_model_feeds, signature_inputs)
 from loadtest.slo import check, parse_slo
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
-           "p99.9_ms", "max_ms", "mean_ms", "generator_cpu", "slo_ok"]
+           "p99.9_ms", "max_ms", "mean_ms", "overhead_p50_ms", "generator_cpu", "slo_ok"]
 
 
 def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
@@ -58,7 +62,18 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         f"{len(spec.get('bodies') or spec.get('requests'))} distinct requests of {config.batch_size} row(s)")
 
     os.makedirs(config.out, exist_ok=True)
-    steps = []
+    baseline = None
+    if config.model_path:
+        if not rows:
+            raise LoadtestError("--model-path needs rows to replay: give --data, or a --payload with 'instances'")
+        baseline = measure_baseline(resolve_saved_model(config.model_path, config.version), rows, config.batch_size,
+                                    config.signature)
+        log(f"in-process SavedModel baseline ({baseline['path']}): p50 {baseline['p50_ms']:.3f} ms, "
+            f"p99 {baseline['p99_ms']:.3f} ms over {baseline['calls']} calls")
+    if config.web:
+        spec["web_port"] = config.web_port
+        log(f"locust web UI: http://127.0.0.1:{config.web_port} (while each step runs)")
+    steps, interrupted = [], False
     for i, value in enumerate(config.steps()):
         step_spec = dict(spec)
         if config.rate:
@@ -69,18 +84,29 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         log(f"step {i + 1}/{len(config.steps())}: "
             + (f"{value:g} requests/s (open model)" if config.rate else f"{int(value)} users (closed model)")
             + f", {warmup:g}s warmup + {duration:g}s")
-        result = _run_step(step_spec, timeout=warmup + duration + 120)
+        result, interrupted = _run_step(step_spec, timeout=warmup + duration + 120, label=f"step {i + 1}")
+        if result is None or not result["requests"]:
+            break  # interrupted before a whole second was measured
         step = _summarise(i + 1, step_spec, result)
         step["slo_failures"] = check(terms, step) if terms else []
         step["slo_ok"] = not step["slo_failures"] if terms else None
+        step["overhead_p50_ms"] = round(step["p50_ms"] - baseline["p50_ms"], 4) if baseline else None
         steps.append(step)
-        log("  " + _line(step))
+        log("  " + _line(step) + (" (interrupted: partial)" if interrupted else ""))
         if step["generator_bound"]:
             log(f"  warning: the load generator, not the server, may be the limit here ({step['generator_note']})")
+        if interrupted:
+            break
+    if not steps:
+        if interrupted:
+            log("interrupted before any step measured a whole second: nothing to report")
+            return 130
+        raise LoadtestError("no step measured any request")
 
     knee = max((s for s in steps if s["slo_ok"] is not False), key=lambda s: s["rps"], default=None)
     passed = knee is not None if terms else True
     results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": kind,
+               "interrupted": interrupted, "baseline": baseline,
                "slo": config.slo, "slo_passed": passed if terms else None,
                "knee": {"step": knee["step"], "rps": knee["rps"], "p99_ms": knee["p99_ms"]} if knee else None,
                "steps": steps}
@@ -99,8 +125,35 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         log(f"knee: step {knee['step']}, {knee['rps']:.0f} req/s with p99 {knee['p99_ms']:.2f} ms")
     if terms:
         log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
-    log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html")
+    if baseline:
+        log(f"serving overhead over the in-process SavedModel at p50: "
+            + ", ".join(f"step {st['step']} {st['overhead_p50_ms']:+.3f} ms" for st in steps))
+    log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html"
+        + (" (partial: interrupted)" if interrupted else ""))
+    if interrupted:
+        return 130
     return 0 if passed else 1
+
+
+def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: str, seconds: float = 2.0,
+                     most: int = 500) -> dict:
+    """The same payloads through the SavedModel in this process, one call at a time: model time
+    without any serving, so the report can show serving overhead apart."""
+    import tensorflow as tf
+
+    try:
+        fn = tf.saved_model.load(path).signatures[signature]
+    except KeyError:
+        raise LoadtestError(f"{path} has no signature {signature!r}") from None
+    feeds = [saved_model_feeds(fn, chunk) for chunk in chunks(rows, batch_size)]
+    fn(**feeds[0])  # the first call traces; not part of the baseline
+    hist, started = LatencyHistogram(), time.perf_counter()
+    while hist.n < most and (time.perf_counter() - started < seconds or hist.n < 20):
+        t0 = time.perf_counter()
+        fn(**feeds[hist.n % len(feeds)])
+        hist.add(time.perf_counter() - t0)
+    s = hist.summary()
+    return {"path": path, "calls": hist.n, "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "mean_ms": s["mean_ms"]}
 
 
 def _check_accepted(spec: dict) -> None:
@@ -128,7 +181,9 @@ def _check_accepted(spec: dict) -> None:
         raise LoadtestError(f"the server rejects the payload: {e.code().name}: {e.details()}") from None
 
 
-def _run_step(spec: dict, timeout: float) -> dict:
+def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool]:
+    """Run one step's generator; (its result, whether Ctrl-C/SIGTERM cut it short). An interrupted
+    generator still writes what it measured in whole seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w") as f:
@@ -136,13 +191,66 @@ def _run_step(spec: dict, timeout: float) -> dict:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "TF_CPP_MIN_LOG_LEVEL": "3"}
-        proc = subprocess.run([sys.executable, "-m", "loadtest.generate", spec_path, result_path],
-                              capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, "-m", "loadtest.generate", spec_path, result_path],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        bar = ProgressBar(label, spec["warmup"] + spec["duration"])
+        errors: list[str] = []
+        threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True).start()
+        progress: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [progress.put(line) for line in proc.stdout], daemon=True).start()
+        interrupted, deadline = False, time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise LoadtestError(f"the load generator did not finish within {timeout:.0f}s")
+                try:
+                    bar.update(progress.get(timeout=0.2))
+                except queue.Empty:
+                    pass
+        except KeyboardInterrupt:
+            # The generator is in its own session (a terminal's Ctrl-C reaches only us): tell it to
+            # stop and write its measured seconds, then report them.
+            interrupted = True
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        finally:
+            bar.close()
+        proc.wait()
+        if interrupted and not os.path.exists(result_path):
+            return None, True
         if proc.returncode != 0 or not os.path.exists(result_path):
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            tail = "".join(errors).strip().splitlines()[-3:]
             raise LoadtestError(f"the load generator failed: {' | '.join(tail)}")
         with open(result_path) as f:
-            return json.load(f)
+            return json.load(f), interrupted
+
+
+class ProgressBar:
+    """One line on a terminal, redrawn as the generator reports 'PROGRESS elapsed answered'; silent
+    when output is not a terminal (logs stay clean)."""
+
+    def __init__(self, label: str, total: float):
+        self.label, self.total, self.tty = label, max(total, 1e-9), sys.stdout.isatty()
+
+    def update(self, line: str) -> None:
+        parts = line.split()
+        if not self.tty or len(parts) != 3 or parts[0] != "PROGRESS":
+            return
+        elapsed, answered = float(parts[1]), int(parts[2])
+        filled = int(30 * min(1.0, elapsed / self.total))
+        sys.stdout.write(f"\r  {self.label} [{'#' * filled}{'.' * (30 - filled)}] {elapsed:4.0f}/{self.total:.0f}s "
+                         f"{answered:,} answered")
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stdout.write("\r\033[K")
+            sys.stdout.flush()
 
 
 def _summarise(index: int, spec: dict, result: dict) -> dict:

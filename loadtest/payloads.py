@@ -131,14 +131,14 @@ def rows_from_payload(path: str) -> list[dict] | dict:
     return body
 
 
-def _chunks(rows: list[dict], batch_size: int) -> list[list[dict]]:
+def chunks(rows: list[dict], batch_size: int) -> list[list[dict]]:
     """Up to MAX_PAYLOADS requests of batch_size rows each, cycling through the rows."""
     n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
     return [[rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)] for i in range(n)]
 
 
 def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:
-    return [json.dumps({"signature_name": signature, "instances": chunk}) for chunk in _chunks(rows, batch_size)]
+    return [json.dumps({"signature_name": signature, "instances": chunk}) for chunk in chunks(rows, batch_size)]
 
 
 def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], model: str, version, label,
@@ -147,7 +147,7 @@ def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], mod
     from tensorflow_serving.apis import predict_pb2
 
     out = []
-    for chunk in _chunks(rows, batch_size):
+    for chunk in chunks(rows, batch_size):
         req = predict_pb2.PredictRequest()
         req.model_spec.name, req.model_spec.signature_name = model, signature
         if version is not None:
@@ -161,3 +161,24 @@ def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], mod
             req.inputs[name].CopyFrom(tf.make_tensor_proto(np.array(values, dtype=_NUMPY.get(dtype, object))))
         out.append(req.SerializeToString())
     return out
+
+
+def saved_model_feeds(fn, rows: list[dict]) -> dict:
+    """Tensors for a SavedModel signature function from rows of {input: python value}."""
+    import tensorflow as tf
+
+    return {key: tf.constant([r[key].encode() if isinstance(r[key], str) else r[key] for r in rows], spec.dtype)
+            for key, spec in fn.structured_input_signature[1].items()}
+
+
+def resolve_saved_model(path: str, version: int | None) -> str:
+    """A version directory: `path` itself when it holds saved_model.pb, else its newest (or the
+    given) numeric version."""
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = sorted(int(v) for v in os.listdir(path) if v.isdigit()) if os.path.isdir(path) else []
+    if version is not None and version in versions:
+        versions = [version]
+    if not versions:
+        raise LoadtestError(f"--model-path {path} is neither a SavedModel nor a base path with numeric versions")
+    return os.path.join(path, str(versions[-1]))

@@ -130,10 +130,17 @@ def loadtest_section(results: dict) -> str:
     knee_html = (f"<p>Knee: step {knee['step']}, {knee['rps']:.0f} requests/s with p99 {knee['p99_ms']:.2f} ms</p>"
                  if knee and len(steps) > 1 else "")
     cfg = results["config"]
-    return f"""<p>Target {html.escape(str(cfg.get('target')))}, model {html.escape(str(cfg.get('model')))}, signature
+    base = results.get("baseline")
+    base_html = (f"<p>In-process SavedModel on the same payloads ({html.escape(base['path'])}): p50 "
+                 f"{base['p50_ms']:.3f} ms, p99 {base['p99_ms']:.3f} ms over {base['calls']} calls. Serving "
+                 f"overhead at p50: " + ", ".join(f"step {s['step']} {s['overhead_p50_ms']:+.3f} ms" for s in steps)
+                 + ".</p>") if base else ""
+    partial = ('<p class="bad">Interrupted: the last step is partial (whole seconds measured before the stop).</p>'
+               if results.get("interrupted") else "")
+    return f"""{partial}<p>Target {html.escape(str(cfg.get('target')))}, model {html.escape(str(cfg.get('model')))}, signature
 {html.escape(str(cfg.get('signature')))}, {cfg.get('batch_size')} row(s) per request,
 {'open model (rate)' if cfg.get('rate') else 'closed model (users)'}.</p>
-{verdict}{knee_html}
+{verdict}{knee_html}{base_html}
 {table_html(["step", "users", "rate", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms",
              "p99.9 ms", "max ms", "SLO", "generator"], rows)}
 <div>{curve}{distribution}</div>

@@ -158,3 +158,88 @@ def test_two_locust_workers_merge_into_one_result(tmp_path, half_server):
     # The merged histogram holds every answer the workers reported, second by second.
     assert sum(step["histogram"]["counts"]) == step["requests"] == sum(p["answered"] for p in step["series"])
     assert len(step["series"]) == 2
+
+
+def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
+    """--model-path measures the SavedModel in-process first; --web serves locust's own UI and
+    stats while a step runs; the report renders in headless Chromium without errors."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from browser import render
+    from conftest import ROOT
+
+    server, root = half_server
+    (tmp_path / "body.json").write_text(json.dumps({"instances": [{"x": 1.0}, {"x": 3.0}]}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        web_port = s.getsockname()[1]
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfpipe.cli", "loadtest", "--target", f"http://127.0.0.1:{server.rest_port}",
+         "--model", "half", "--payload", str(tmp_path / "body.json"), "--users", "2", "--duration", "3s",
+         "--warmup", "0.5s", "--model-path", str(root / "half"), "--web", "--web-port", str(web_port),
+         "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    seen = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and not seen:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/stats/requests", timeout=2) as r:
+                stats = json.load(r)
+            seen = next((s for s in stats["stats"] if s["name"] == "predict" and s["num_requests"] > 0), None)
+        except OSError:
+            time.sleep(0.1)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout + stderr
+    assert seen is not None, "locust's web UI never showed the predict requests"
+    results = json.loads((out / "results.json").read_text())
+    base = results["baseline"]
+    assert base["path"] == str(root / "half" / "1") and base["calls"] >= 20 and 0 < base["p50_ms"] <= base["p99_ms"]
+    step = results["steps"][0]
+    assert step["overhead_p50_ms"] == pytest.approx(step["p50_ms"] - base["p50_ms"], abs=1e-3)
+    assert "in-process SavedModel baseline" in stdout and "serving overhead" in stdout
+
+    page = render(str(out / "report.html"))
+    assert page["errors"] == []
+    assert page["svgs"] >= 3 and page["empty_svgs"] == 0
+    assert "In-process SavedModel" in page["text"] and "Latency vs throughput" in page["text"]
+
+
+def test_sigint_stops_cleanly_and_writes_the_partial_report(tmp_path, half_server):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    server, _ = half_server
+    (tmp_path / "body.json").write_text(json.dumps({"instances": [{"x": 1.0}]}))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfpipe.cli", "loadtest", "--target", f"http://127.0.0.1:{server.rest_port}",
+         "--model", "half", "--payload", str(tmp_path / "body.json"), "--sweep", "1,2", "--duration", "60s",
+         "--warmup", "0.5s", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, stdin=subprocess.DEVNULL)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("step 1/2" in line for line in lines):
+        time.sleep(0.1)
+    time.sleep(4)  # the generator's start, the warmup, then a few measured seconds
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    assert time.monotonic() - started < 30  # it stopped; it did not run the 60 s step out
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
+    assert [s["step"] for s in results["steps"]] == [1]  # step 2 never started
+    step = results["steps"][0]
+    assert step["requests"] > 0 and step["errors"] == 0 and 1 <= step["elapsed_s"] < 60
+    assert sum(step["histogram"]["counts"]) == step["requests"]
+    assert "Interrupted" in (out / "report.html").read_text()
+    assert "partial: interrupted" in "".join(lines)

@@ -145,13 +145,14 @@ def export_section(workdir: str, manifest: dict) -> str:
     e = _json(entry["outputs"]["manifest"])
     quality = "accuracy" if any("accuracy" in v for v in e["variants"]) else "rmse"
     rows = [[v["variant"], f"{v['bytes']:,}", _fmt(v.get("ratio_bytes_vs_float32")), _fmt(v.get(quality)),
-             _fmt(v.get("drop")), _fmt(v.get("latency_ms_p50")), _fmt(v.get("latency_ms_p99"))]
+             _fmt(v.get("drop")), _fmt(v.get("latency_ms_p50")), _fmt(v.get("latency_ms_p99")),
+             "dropped: too inaccurate" if v.get("dropped") else "kept"]
             for v in e["variants"]]
     sizes = bar_chart("Size per variant", "KB", [(v["variant"], v["bytes"] / 1024) for v in e["variants"]])
     return (f"<p>{_esc(e['name'])} version {e['version']} at <code>{_esc(e['path'])}</code>; signatures "
             f"{_esc(', '.join(e['signatures']))}; {e['warmup_records']} warmup records; reloaded SavedModel "
             f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']} rows.</p>"
-            + table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms"], rows)
+            + table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", ""], rows)
             + f"<div>{sizes}</div>")
 
 

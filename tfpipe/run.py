@@ -404,9 +404,11 @@ class Run:
                                                  "base": self.path("export", "models")})
         final = run(cfg, log=log)
         m = _load(os.path.join(final, "assets.extra", "export.json"))
-        variants = [v["variant"] for v in m["variants"] if v["variant"] != "savedmodel"]
-        summary = (f"{m['name']} version {m['version']}: SavedModel"
-                   + (f" + TFLite {', '.join(variants)}" if variants else ""))
+        variants = [v for v in m["variants"] if v["variant"] != "savedmodel"]
+        kept = [v["variant"] for v in variants if not v.get("dropped")]
+        dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
+        summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
+                   + (f" ({'; '.join(dropped)})" if dropped else ""))
         return self._outputs(os.path.join(final, "assets.extra", "export.json"), path=final, name=m["name"],
                              version=m["version"]), summary, 0
 
@@ -461,8 +463,10 @@ class Run:
         shutil.rmtree(partial, ignore_errors=True)
         cfg = self.cfg.loadtest.model_copy(update={"target": target, "model": export["name"],
                                                    "data": self.path("data"), "payload": None, "out": partial,
-                                                   "version": None, "label": None})
+                                                   "version": None, "label": None, "model_path": export["path"]})
         code = run(cfg, log=log)
+        if code == 130:
+            raise KeyboardInterrupt
         shutil.rmtree(out, ignore_errors=True)
         os.rename(partial, out)
         r = _load(os.path.join(out, "results.json"))
@@ -505,7 +509,7 @@ def check_served(server, model_path: str, name: str, data_dir: str, rows_wanted:
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from loadtest.payloads import grpc_requests, rows_from_data, signature_inputs
+    from loadtest.payloads import grpc_requests, rows_from_data, saved_model_feeds, signature_inputs
     from serve.requests import tensor_to_numpy
 
     rest = f"http://127.0.0.1:{server.rest_port}"
@@ -513,11 +517,7 @@ def check_served(server, model_path: str, name: str, data_dir: str, rows_wanted:
     rows = rows_from_data(data_dir, inputs, limit=rows_wanted)
 
     fn = tf.saved_model.load(model_path).signatures["serving_default"]
-    feeds = {}
-    for key, spec in fn.structured_input_signature[1].items():
-        values = [rows[i][key] for i in range(len(rows))]
-        feeds[key] = tf.constant([v.encode() for v in values] if spec.dtype == tf.string else values, spec.dtype)
-    local = {k: v.numpy() for k, v in fn(**feeds).items()}
+    local = {k: v.numpy() for k, v in fn(**saved_model_feeds(fn, rows)).items()}
 
     body = json.dumps({"instances": rows}).encode()
     req = urllib.request.Request(f"{rest}/v1/models/{name}:predict", data=body,
