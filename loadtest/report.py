@@ -75,8 +75,9 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
         h = value / top * (H - 2 * PAD)
         x = PAD + i * slot + slot * 0.15
         parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" fill="{color}"/>')
+        shown = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.3g}"
         parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
-                     f'font-size="11">{value:,.4g}</text>')
+                     f'font-size="11">{shown}</text>')
         parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base + 16}" text-anchor="middle" '
                      f'font-size="11">{html.escape(label)}</text>')
     parts.append("</svg>")
@@ -86,7 +87,7 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}"
          "svg{margin:8px;border:1px solid #eee}.ok{color:#1a7f37}.bad{color:#c62828;font-weight:bold}"
-         ".text td{text-align:left}pre{white-space:pre-wrap;word-break:break-all;background:#f7f7f7;padding:6px}")
+         "td:first-child{text-align:left}.text td{text-align:left}pre{white-space:pre-wrap;word-break:break-all;background:#f7f7f7;padding:6px}")
 
 
 def table_html(header: list[str] | None, rows: list[list], text: bool = False) -> str:

@@ -63,11 +63,7 @@ def lineage_section(manifest: dict) -> str:
             f"<ul>{inputs}</ul>")
 
 
-def data_section(workdir: str, manifest: dict) -> str:
-    entry = _done(manifest, "data")
-    if not entry:
-        return "<p>Not run.</p>"
-    d = _json(entry["outputs"]["manifest"])
+def data_section(entry: dict, d: dict) -> str:
     stats = _json(os.path.join(entry["outputs"]["path"], "stats.json")) or {}
     schema = _json(os.path.join(entry["outputs"]["path"], "schema.json")) or {}
     c = d["counts"]
@@ -97,11 +93,7 @@ def data_section(workdir: str, manifest: dict) -> str:
                           "most frequent"], rows))
 
 
-def train_section(workdir: str, manifest: dict) -> str:
-    entry = _done(manifest, "train")
-    if not entry:
-        return "<p>Not run.</p>"
-    t = _json(entry["outputs"]["manifest"])
+def train_section(entry: dict, t: dict) -> str:
     epochs = []
     try:
         with open(os.path.join(entry["outputs"]["path"], "metrics.jsonl")) as f:
@@ -138,11 +130,7 @@ def train_section(workdir: str, manifest: dict) -> str:
             + f"<div>{''.join(charts)}</div>")
 
 
-def export_section(workdir: str, manifest: dict) -> str:
-    entry = _done(manifest, "export")
-    if not entry:
-        return "<p>Not run.</p>"
-    e = _json(entry["outputs"]["manifest"])
+def export_section(entry: dict, e: dict) -> str:
     quality = "accuracy" if any("accuracy" in v for v in e["variants"]) else "rmse"
     rows = [[v["variant"], f"{v['bytes']:,}", _fmt(v.get("ratio_bytes_vs_float32")), _fmt(v.get(quality)),
              _fmt(v.get("drop")), _fmt(v.get("latency_ms_p50")), _fmt(v.get("latency_ms_p99")),
@@ -156,11 +144,7 @@ def export_section(workdir: str, manifest: dict) -> str:
             + f"<div>{sizes}</div>")
 
 
-def serve_section(workdir: str, manifest: dict) -> str:
-    entry = _done(manifest, "serve")
-    if not entry:
-        return "<p>Not run.</p>"
-    s = _json(entry["outputs"]["manifest"])
+def serve_section(entry: dict, s: dict) -> str:
     c = s["check"]
     configs = ", ".join(f"<code>{_esc(p)}</code>" for p in s["configs"].values())
     return (f"<p>{_esc(s['model'])} version {s['version']} served by the embedded server. The same "
@@ -171,18 +155,19 @@ def serve_section(workdir: str, manifest: dict) -> str:
             f"<pre>{_esc(' '.join(s['tensorflow_model_server']))}</pre>")
 
 
-def load_section(workdir: str, manifest: dict) -> str:
-    entry = _done(manifest, "loadtest")
-    if not entry:
-        return "<p>Not run.</p>"
-    results = _json(entry["outputs"]["manifest"])
+def load_section(entry: dict, results: dict) -> str:
     return loadtest_section(results)
 
 
 def write_run_report(workdir: str, manifest: dict, path: str) -> None:
-    sections = [("Data", data_section), ("Training", train_section), ("Export", export_section),
-                ("Serving", serve_section), ("Load test", load_section)]
-    body = "".join(f"<h2>{title}</h2>{fn(workdir, manifest)}" for title, fn in sections)
+    sections = [("Data", "data", data_section), ("Training", "train", train_section),
+                ("Export", "export", export_section), ("Serving", "serve", serve_section),
+                ("Load test", "loadtest", load_section)]
+    body = ""
+    for title, step, fn in sections:
+        entry = _done(manifest, step)
+        doc = _json(entry["outputs"]["manifest"]) if entry else None
+        body += f"<h2>{title}</h2>" + (fn(entry, doc) if doc else "<p>Not run.</p>")
     run = manifest.get("last_run", {})
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>tfpipe run: {_esc(os.path.basename(workdir))}</title>
