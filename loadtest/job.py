@@ -126,7 +126,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if terms:
         log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
     if baseline:
-        log(f"serving overhead over the in-process SavedModel at p50: "
+        log("serving overhead over the in-process SavedModel at p50: "
             + ", ".join(f"step {st['step']} {st['overhead_p50_ms']:+.3f} ms" for st in steps))
     log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html"
         + (" (partial: interrupted)" if interrupted else ""))

@@ -605,39 +605,44 @@ def run(req: RunRequest) -> int:
     if req.only and req.from_step:
         raise ConfigError("give --from or --only, not both")
     console = Console()
-    r = Run(req)
-    started = time.monotonic()
-    with workdir_lock(r.workdir):
-        console.print(f"tfpipe run: {shown(req.config_path) if req.config_path else 'the penguins demo'}"
-                      f" -> {shown(r.workdir)}")
-        try:
-            code = r.execute(console)
-        except StepFailed as e:
-            r.stop_server()
-            _finish_report(r, console)
-            if isinstance(e.error, KeyboardInterrupt):
-                console.print("interrupted: run the same command again to resume from this step")
-                return 130
-            if req.debug:
-                raise e.error from None
-            from tfpipe.cli import user_errors
+    try:
+        with workdir_lock(os.path.abspath(req.workdir)):
+            return _run_locked(Run(req), console)
+    finally:
+        console.close()
 
-            known = isinstance(e.error, user_errors())
-            console.print(f"tfpipe run: {e.step} failed" + ("" if known else " (a bug: the traceback is in its log)")
-                          + "; fix the cause and run the same command again to resume from this step")
-            return 2 if known else 1
-        except BaseException:
-            r.stop_server()
-            raise
-        try:
-            _finish_report(r, console)
-            console.print(f"done in {time.monotonic() - started:.0f}s"
-                          + ("; the load test MISSED its SLO" if code == 1 else ""))
-            if req.serve_after:
-                serve_forever(r, console)
-        finally:
-            r.stop_server()
-    console.close()
+
+def _run_locked(r: Run, console: Console) -> int:
+    req, started = r.req, time.monotonic()
+    console.print(f"tfpipe run: {shown(req.config_path) if req.config_path else 'the penguins demo'}"
+                  f" -> {shown(r.workdir)}")
+    try:
+        code = r.execute(console)
+    except StepFailed as e:
+        r.stop_server()
+        _finish_report(r, console)
+        if isinstance(e.error, KeyboardInterrupt):
+            console.print("interrupted: run the same command again to resume from this step")
+            return 130
+        if req.debug:
+            raise e.error from None
+        from tfpipe.cli import user_errors
+
+        known = isinstance(e.error, user_errors())
+        console.print(f"tfpipe run: {e.step} failed" + ("" if known else " (a bug: the traceback is in its log)")
+                      + "; fix the cause and run the same command again to resume from this step")
+        return 2 if known else 1
+    except BaseException:
+        r.stop_server()
+        raise
+    try:
+        _finish_report(r, console)
+        console.print(f"done in {time.monotonic() - started:.0f}s"
+                      + ("; the load test MISSED its SLO" if code == 1 else ""))
+        if req.serve_after:
+            serve_forever(r, console)
+    finally:
+        r.stop_server()
     return code
 
 
