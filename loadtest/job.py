@@ -196,9 +196,11 @@ def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         bar = ProgressBar(label, spec["warmup"] + spec["duration"])
         errors: list[str] = []
-        threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True).start()
         progress: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [progress.put(line) for line in proc.stdout], daemon=True).start()
+        readers = [threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True),
+                   threading.Thread(target=lambda: [progress.put(line) for line in proc.stdout], daemon=True)]
+        for t in readers:
+            t.start()
         interrupted, deadline = False, time.monotonic() + timeout
         try:
             while proc.poll() is None:
@@ -221,6 +223,8 @@ def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool
         finally:
             bar.close()
         proc.wait()
+        for t in readers:
+            t.join(timeout=5)  # the generator's last words, for the error message
         if interrupted and not os.path.exists(result_path):
             return None, True
         if proc.returncode != 0 or not os.path.exists(result_path):
