@@ -117,7 +117,6 @@ def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):
         blob = (folder / f"{name}.tflite").read_bytes()
         assert rows[name]["bytes"] == len(blob) and rows[name]["accuracy"] >= 0.8
         assert rows[name]["latency_ms_p50"] > 0 and rows[name]["latency_ms_p99"] >= rows[name]["latency_ms_p50"]
-    assert rows["dynamic"]["bytes"] < rows["float32"]["bytes"]
     # What a device app does: vocabulary indices for strings, NaN for a missing number.
     vocab = json.load(open(folder / "vocabularies.json"))["vocabularies"]
     runner = Interpreter(model_path=str(folder / "float32.tflite")).get_signature_runner("serving_default")
@@ -128,6 +127,20 @@ def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):
     probs = next(iter(runner(**feed).values()))[0]
     assert int(np.argmax(probs)) == 2  # Gentoo, as the SavedModel says for this bird
     del tf
+
+    # int8 answers like float32 on every test row. (Two converter traps made it answer
+    # otherwise: raw numbers quantized with one scale, and ONE_HOT's unscaled on/off values.)
+    from export.job import _labelled_rows
+    from export.tflite import device_inputs, litert_runner
+    from train.job import load_data_dir
+
+    penguins = load_data_dir(data)
+    raw, _ = _labelled_rows(penguins, "test")
+    feed = device_inputs(raw, penguins.schema, vocab)
+    f32, i8 = (litert_runner((folder / f"{name}.tflite").read_bytes())[1](feed) for name in ("float32", "int8"))
+    assert f32.shape == i8.shape == (len(raw["island"]), 3)
+    assert np.abs(f32 - i8).max() < 0.1, np.abs(f32 - i8).max()
+    assert rows["int8"]["bytes"] < rows["dynamic"]["bytes"] < rows["float16"]["bytes"] < rows["float32"]["bytes"]
 
     # No tolerance for loss: a variant that drops accuracy fails the export with the table,
     # and nothing is published; --allow-drop ships the rest and records the dropped one.
@@ -170,3 +183,28 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_trained, case):
     res = run_cli("export", *args, *([] if case == "variant" else ["--tflite", ""]))
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert expect in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_numeric_block_computes_exactly_what_each_feature_layer_does():
+    """The TFLite numeric block runs every feature's normalisation as one vector chain; each
+    column must equal its own layer: timestamps, tiny and huge spreads, NaN, clipping."""
+    from export.tflite import NumericBlock
+    from train.model import ImputeNormalize
+
+    norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0), ImputeNormalize(11.8, 142.0, True, clip=5.0),
+             ImputeNormalize(-87.65, 0.0009, True, clip=5.0), ImputeNormalize(0.0, 1.0, False)]  # last: saved unclipped
+    rng = np.random.default_rng(0)
+    columns = [np.float32(1.4e9 + rng.normal(0, 3e7, 64)), np.float32(rng.exponential(12, 64)),
+               np.float32(-87.65 + rng.normal(0, 0.05, 64)), np.float32(rng.normal(0, 50, 64))]
+    columns[1][:4] = [np.nan, 700.0, 0.0, 12.0]
+    columns[2][5] = np.nan
+    got = np.asarray(NumericBlock(norms)(columns))
+    each = [np.asarray(n(c)) for n, c in zip(norms, columns)]
+    want_z = np.stack([e[:, 0] for e in each], axis=1)
+    want_flags = np.stack([e[:, 1] for e in each if e.shape[1] == 2], axis=1)
+    assert got.shape == (64, 4 + 2)
+    np.testing.assert_array_equal(got[:, :4], want_z)
+    np.testing.assert_array_equal(got[:, 4:], want_flags)
+    assert got[:, :3].max() <= 5.0 and got[:, :3].min() >= -5.0 and got[1, 1] == 5.0  # the 700 fare
+    assert np.abs(got[:, 3]).max() > 5.0  # no bound where the layer had none
+    assert got[0, 1] == 0.0 and got[0, 4] == 1.0 and got[5, 5] == 1.0  # missing: imputed and flagged

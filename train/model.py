@@ -21,13 +21,16 @@ from keras import layers, ops
 from pipeline.schema import Schema
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
+Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
 
 
 @keras.saving.register_keras_serializable(package="tfpipe")
 class ImputeNormalize(layers.Layer):
     """(x - mean) / std, with NaN (missing) imputed as the mean, i.e. 0; adds a 0/1 'was
     missing' column when the feature is nullable, so the model can tell an imputed value
-    from a real one.
+    from a real one. With `clip`, z is limited to +-clip: a value far outside what training
+    saw (a fare of 700 where the mean is 12, an ID-like number) cannot swamp the layers
+    after it, and an int8 TFLite model gets a fixed, fine-grained range for its features.
 
     Every constant is exact in float16, so a float16 TFLite conversion (which stores
     constants in half precision) keeps features like Unix timestamps (~1.4e9, beyond
@@ -35,11 +38,12 @@ class ImputeNormalize(layers.Layer):
     subtracted as a sum of float16 residuals, and 1/std is a product of float16 factors.
     The arithmetic itself is float32."""
 
-    def __init__(self, mean: float, variance: float, flag_missing: bool, **kwargs):
+    def __init__(self, mean: float, variance: float, flag_missing: bool, clip: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.mean = float(mean)
         self.variance = float(variance)
         self.flag_missing = bool(flag_missing)
+        self.clip = float(clip) if clip else None  # None in models saved before clipping existed
         std = math.sqrt(max(self.variance, 1e-12))
         self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), std, 1.0))))
         residual = self.mean / 2.0 ** self._exponent
@@ -57,17 +61,26 @@ class ImputeNormalize(layers.Layer):
             inverse /= 2.0 ** 15
         self._factors.append(float(np.float16(inverse)))
 
+    def constants(self) -> tuple[list[float], list[float], list[float]]:
+        """z = ((x * steps...) - terms...) * factors...: the chain `call` computes, every
+        constant exact in float16 (export.tflite runs several features' chains as one)."""
+        steps = [2.0 ** -14] * (self._exponent // 14) + [2.0 ** -(self._exponent % 14)]
+        return steps, list(self._terms), list(self._factors)
+
     def call(self, x):
         x = ops.cast(x, "float32")
         missing = ops.isnan(x)
         z = x
-        for step in [2.0 ** -14] * (self._exponent // 14) + [2.0 ** -(self._exponent % 14)]:
+        steps, terms, factors = self.constants()
+        for step in steps:
             z = z * step
-        for term in self._terms:
+        for term in terms:
             z = z - term
-        for factor in self._factors:
+        for factor in factors:
             z = z * factor
         z = ops.where(missing, 0.0, z)
+        if self.clip:
+            z = ops.clip(z, -self.clip, self.clip)
         columns = [z]
         if self.flag_missing:
             columns.append(ops.cast(missing, "float32"))
@@ -78,7 +91,7 @@ class ImputeNormalize(layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "variance": self.variance,
-                "flag_missing": self.flag_missing}
+                "flag_missing": self.flag_missing, "clip": self.clip}
 
 
 def input_dtype(type_: str) -> str:
@@ -98,9 +111,11 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         s = train_stats["features"][c.name]
         x = inputs[c.name]
         if c.type in ("int", "float"):
-            mean = s["mean"] if s["mean"] is not None else 0.0
+            if s["mean"] is None:
+                continue  # no value in the training split: nothing to learn from
             var = s["variance"] if s["variance"] else 1.0
-            parts.append(ImputeNormalize(mean, var, c.nullable, dtype="float32", name=f"norm_{c.name}")(x))
+            parts.append(ImputeNormalize(s["mean"], var, c.nullable, clip=Z_CLIP, dtype="float32",
+                                         name=f"norm_{c.name}")(x))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
             if not vocab:
