@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import keras
@@ -194,9 +195,11 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
             conv.representative_dataset = _calibration(representative)
             conv._experimental_disable_per_channel = True  # the converter's own switch; no public one
             keep_float = [n for n in float_names if NUMERIC_BLOCK in n]
-            debugger = tf.lite.experimental.QuantizationDebugger(
-                converter=conv, debug_dataset=_calibration(representative),
-                debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=keep_float))
+            with warnings.catch_warnings():  # it builds a tf.lite.Interpreter we never run (LiteRT does)
+                warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+                debugger = tf.lite.experimental.QuantizationDebugger(
+                    converter=conv, debug_dataset=_calibration(representative),
+                    debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=keep_float))
             out[variant] = strip_tensor_names(debugger.get_nondebug_quantized_model())
     return {v: out[v] for v in variants}
 

@@ -33,7 +33,15 @@ class LoadtestConfig(BaseModel):
     sweep: str = Field("", description="comma list of users (or rates with --rate) to step through, e.g. 1,2,4,8")
     duration: str = Field("10s", description="measured time per step")
     warmup: str = Field("2s", description="unmeasured load before each step")
-    workers: int = Field(1, ge=1, le=64, description="locust worker processes under a master (use every core)")
+    workers: int = Field(1, ge=0, le=64, description="locust worker processes on this machine, under a master "
+                         "when more than 1 (use every core); 0 with --expect-workers: only other machines' workers")
+    master_bind: str | None = Field(None, description="HOST:PORT where the master listens for workers from other "
+                                    "machines, e.g. 0.0.0.0:5557 (default: 127.0.0.1, a free port, local workers only)")
+    expect_workers: int = Field(0, ge=0, le=1024, description="workers from other machines (`tfpipe loadtest --worker "
+                                "--master HOST:PORT`) each step waits for, beside the --workers on this machine")
+    worker: bool = Field(False, description="run as workers for a master on another machine (with --master and "
+                         "--workers): the master sends target, payloads and load; steps follow until it ends the run")
+    master: str | None = Field(None, description="HOST:PORT of the master, with --worker")
     max_requests: int = Field(1_000_000, ge=1, description="stop a step after this many requests")
     model_path: str | None = Field(None, description="the served SavedModel on this machine (a version directory, "
                                    "or the base path for its newest version): its in-process latency on the same "
@@ -61,6 +69,18 @@ class LoadtestConfig(BaseModel):
     def _one_version_choice(self):
         if self.version is not None and self.label:
             raise ValueError("give --version or --label, not both")
+        for name in ("master_bind", "master"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(r"[^\s:]+:\d{1,5}", value):
+                raise ValueError(f"--{name.replace('_', '-')} takes HOST:PORT, not {value!r}")
+        if self.worker and not self.master:
+            raise ValueError("--worker needs --master HOST:PORT (where the master's --master-bind listens)")
+        if self.master and not self.worker:
+            raise ValueError("--master is for workers: add --worker (a master listens with --master-bind)")
+        if self.expect_workers and not self.master_bind:
+            raise ValueError("--expect-workers needs --master-bind HOST:PORT for the other machines to connect to")
+        if self.workers == 0 and not (self.worker or self.expect_workers):
+            raise ValueError("--workers 0 leaves nobody to send requests: give --expect-workers too")
         return self
 
     def steps(self) -> list[float]:

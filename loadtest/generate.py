@@ -21,6 +21,7 @@ import math  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import uuid  # noqa: E402
 
 import gevent  # noqa: E402
 import psutil  # noqa: E402
@@ -138,18 +139,17 @@ class Recorder:
         return done
 
 
-def _summarise_window(seconds: dict[str, dict], first: int, last: int) -> dict:
+def _summarise_window(sources: list[dict[str, dict]], first: int, last: int) -> dict:
+    """Whole seconds [first, last) merged over every source (a process's finished seconds)."""
     hist, errors, requests, series = LatencyHistogram(), {}, 0, []
     for k in range(first, last):
-        sec = seconds.get(str(k))
-        if sec is None:
-            series.append({"second": k - first, "answered": 0, "p99_ms": None})
-            continue
-        h = LatencyHistogram.from_json(sec["hist"])
+        h = LatencyHistogram()
+        for sec in [src[str(k)] for src in sources if str(k) in src]:
+            h.merge(LatencyHistogram.from_json(sec["hist"]))
+            for kind, c in sec["errors"].items():
+                errors[kind] = errors.get(kind, 0) + c
+            requests += sec["requests"]
         hist.merge(h)
-        for kind, c in sec["errors"].items():
-            errors[kind] = errors.get(kind, 0) + c
-        requests += sec["requests"]
         series.append({"second": k - first, "answered": h.n, "p99_ms": h.percentile(99) if h.n else None})
     return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
 
@@ -171,41 +171,37 @@ def _tree_cpu(proc: psutil.Process) -> float:
 
 
 def run(spec: dict) -> dict:
-    """One step: load for warmup + duration; measure whole seconds after the warmup."""
-    workers = spec.get("workers", 1)
-    env = Environment(user_classes=[_user_class(spec, 1.0)] if workers <= 1 else [_user_class(spec, 1.0 / workers)])
-    merged: dict[str, dict] = {}
-    recorder = Recorder()
-    procs = []
-    if workers <= 1:
+    """One step: load for warmup + duration; measure whole seconds after the warmup.
+
+    One process (workers 1, none expected from elsewhere) runs the users itself. Otherwise
+    this process is a locust master: `workers` local worker processes plus `expect_workers`
+    started on other machines (`tfpipe loadtest --worker`) connect to it, receive the spec
+    (target, payloads, their share of an open-model rate) as a custom message, say they are
+    ready, and report finished seconds that are merged here."""
+    local, remote = spec.get("workers", 1), spec.get("expect_workers", 0)
+    total = local + remote
+    me = psutil.Process()
+    if total <= 1 and not remote:
+        env = Environment(user_classes=[_user_class(spec, 1.0)])
+        recorder = Recorder()
         env.events.request.add_listener(recorder.on_request)
         runner = env.create_local_runner()
+        master = None
     else:
-        import socket
-        import subprocess
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        runner = env.create_master_runner("127.0.0.1", port)
-        env.events.worker_report.add_listener(lambda client_id, data: merged.update(data.get("tfpipe", {})))
-        procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker", str(port), sys.argv[1]])
-                 for _ in range(workers)]
-        deadline = time.time() + 120
-        while runner.worker_count < workers and time.time() < deadline:
-            gevent.sleep(0.1)
-        if runner.worker_count < workers:
-            raise SystemExit(f"only {runner.worker_count} of {workers} locust workers connected")
+        env = Environment(user_classes=[_user_class(spec, 1.0 / total)])
+        master = Master(env, spec, local, remote)
+        runner = master.runner
     if spec.get("web_port") is not None:
         env.create_web_ui("127.0.0.1", spec["web_port"])
     stop = []
     gevent.signal_handler(signal.SIGINT, lambda: stop.append(True))  # stop early, keep whole seconds
+    if master:
+        master.wait_ready(stop)
     users = spec["users"]
     runner.start(users, spawn_rate=max(users, 1) * 10)
     started = time.time()
     first = math.ceil(started + spec["warmup"])
     last = first + max(1, math.ceil(spec["duration"]))
-    me = psutil.Process()
     cpu0, next_report = None, 0.0
     while time.time() < last:
         now = time.time()
@@ -214,45 +210,163 @@ def run(spec: dict) -> dict:
         if stop:
             last = max(first, int(now))
             break
-        # Answers in the window so far: this process's own (one process) or the workers' reports.
-        seconds = [*recorder.seconds.items(), *((int(k), v) for k, v in merged.items())]
-        if sum(v["requests"] for k, v in seconds if first <= k < last) >= spec["max_requests"]:
+        # Answers in the window so far: this process's own, or the workers' reports.
+        sources = master.reports.values() if master else [recorder.seconds]
+        answered = [(int(k), v["requests"]) for src in sources for k, v in src.items()]
+        if sum(n for k, n in answered if first <= k < last) >= spec["max_requests"]:
             last = int(now) + 1
             break
         if now >= next_report:  # for the parent's progress bar
-            print(f"PROGRESS {now - started:.1f} {sum(v['requests'] for _, v in seconds)}", flush=True)
+            print(f"PROGRESS {now - started:.1f} {sum(n for _, n in answered)}", flush=True)
             next_report = now + 0.5
         gevent.sleep(0.05)
     gevent.sleep(max(0.0, last - time.time()))
-    cpu = (_tree_cpu(me) - cpu0) / (last - first) if cpu0 is not None and last > first else 0.0
-    if workers > 1:
+    if master:
         gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
+        result = _summarise_window(list(master.reports.values()), first, last)
+        result["generator_cpu"] = master.cpu(first, last)
+        result["per_worker"] = {w: _summarise_window([r], first, last)["requests"] for w, r in master.reports.items()}
+        master.finish(more=not stop and not spec.get("last_step", True))
     else:
-        merged.update(recorder.pop_completed())
-    runner.quit()
+        cpu = (_tree_cpu(me) - cpu0) / (last - first) if cpu0 is not None and last > first else 0.0
+        result = _summarise_window([recorder.pop_completed()], first, last)
+        result["generator_cpu"] = cpu
+        runner.quit()
     if env.web_ui is not None:
         env.web_ui.stop()
-    for p in procs:
-        p.wait(timeout=30)
-    result = _summarise_window(merged, first, last)
-    result["generator_cpu"] = cpu
-    result["workers"] = workers
+    result["workers"] = total
     result["interrupted"] = bool(stop)
     return result
 
 
-def worker(port: int, spec: dict) -> None:
-    """A locust worker: runs users for its master, reports finished seconds every interval."""
+class Master:
+    """The master side of a distributed step: binds, starts the local workers, hands every
+    worker the spec, waits until all are ready, merges their reports per worker."""
+
+    def __init__(self, env: Environment, spec: dict, local: int, remote: int):
+        import socket
+        import subprocess
+
+        bind = spec.get("master_bind") or "127.0.0.1"
+        port = spec.get("master_port")
+        if not port:
+            with socket.socket() as sock:
+                sock.bind((bind, 0))
+                port = sock.getsockname()[1]
+        self.expected, self.remote, self.address = local + remote, remote, f"{bind}:{port}"
+        self.wait_s = spec.get("worker_wait_s", 120)
+        self.worker_spec = {k: v for k, v in spec.items()
+                            if k not in ("web_port", "master_bind", "master_port", "worker_wait_s")}
+        self.worker_spec["share"] = 1.0 / self.expected
+        self.worker_spec["token"] = self.token = uuid.uuid4().hex  # this step, as workers tell masters apart
+        self.ready: set[str] = set()
+        self.reports: dict[str, dict[str, dict]] = {}  # worker -> second -> its answers
+        self.cpu_reports: dict[str, list[tuple[float, float]]] = {}  # worker -> (time, its CPU seconds)
+        try:
+            self.runner = env.create_master_runner(bind, port)
+        except Exception as e:  # zmq's error for a port in use or an address not on this machine
+            raise SystemExit(f"cannot listen for workers on {self.address}: {e}") from None
+        # A worker asks once its handlers are in place (a spec sent on connect could arrive first).
+        self.runner.register_message(
+            "tfpipe_hello", lambda msg, **_: self.runner.send_message("tfpipe_spec", self.worker_spec, msg.data))
+        self.runner.register_message("tfpipe_ready", lambda msg, **_: self.ready.add(msg.data))
+        env.events.worker_report.add_listener(self._on_report)
+        local_host = "127.0.0.1" if bind in ("0.0.0.0", "*", "") else bind
+        self.procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker",
+                                        f"{local_host}:{port}", "--once"]) for _ in range(local)]
+
+    def _on_report(self, client_id: str, data: dict) -> None:
+        self.reports.setdefault(client_id, {}).update(data.get("tfpipe", {}))
+        if "tfpipe_cpu" in data:
+            self.cpu_reports.setdefault(client_id, []).append((time.time(), data["tfpipe_cpu"]))
+
+    def wait_ready(self, stop: list) -> None:
+        timeout = self.wait_s
+        deadline, said = time.time() + timeout, -1
+        while len(self.ready) < self.expected and time.time() < deadline and not stop:
+            if self.remote and len(self.ready) != said:
+                said = len(self.ready)
+                print(f"WAITING {said} {self.expected} {self.address}", flush=True)
+            gevent.sleep(0.1)
+        if len(self.ready) < self.expected:
+            self.finish(more=False)
+            raise SystemExit(f"only {len(self.ready)} of {self.expected} locust workers connected to "
+                             f"{self.address} within {timeout:.0f}s")
+
+    def cpu(self, first: int, last: int) -> float:
+        """Cores the workers used in the window, from the CPU seconds each reported."""
+        total = 0.0
+        for points in self.cpu_reports.values():
+            inside = [(t, c) for t, c in points if first <= t <= last + WORKER_REPORT_INTERVAL * 2.5]
+            if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+                total += (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        return total
+
+    def finish(self, more: bool) -> None:
+        """Tell the workers whether another step follows (remote ones reconnect for it), stop."""
+        self.runner.send_message("tfpipe_bye", {"more": more, "token": self.token})
+        gevent.sleep(0.1)
+        self.runner.quit()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except Exception:
+                p.kill()
+
+
+def worker(master: str, once: bool) -> int:
+    """A locust worker for a tfpipe master at HOST:PORT. It runs users for the master's steps,
+    reporting finished seconds every interval; after a step it reconnects for the next one,
+    unless `once` or the master said that was the last. 0 when the master ended the run."""
     import locust.runners
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master decides when workers stop
     locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL
-    env = Environment(user_classes=[_user_class(spec, 1.0 / spec["workers"])])
-    recorder = Recorder()
-    env.events.request.add_listener(recorder.on_request)
-    env.events.report_to_master.add_listener(lambda client_id, data: data.update({"tfpipe": recorder.pop_completed()}))
-    runner = env.create_worker_runner("127.0.0.1", port)
-    runner.greenlet.join()
+    host, _, port = master.rpartition(":")
+    me = psutil.Process()
+    finished: set[str] = set()  # steps done: a master still closing one must not be joined again
+    while True:
+        env = Environment(user_classes=[])
+        recorder = Recorder()
+        state: dict = {"more": None, "stale": False}
+        env.events.request.add_listener(recorder.on_request)
+
+        def report(client_id, data, recorder=recorder):
+            data.update({"tfpipe": recorder.pop_completed(), "tfpipe_cpu": sum(me.cpu_times()[:2])})
+
+        env.events.report_to_master.add_listener(report)
+        try:
+            runner = env.create_worker_runner(host, int(port))
+        except ConnectionError:
+            print(f"no tfpipe loadtest master answered at {master}", file=sys.stderr, flush=True)
+            return 1
+
+        def on_spec(msg, env=env, runner=runner, state=state, **_):
+            if msg.data["token"] in finished:  # the last step's master, not yet gone: try again shortly
+                state["stale"] = True
+                gevent.spawn(runner.greenlet.kill)
+                return
+            if not env.user_classes:
+                env.user_classes = [_user_class(msg.data, msg.data["share"])]
+            runner.send_message("tfpipe_ready", runner.client_id)
+
+        def on_bye(msg, state=state, **_):
+            finished.add(msg.data["token"])
+            state["more"] = msg.data["more"]
+
+        runner.register_message("tfpipe_spec", on_spec)
+        runner.register_message("tfpipe_bye", on_bye)
+        runner.send_message("tfpipe_hello", runner.client_id)
+        runner.greenlet.join()
+        runner.client.close(linger=0)
+        if state["stale"]:
+            gevent.sleep(0.5)
+            continue
+        if state["more"] is None:
+            print(f"lost the master at {master} during a step", file=sys.stderr, flush=True)
+            return 1
+        if once or not state["more"]:
+            return 0
 
 
 WORKER_REPORT_INTERVAL = 0.5
@@ -260,8 +374,7 @@ WORKER_REPORT_INTERVAL = 0.5
 
 def main() -> None:
     if sys.argv[1] == "--worker":
-        worker(int(sys.argv[2]), json.load(open(sys.argv[3])))
-        return
+        sys.exit(worker(sys.argv[2], once="--once" in sys.argv[3:]))
     spec = json.load(open(sys.argv[1]))
     result = run(spec)
     with open(sys.argv[2], "w") as f:

@@ -30,6 +30,8 @@ COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_
 
 def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     """Run every step; write results into config.out; 1 when an SLO is given and missed, else 0."""
+    if config.worker:
+        return run_workers(config.master, max(1, config.workers), log)
     kind, address = parse_target(config.target)
     if not config.model:
         raise LoadtestError("--model is required (the model name on the server)")
@@ -47,7 +49,11 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         if kind == "grpc" and not (rows and all(isinstance(r, dict) for r in rows)):
             raise LoadtestError("for gRPC, --payload needs 'instances' as a list of objects (one per row)")
     spec = {"kind": kind, "address": address, "max_requests": config.max_requests, "workers": config.workers,
-            "warmup": warmup, "duration": duration}
+            "expect_workers": config.expect_workers, "warmup": warmup, "duration": duration,
+            "worker_wait_s": WORKER_WAIT_S if config.expect_workers else 120}
+    if config.master_bind:
+        spec["master_bind"], port = config.master_bind.rsplit(":", 1)
+        spec["master_port"] = int(port)
     if kind == "rest":
         spec["path"] = model_path(config.model, config.version, config.label) + ":predict"
         spec["bodies"] = (rest_bodies(rows, config.batch_size, config.signature) if config.data
@@ -73,9 +79,12 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if config.web:
         spec["web_port"] = config.web_port
         log(f"locust web UI: http://127.0.0.1:{config.web_port} (while each step runs)")
+    if config.expect_workers:
+        log(f"each step waits for {config.expect_workers} worker(s) from other machines at {config.master_bind}: "
+            f"tfpipe loadtest --worker --master THIS_HOST:{spec['master_port']} --workers N")
     steps, interrupted = [], False
     for i, value in enumerate(config.steps()):
-        step_spec = dict(spec)
+        step_spec = dict(spec, last_step=i == len(config.steps()) - 1)
         if config.rate:
             step_spec["rate"] = value
             step_spec["users"] = max(config.users, int(value * 0.05) + 4)  # enough in flight to keep the schedule
@@ -84,7 +93,8 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         log(f"step {i + 1}/{len(config.steps())}: "
             + (f"{value:g} requests/s (open model)" if config.rate else f"{int(value)} users (closed model)")
             + f", {warmup:g}s warmup + {duration:g}s")
-        result, interrupted = _run_step(step_spec, timeout=warmup + duration + 120, label=f"step {i + 1}")
+        result, interrupted = _run_step(step_spec, timeout=warmup + duration + 120 + spec["worker_wait_s"],
+                                        label=f"step {i + 1}")
         if result is None or not result["requests"]:
             break  # interrupted before a whole second was measured
         step = _summarise(i + 1, step_spec, result)
@@ -188,11 +198,8 @@ def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "TF_CPP_MIN_LOG_LEVEL": "3"}
         proc = subprocess.Popen([sys.executable, "-m", "loadtest.generate", spec_path, result_path],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_generator_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         bar = ProgressBar(label, spec["warmup"] + spec["duration"])
         errors: list[str] = []
@@ -234,6 +241,37 @@ def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool
             return json.load(f), interrupted
 
 
+WORKER_WAIT_S = 600.0  # how long each step waits for workers from other machines
+
+
+def _generator_env() -> dict[str, str]:
+    """The environment of loadtest.generate processes: this checkout importable, TF quiet."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
+    """`tfpipe loadtest --worker`: locust worker processes for a master on another machine,
+    step after step, until the master ends the run (0) or cannot be reached (2)."""
+    log(f"{processes} locust worker process(es) for the master at {master}; Ctrl-C stops them")
+    procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker", master], env=_generator_env(),
+                              stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(processes)]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+        return 130
+    if any(codes):
+        raise LoadtestError(f"{sum(1 for c in codes if c)} of {processes} worker(s) lost or never reached the "
+                            f"master at {master} (see the lines above)")
+    log("the master ended the run")
+    return 0
+
+
 class ProgressBar:
     """One line on a terminal, redrawn as the generator reports 'PROGRESS elapsed answered'; silent
     when output is not a terminal (logs stay clean)."""
@@ -243,6 +281,10 @@ class ProgressBar:
 
     def update(self, line: str) -> None:
         parts = line.split()
+        if len(parts) == 4 and parts[0] == "WAITING":  # a master waiting for other machines' workers
+            self.close()
+            print(f"  {self.label}: {parts[1]} of {parts[2]} workers ready at {parts[3]}", flush=True)
+            return
         if not self.tty or len(parts) != 3 or parts[0] != "PROGRESS":
             return
         elapsed, answered = float(parts[1]), int(parts[2])
@@ -265,10 +307,11 @@ def _summarise(index: int, spec: dict, result: dict) -> dict:
             "errors": errors, "errors_by_type": result["errors"],
             "error_fraction": errors / requests if requests else 1.0,
             "rps": hist.n / result["elapsed_s"], "elapsed_s": result["elapsed_s"],
-            "generator_cpu": round(result["generator_cpu"], 3), **hist.summary(),
+            "generator_cpu": round(result["generator_cpu"], 3), "workers": result.get("workers", 1),
+            "per_worker": result.get("per_worker"), **hist.summary(),
             "histogram": result["histogram"], "series": result.get("series", [])}
     notes = []
-    per_process = result["generator_cpu"] / max(1, spec.get("workers", 1))
+    per_process = result["generator_cpu"] / max(1, result.get("workers", 1))
     if per_process > 0.9:
         notes.append(f"each generator process used {per_process:.0%} of a core")
     if spec.get("rate") and requests / result["elapsed_s"] < 0.95 * spec["rate"]:

@@ -31,6 +31,13 @@ def test_help_on_each_command():
     for flag in ("--input", "--label", "--out", "--exclude", "--key", "--split", "--schema",
                  "--max-bad-fraction", "--shards", "--force", "--config", "FnApiRunner"):
         assert flag in res.stdout, flag
+    # Every command's help renders (a '%' in a flag's text once broke loadtest's).
+    helps = {}
+    for command, flag in [("run", "--from"), ("train", "--precision"), ("export", "--tflite"),
+                          ("serve", "--rest_api_port"), ("loadtest", "--expect-workers"), ("show", "--json")]:
+        helps[command] = res = run_cli(command, "--help")
+        assert res.returncode == 0 and flag in res.stdout, (command, res.stderr[-300:])
+    assert 'errors<0.1%"' in helps["loadtest"].stdout
 
 
 def test_config_file_and_flag_override(tmp_path, penguins_csv):

@@ -132,6 +132,9 @@ def test_percentiles_match_an_injected_delay(tmp_path, delayed_endpoint):
     (["--model", "half", "--signature", "nope"], "has no signature"),
     (["--model", "half", "--slo", "p99<fast"], "cannot parse SLO"),
     (["--model", "half", "--bad-body"], "rejects the payload"),
+    (["--model", "half", "--expect-workers", "2"], "--expect-workers needs --master-bind"),
+    (["--model", "half", "--workers", "0"], "--workers 0 leaves nobody"),
+    (["--model", "half", "--master-bind", "0.0.0.0"], "--master-bind takes HOST:PORT"),
 ])
 def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message):
     server, _ = half_server
@@ -146,18 +149,44 @@ def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message)
     assert not (tmp_path / "out" / "results.json").exists()
 
 
-def test_two_locust_workers_merge_into_one_result(tmp_path, half_server):
+def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, half_server):
+    """A master with one local worker process waits for a worker started the way another
+    machine would (`tfpipe loadtest --worker --master HOST:PORT`); both run each step of the
+    sweep, the worker reconnecting between steps, and the merged counts are the sum of
+    what each worker reported."""
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
     server, _ = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
-    res = run_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
-                  "--payload", str(tmp_path / "body.json"), "--users", "4", "--workers", "2", "--duration", "2s",
-                  "--warmup", "1s", "--out", str(tmp_path / "out"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "loadtest", "--worker", "--master",
+                               f"127.0.0.1:{port}", "--workers", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        res = run_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
+                      "--payload", str(tmp_path / "body.json"), "--sweep", "2,4", "--workers", "1",
+                      "--expect-workers", "1", "--master-bind", f"127.0.0.1:{port}", "--duration", "2s",
+                      "--warmup", "1s", "--out", str(tmp_path / "out"))
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
     assert res.returncode == 0, res.stdout + res.stderr
-    step = json.loads((tmp_path / "out" / "results.json").read_text())["steps"][0]
-    assert step["errors"] == 0 and step["requests"] > 50
-    # The merged histogram holds every answer the workers reported, second by second.
-    assert sum(step["histogram"]["counts"]) == step["requests"] == sum(p["answered"] for p in step["series"])
-    assert len(step["series"]) == 2
+    assert worker.returncode == 0 and "the master ended the run" in out, out
+    steps = json.loads((tmp_path / "out" / "results.json").read_text())["steps"]
+    assert [s["users"] for s in steps] == [2, 4]
+    for step in steps:
+        assert step["errors"] == 0 and step["requests"] > 50 and step["workers"] == 2
+        assert len(step["per_worker"]) == 2 and min(step["per_worker"].values()) > 0
+        assert sum(step["per_worker"].values()) == step["requests"]
+        # The merged histogram holds every answer the workers reported, second by second.
+        assert sum(step["histogram"]["counts"]) == step["requests"] == sum(p["answered"] for p in step["series"])
+        assert len(step["series"]) == 2
 
 
 def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):

@@ -78,7 +78,7 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
             help_ += " (default: " + ",".join(f"{k}={v}" for k, v in field.default_factory().items()) + ")"
         elif field.default_factory is not None and typing.get_args(ann) == (int,):
             help_ += " (default: " + ",".join(map(str, field.default_factory())) + ")"
-        parser.add_argument(flag, help=help_, **kw)
+        parser.add_argument(flag, help=help_.replace("%", "%%"), **kw)  # argparse formats help with %
 
 
 def _arg_type(parse):
