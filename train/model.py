@@ -19,6 +19,7 @@ import numpy as np
 from keras import layers, ops
 
 from pipeline.schema import Schema
+from train.errors import TrainError
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
@@ -130,6 +131,8 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
                                          embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
                                          name=f"embed_{c.name}")
                 parts.append(embed(lookup(x)))
+    if not parts:
+        raise TrainError("no feature has a value in the training split: nothing to train on")
     features = layers.Concatenate(dtype="float32", name="features")(parts) if len(parts) > 1 else parts[0]
     preprocessor = keras.Model(inputs, features, name="preprocessor")
 
