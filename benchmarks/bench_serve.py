@@ -1,13 +1,17 @@
 """Benchmark `tfpipe serve` (the embedded server) in one run, on the Chicago taxi model.
 
-    python benchmarks/bench_serve.py [--seconds 8] [--calls 400]
+    python benchmarks/bench_serve.py [--seconds 8] [--calls 300] [--rounds 7] [--only-latency]
 
 Needs the model bench_export.py writes (.bench/export/models/taxi); runs that first when it
 is missing. Requests are the model's own warmup records (real eval rows, one row each).
 Prints:
   * batch-1 p50 latency at concurrency 1 over calling the same SavedModel in-process, for
-    gRPC and REST (targets: overhead <= 0.5 ms gRPC, <= 1 ms REST);
-  * throughput at 32 concurrent gRPC clients, batching on vs off (target >= 3x);
+    gRPC and REST (targets: overhead <= 0.5 ms gRPC, <= 1 ms REST). The in-process call, the
+    servers and an empty-answer gRPC server (the floor) take turns for --rounds rounds, and
+    the overhead is the median of the rounds' differences: this shared host's speed drifts
+    by tens of percent within minutes, more than the differences measured;
+  * throughput at 32 concurrent gRPC clients, batching on vs off (target >= 3x), both with
+    --grpc_max_threads=32 so that every client's request is in the server at once;
   * throughput at 32 concurrent clients against a plain single-threaded grpcio server
     (benchmarks/plain_grpc_server.py; target >= 2x).
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
@@ -85,9 +89,12 @@ def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, l
     return proc, ports
 
 
-def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000) -> tuple[subprocess.Popen, int, int]:
+def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
+          grpc_threads: int = 0) -> tuple[subprocess.Popen, int, int]:
     flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", "--model_name=taxi",
              f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0"]
+    if grpc_threads:
+        flags.append(f"--grpc_max_threads={grpc_threads}")
     if batching:
         cfg = os.path.join(tmp, "batching.config")
         with open(cfg, "w") as f:
@@ -102,44 +109,61 @@ def p50_ms(times: list[float]) -> float:
     return float(np.median(times)) * 1e3
 
 
-def in_process(path: str, reqs, calls: int) -> float:
-    fn = tf.saved_model.load(path).signatures["serving_default"]
-    inputs = [{k: tf.make_ndarray(v) for k, v in r.inputs.items()} for r in reqs]
-    times = []
-    for i in range(calls + 20):
-        t0 = time.perf_counter()
-        fn(**{k: tf.constant(v) for k, v in inputs[i % len(inputs)].items()})
-        if i >= 20:
-            times.append(time.perf_counter() - t0)
-    return p50_ms(times)
+class InProcess:
+    """The same SavedModel called in this process the public way:
+    `tf.saved_model.load(path).signatures["serving_default"](**tensors)`."""
+
+    def __init__(self, path: str, reqs):
+        self.fn = tf.saved_model.load(path).signatures["serving_default"]
+        self.inputs = [{k: tf.make_ndarray(v) for k, v in r.inputs.items()} for r in reqs]
+
+    def __call__(self, i: int):
+        self.fn(**{k: tf.constant(v) for k, v in self.inputs[i % len(self.inputs)].items()})
 
 
-def grpc_latency(port: int, reqs, calls: int) -> float:
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    times = []
-    for i in range(calls + 20):
-        t0 = time.perf_counter()
-        stub.Predict(reqs[i % len(reqs)], timeout=30)
-        if i >= 20:
-            times.append(time.perf_counter() - t0)
-    return p50_ms(times)
+class GrpcCaller:
+    def __init__(self, port: int, reqs):
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        self.reqs = reqs
+
+    def __call__(self, i: int):
+        self.stub.Predict(self.reqs[i % len(self.reqs)], timeout=30)
 
 
-def rest_latency(port: int, bodies: list[str], calls: int) -> float:
+class RestCaller:
     """http.client on one keep-alive connection: the lightest Python client, so the figure is
     the server's cost rather than a client library's."""
-    conn = http.client.HTTPConnection("127.0.0.1", port)
+
+    def __init__(self, port: int, bodies: list[str]):
+        self.conn, self.bodies = http.client.HTTPConnection("127.0.0.1", port), bodies
+
+    def __call__(self, i: int):
+        self.conn.request("POST", "/v1/models/taxi:predict", body=self.bodies[i % len(self.bodies)],
+                          headers={"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        body = r.read()
+        assert r.status == 200, body
+
+
+def p50_of(call, calls: int) -> float:
     times = []
     for i in range(calls + 20):
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/models/taxi:predict", body=bodies[i % len(bodies)],
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        body = r.read()
+        call(i)
         if i >= 20:
             times.append(time.perf_counter() - t0)
-        assert r.status == 200, body
     return p50_ms(times)
+
+
+def latency_rounds(callers: dict, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Each caller's p50 per round, the callers taking turns round after round, so that the
+    machine's drift (this host is shared; its speed moves by tens of percent over minutes)
+    falls on all of them alike and each round's differences are fair."""
+    out: dict[str, list[float]] = {k: [] for k in callers}
+    for _ in range(rounds):
+        for name, call in callers.items():
+            out[name].append(p50_of(call, calls))
+    return out
 
 
 def grpc_throughput(port: int, reqs, clients: int, seconds: float) -> tuple[float, float]:
@@ -176,55 +200,67 @@ def grpc_throughput(port: int, reqs, clients: int, seconds: float) -> tuple[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--calls", type=int, default=300, help="calls per latency measurement (default 300)")
+    ap.add_argument("--rounds", type=int, default=7, help="latency rounds, the callers taking turns (default 7)")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--batch-threads", type=int, default=1, help="num_batch_threads (default 1)")
     ap.add_argument("--batch-timeout-us", type=int, default=2000, help="batch_timeout_micros (default 2000)")
-    ap.add_argument("--only-batching", action="store_true", help="measure only batching on (for tuning)")
+    ap.add_argument("--only-latency", action="store_true", help="measure only the concurrency-1 latencies")
     args = ap.parse_args()
     path = model_dir()
     reqs = payloads(path)
     bodies = [rest_body(r) for r in reqs]
     print(f"model {path}: {len(reqs)} one-row requests from its warmup records")
-    base = in_process(path, reqs, args.calls)
     with tempfile.TemporaryDirectory() as tmp:
-        proc, gport, _ = serve(path, batching=True, tmp=tmp, threads=args.batch_threads,
-                               timeout_us=args.batch_timeout_us)
+        procs = []
         try:
-            on, on_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
+            proc, gport, rport = serve(path, batching=False, tmp=tmp)
+            procs.append(proc)
+            proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), "echo", "0"],
+                                r"at 127.0.0.1:(\d+)", 1)
+            procs.append(proc)
+            lat = latency_rounds({"in-process": InProcess(path, reqs), "grpc": GrpcCaller(gport, reqs),
+                                  "rest": RestCaller(rport, bodies), "floor": GrpcCaller(ports[0], reqs)},
+                                 args.calls, args.rounds)
         finally:
-            proc.terminate()
-            proc.wait()
-        if args.only_batching:
-            print(f"batching on: {on:.0f} req/s (p50 {on_p50:.2f} ms)")
-            return
-        proc, gport, rport = serve(path, batching=False, tmp=tmp)
-        try:
-            g1, r1 = grpc_latency(gport, reqs, args.calls), rest_latency(rport, bodies, args.calls)
-            off, off_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
-        finally:
-            proc.terminate()
-            proc.wait()
-        proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), path, "0"],
-                            r"at 127.0.0.1:(\d+)", 1)
-        try:
-            plain, plain_p50 = grpc_throughput(ports[0], reqs, args.clients, args.seconds)
-        finally:
-            proc.terminate()
-            proc.wait()
-        proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), "echo", "0"],
-                            r"at 127.0.0.1:(\d+)", 1)
-        try:
-            floor = grpc_latency(ports[0], reqs, args.calls)
-        finally:
-            proc.terminate()
-            proc.wait()
-    print(f"\nbatch-1 p50 latency, concurrency 1 ({args.calls} calls each)")
-    print(f"  SavedModel in-process  {base:7.3f} ms")
-    print(f"  gRPC                   {g1:7.3f} ms   overhead {g1 - base:+.3f} ms (target <= 0.5)")
-    print(f"  (gRPC floor: the same request to a server that answers an empty response: {floor:.3f} ms)")
-    print(f"  REST                   {r1:7.3f} ms   overhead {r1 - base:+.3f} ms (target <= 1.0)")
-    print(f"\nthroughput, {args.clients} concurrent gRPC clients, one row per request, {args.seconds:g} s each")
+            for proc in procs:
+                proc.terminate()
+                proc.wait()
+        if not args.only_latency:
+            proc, gport, _ = serve(path, batching=False, tmp=tmp, grpc_threads=args.clients)
+            try:
+                off, off_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
+            finally:
+                proc.terminate()
+                proc.wait()
+            proc, gport, _ = serve(path, batching=True, tmp=tmp, threads=args.batch_threads,
+                                   timeout_us=args.batch_timeout_us, grpc_threads=args.clients)
+            try:
+                on, on_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
+            finally:
+                proc.terminate()
+                proc.wait()
+            proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), path, "0"],
+                                r"at 127.0.0.1:(\d+)", 1)
+            try:
+                plain, plain_p50 = grpc_throughput(ports[0], reqs, args.clients, args.seconds)
+            finally:
+                proc.terminate()
+                proc.wait()
+    med = {k: float(np.median(v)) for k, v in lat.items()}
+    over = {k: float(np.median(np.subtract(lat[k], lat["in-process"]))) for k in ("grpc", "rest")}
+    print(f"\nbatch-1 p50 latency, concurrency 1: {args.rounds} rounds of {args.calls} calls each, taking turns;"
+          " medians over the rounds")
+    print("  round p50s (ms): " + "; ".join(f"{k} " + " ".join(f"{x:.3f}" for x in v) for k, v in lat.items()))
+    print(f"  SavedModel in-process  {med['in-process']:7.3f} ms")
+    print(f"  gRPC                   {med['grpc']:7.3f} ms   overhead {over['grpc']:+.3f} ms (target <= 0.5)")
+    print(f"  (gRPC floor: the same request to a server that answers an empty response: {med['floor']:.3f} ms)")
+    print(f"  REST                   {med['rest']:7.3f} ms   overhead {over['rest']:+.3f} ms (target <= 1.0)")
+    print("  (overhead: the median over rounds of that round's p50 minus its in-process p50)")
+    if args.only_latency:
+        return
+    print(f"\nthroughput, {args.clients} concurrent gRPC clients, one row per request, {args.seconds:g} s each, "
+          f"--grpc_max_threads={args.clients}")
     print(f"  embedded, batching off {off:8.0f} req/s  (p50 {off_p50:.2f} ms)")
     print(f"  embedded, batching on  {on:8.0f} req/s  (p50 {on_p50:.2f} ms)   on/off {on / off:.2f}x (target >= 3)")
     print(f"  plain grpcio server    {plain:8.0f} req/s  (p50 {plain_p50:.2f} ms)   "

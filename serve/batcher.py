@@ -1,4 +1,4 @@
-"""Dynamic batching: concurrent predict requests merged into one model call.
+"""Dynamic batching: concurrent requests (Predict, Classify, Regress) merged into one model call.
 
 Semantics follow TF Serving's BasicBatchScheduler as configured by BatchingParameters:
 a batch closes when it holds `max_batch_size` rows or its oldest request has waited
@@ -10,11 +10,11 @@ waiting fails at once with UNAVAILABLE rather than queueing without bound.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,7 +53,7 @@ class BatchOptions:
 class _Task:
     inputs: dict[str, np.ndarray]
     rows: int
-    future: asyncio.Future
+    future: Future
 
 
 @dataclass
@@ -66,89 +66,106 @@ class _Batch:
 class _Queue:
     """One queue per (servable, signature, input shapes): only alike requests can be merged."""
 
-    def __init__(self, scheduler: BatchScheduler, run):
-        self.scheduler, self.run = scheduler, run
+    def __init__(self, run):
+        self.run = run
         self.batches: deque[_Batch] = deque()
 
 
 class BatchScheduler:
+    """`submit` from any thread (gRPC handler threads, the REST event loop) returns a
+    concurrent.futures.Future; `num_batch_threads` threads take the batches that are ready
+    and run them, as TF Serving's batch threads do."""
+
     def __init__(self, options: BatchOptions, on_batch=None):
         self.options = options
-        self.executor = ThreadPoolExecutor(options.num_batch_threads, thread_name_prefix="tfpipe-batch")
-        self.idle = options.num_batch_threads
         self.queues: dict[tuple, _Queue] = {}
         self.on_batch = on_batch  # metrics hook: (rows, padded_rows)
-        self._timer: asyncio.TimerHandle | None = None
+        self._cv = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"tfpipe-batch-{i}", daemon=True)
+                         for i in range(options.num_batch_threads)]
+        for t in self._threads:
+            t.start()
 
     def depth(self) -> int:
-        return sum(b.rows for q in self.queues.values() for b in q.batches)
+        with self._cv:
+            return sum(b.rows for q in self.queues.values() for b in q.batches)
 
-    async def submit(self, key: tuple, run, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Queue one request (all inputs batched along dimension 0) and wait for its rows."""
+    def submit(self, key: tuple, run, inputs: dict[str, np.ndarray]) -> Future:
+        """Queue one request (all inputs batched along dimension 0); the future holds its rows
+        of the outputs. A full queue raises UNAVAILABLE here, at once."""
         o = self.options
         rows = next(iter(inputs.values())).shape[0]
         if rows > o.max_batch_size:
             raise invalid(f"Task size {rows} is larger than maximum input batch size {o.max_batch_size}")
-        q = self.queues.get(key)
-        if q is None:
-            q = self.queues[key] = _Queue(self, run)
-        loop = asyncio.get_running_loop()
-        batch = q.batches[-1] if q.batches else None
-        if batch is None or batch.rows + rows > o.max_batch_size:
-            if len(q.batches) >= o.max_enqueued_batches:
-                raise unavailable("The batch scheduling queue to which this task was submitted is full")
-            batch = _Batch(deadline=time.monotonic() + o.batch_timeout_micros / 1e6)
-            q.batches.append(batch)
-            self._arm(loop, batch.deadline)
-        task = _Task(inputs, rows, loop.create_future())
-        batch.tasks.append(task)
-        batch.rows += rows
-        self._dispatch(loop)
-        return await task.future
+        task = _Task(inputs, rows, Future())
+        with self._cv:
+            if self._closed:
+                raise unavailable("The server is shutting down")
+            q = self.queues.get(key)
+            if q is None:
+                q = self.queues[key] = _Queue(run)
+            batch = q.batches[-1] if q.batches else None
+            if batch is None or batch.rows + rows > o.max_batch_size:
+                if len(q.batches) >= o.max_enqueued_batches:
+                    raise unavailable("The batch scheduling queue to which this task was submitted is full")
+                batch = _Batch(deadline=time.monotonic() + o.batch_timeout_micros / 1e6)
+                q.batches.append(batch)
+                new_batch = True
+            else:
+                new_batch = False
+            batch.tasks.append(task)
+            batch.rows += rows
+            # Wake a batch thread when this batch can run now, or when its deadline is new.
+            if new_batch or batch.rows >= o.max_batch_size:
+                self._cv.notify()
+        return task.future
 
-    def _arm(self, loop, deadline: float) -> None:
-        loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), self._dispatch, loop)
-
-    def _dispatch(self, loop) -> None:
-        """Start every batch that is full or past its deadline while a batch thread is free."""
-        now = time.monotonic()
-        while self.idle > 0:
+    def _next(self) -> tuple[_Queue, _Batch] | None:
+        """Under the lock: wait for the oldest batch that is full, past its deadline or followed
+        by another; None once closed."""
+        while not self._closed:
+            now = time.monotonic()
             ready = [q for q in self.queues.values() if q.batches and
                      (q.batches[0].rows >= self.options.max_batch_size or q.batches[0].deadline <= now
                       or len(q.batches) > 1)]
-            if not ready:
-                return
-            q = min(ready, key=lambda q: q.batches[0].deadline)  # oldest first across queues
-            batch = q.batches.popleft()
-            self.idle -= 1
-            loop.create_task(self._execute(loop, q, batch))
+            if ready:
+                q = min(ready, key=lambda q: q.batches[0].deadline)  # oldest first across queues
+                return q, q.batches.popleft()
+            deadlines = [q.batches[0].deadline for q in self.queues.values() if q.batches]
+            self._cv.wait(timeout=max(0.0, min(deadlines) - now) if deadlines else None)
+        return None
 
-    async def _execute(self, loop, q: _Queue, batch: _Batch) -> None:
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                got = self._next()
+            if got is None:
+                return
+            self._execute(*got)
+
+    def _execute(self, q: _Queue, batch: _Batch) -> None:
+        # A task whose caller gave up (the REST timeout cancels its future) is left out.
+        batch.tasks = [t for t in batch.tasks if t.future.set_running_or_notify_cancel()]
+        batch.rows = sum(t.rows for t in batch.tasks)
+        if not batch.tasks:
+            return
         try:
             merged, padded = self._merge(batch)
             if self.on_batch:
                 self.on_batch(batch.rows, padded)
-            try:
-                outputs = await loop.run_in_executor(self.executor, q.run, merged)
-            except Exception as e:
-                for t in batch.tasks:
-                    if not t.future.done():
-                        t.future.set_exception(e)
-                return
-            start = 0
+            outputs = q.run(merged)
+        except Exception as e:
             for t in batch.tasks:
-                try:
-                    part = {k: _rows(k, v, start, t.rows, padded) for k, v in outputs.items()}
-                except Exception as e:
-                    part = None
-                    if not t.future.done():
-                        t.future.set_exception(e)
-                if part is not None and not t.future.done():
-                    t.future.set_result(part)
-                start += t.rows
-        finally:
-            self.idle += 1
-            self._dispatch(loop)
+                t.future.set_exception(e)
+            return
+        start = 0
+        for t in batch.tasks:
+            try:
+                t.future.set_result({k: _rows(k, v, start, t.rows, padded) for k, v in outputs.items()})
+            except Exception as e:
+                t.future.set_exception(e)
+            start += t.rows
 
     def _merge(self, batch: _Batch) -> tuple[dict[str, np.ndarray], int]:
         size = batch.rows
@@ -166,7 +183,15 @@ class BatchScheduler:
         return merged, size
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the batch threads; requests still queued fail with UNAVAILABLE."""
+        with self._cv:
+            self._closed = True
+            waiting = [t for q in self.queues.values() for b in q.batches for t in b.tasks]
+            self.queues.clear()
+            self._cv.notify_all()
+        for t in waiting:
+            if t.future.set_running_or_notify_cancel():
+                t.future.set_exception(unavailable("The server is shutting down"))
 
 
 def _rows(name: str, value: np.ndarray, start: int, rows: int, batch: int) -> np.ndarray:

@@ -1,5 +1,10 @@
 """TF Serving's gRPC services (tensorflow.serving.PredictionService and ModelService),
-with the messages from tensorflow-serving-api, so the official stubs work unchanged."""
+with the messages from tensorflow-serving-api, so the official stubs work unchanged.
+
+Handlers are plain functions on grpcio's thread-pool server, as tensorflow_model_server's
+gRPC server is synchronous with --grpc_max_threads threads: a Predict decodes, runs the
+model (or waits for its batch) and encodes on one thread, with no hop to another.
+"""
 
 from __future__ import annotations
 
@@ -40,16 +45,17 @@ def spec_of(spec) -> tuple[str, int | None, str | None]:
     return spec.name, spec.version.value if choice == "version" else None, spec.version_label if choice == "version_label" else None
 
 
-async def _answer(metrics: Metrics, api: str, name: str, context, handler):
+def _answer(metrics: Metrics, api: str, name: str, context, handler):
+    """Run one call on this gRPC server thread; a ServingError becomes its status code."""
     t0 = time.perf_counter()
     try:
-        response = await handler()
+        response = handler()
     except ServingError as e:
         metrics.request(name, api, e.code.name, time.perf_counter() - t0)
-        await context.abort(e.code, e.message)
+        context.abort(e.code, e.message)
     except Exception as e:  # a bug, not bad input: INTERNAL, and the server keeps serving
         metrics.request(name, api, "INTERNAL", time.perf_counter() - t0)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
     metrics.request(name, api, "OK", time.perf_counter() - t0)
     return response
 
@@ -58,10 +64,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, inference: Inference, metrics: Metrics):
         self.inference, self.metrics = inference, metrics
 
-    async def Predict(self, request, context):
-        async def run():
+    def Predict(self, request, context):
+        def run():
             name, version, label = spec_of(request.model_spec)
-            servable, sig, outputs = await self.inference.predict(
+            servable, sig, outputs = self.inference.predict(
                 name, version, label, request.model_spec.signature_name, predict_inputs(request),
                 request.output_filter)
             response = predict_pb2.PredictResponse()
@@ -69,30 +75,30 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             for k, v in outputs.items():
                 response.outputs[k].CopyFrom(tensor_proto(v))
             return response
-        return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
+        return _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
-    async def Classify(self, request, context):
-        async def run():
+    def Classify(self, request, context):
+        def run():
             name, version, label = spec_of(request.model_spec)
-            servable, sig, classes, scores = await self.inference.classify(
+            servable, sig, classes, scores = self.inference.classify(
                 name, version, label, request.model_spec.signature_name, input_examples(request.input))
             response = classification_pb2.ClassificationResponse(result=classification_result(classes, scores))
             model_spec(response.model_spec, name, servable.version, sig.name)
             return response
-        return await _answer(self.metrics, "classify", request.model_spec.name, context, run)
+        return _answer(self.metrics, "classify", request.model_spec.name, context, run)
 
-    async def Regress(self, request, context):
-        async def run():
+    def Regress(self, request, context):
+        def run():
             name, version, label = spec_of(request.model_spec)
-            servable, sig, values = await self.inference.regress(
+            servable, sig, values = self.inference.regress(
                 name, version, label, request.model_spec.signature_name, input_examples(request.input))
             response = regression_pb2.RegressionResponse(result=regression_result(values))
             model_spec(response.model_spec, name, servable.version, sig.name)
             return response
-        return await _answer(self.metrics, "regress", request.model_spec.name, context, run)
+        return _answer(self.metrics, "regress", request.model_spec.name, context, run)
 
-    async def MultiInference(self, request, context):
-        async def run():
+    def MultiInference(self, request, context):
+        def run():
             if not request.tasks:
                 raise invalid("Tasks is empty")
             examples = input_examples(request.input)
@@ -104,11 +110,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 name, version, label = spec_of(task.model_spec)
                 result = response.results.add()
                 if task.method_name == CLASSIFY:
-                    servable, sig, classes, scores = await self.inference.classify(
+                    servable, sig, classes, scores = self.inference.classify(
                         name, version, label, task.model_spec.signature_name, examples)
                     result.classification_result.CopyFrom(classification_result(classes, scores))
                 elif task.method_name == REGRESS:
-                    servable, sig, values = await self.inference.regress(
+                    servable, sig, values = self.inference.regress(
                         name, version, label, task.model_spec.signature_name, examples)
                     result.regression_result.CopyFrom(regression_result(values))
                 else:
@@ -116,12 +122,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 model_spec(result.model_spec, name, servable.version, sig.name)
             return response
         name = request.tasks[0].model_spec.name if request.tasks else ""
-        return await _answer(self.metrics, "multi_inference", name, context, run)
+        return _answer(self.metrics, "multi_inference", name, context, run)
 
-    async def GetModelMetadata(self, request, context):
-        async def run():
+    def GetModelMetadata(self, request, context):
+        def run():
             return metadata_response(self.inference, request)
-        return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
+        return _answer(self.metrics, "metadata", request.model_spec.name, context, run)
 
 
 def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
@@ -157,20 +163,18 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, inference: Inference, metrics: Metrics, log=print):
         self.inference, self.metrics, self.log = inference, metrics, log
 
-    async def GetModelStatus(self, request, context):
-        async def run():
+    def GetModelStatus(self, request, context):
+        def run():
             return status_response(self.inference, request)
-        return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
+        return _answer(self.metrics, "model_status", request.model_spec.name, context, run)
 
-    async def HandleReloadConfigRequest(self, request, context):
-        async def run():
-            import asyncio
-
+    def HandleReloadConfigRequest(self, request, context):
+        def run():
             if request.config.WhichOneof("config") is None:
                 raise invalid("ReloadConfigRequest has no config")
-            await asyncio.get_running_loop().run_in_executor(None, self.inference.manager.set_config, request.config)
+            self.inference.manager.set_config(request.config)
             self.log(f"reloaded model config: {[c.name for c in request.config.model_config_list.config]}")
             response = model_management_pb2.ReloadConfigResponse()
             response.status.error_code = 0
             return response
-        return await _answer(self.metrics, "reload_config", "", context, run)
+        return _answer(self.metrics, "reload_config", "", context, run)

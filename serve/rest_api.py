@@ -140,17 +140,17 @@ class RestApi:
         servable = self.inference.manager.resolve(*spec)
         sig = servable.signature(body.get("signature_name", ""))
         inputs, rows = json_inputs(body, sig)
-        _, _, outputs = await self.inference.predict_on(servable, sig.name, inputs)
+        _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
         return _json(json_outputs(outputs, rows))
 
     async def classify(self, spec, body: dict) -> web.Response:
-        _, _, classes, scores = await self.inference.classify(*spec, body.get("signature_name", ""),
+        _, _, classes, scores = await self.inference.classify_async(*spec, body.get("signature_name", ""),
                                                               json_examples(body))
         result = classification_result(classes, scores)
         return _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
 
     async def regress(self, spec, body: dict) -> web.Response:
-        _, _, values = await self.inference.regress(*spec, body.get("signature_name", ""), json_examples(body))
+        _, _, values = await self.inference.regress_async(*spec, body.get("signature_name", ""), json_examples(body))
         return _json({"results": [r.value for r in regression_result(values).regressions]})
 
 

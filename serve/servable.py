@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
 from tensorflow_serving.apis import prediction_log_pb2
 
 from serve.errors import invalid, precondition
@@ -33,6 +35,7 @@ class Signature:
     outputs: dict[str, tf.DType] = field(default_factory=dict)
     numpy_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     dims: dict[str, list[int | None] | None] = field(default_factory=dict)
+    call: Any = None  # checked numpy inputs -> dict of output tensors (see _flat_caller)
 
     @property
     def method(self) -> str:
@@ -70,6 +73,7 @@ class Servable:
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
                               for k, (d, _) in s.inputs.items()}
             s.dims = {k: shape.as_list() if shape.rank is not None else None for k, (_, shape) in s.inputs.items()}
+            s.call = _flat_caller(s.function, s.inputs) or _keyword_caller(s.function, s.inputs)
             self.signatures[key] = s
 
     def signature(self, name: str) -> Signature:
@@ -102,7 +106,7 @@ class Servable:
             output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
         """Call the signature on checked inputs; an op that rejects the values is INVALID_ARGUMENT."""
         try:
-            result = sig.function(**{k: tf.constant(v, dtype=sig.inputs[k][0]) for k, v in inputs.items()})
+            result = sig.call(inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
             raise invalid(_first_line(e)) from None
         names = output_filter or list(result)
@@ -118,9 +122,12 @@ class Servable:
 
     # Classify and Regress take tf.Examples (tensorflow.serving.Input) through a signature
     # whose method is classify / regress and whose one input is the serialized examples.
-    def classify(self, sig_name: str, serialized: list[bytes]) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
+    # `run` is how the signature gets called: Servable.run by default, the batcher's queue when
+    # batching is on.
+    def classify(self, sig_name: str, serialized: list[bytes], run=None
+                 ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
         sig = self._example_signature(sig_name, CLASSIFY, "classification")
-        out = self._run_examples(sig, serialized)
+        out = self._run_examples(sig, serialized, run or self.run)
         classes = out.get("classes")
         scores = out.get("scores")
         if classes is None and scores is None:
@@ -131,9 +138,9 @@ class Servable:
             classes = classes[:, None]
         return sig, classes, scores
 
-    def regress(self, sig_name: str, serialized: list[bytes]) -> tuple[Signature, np.ndarray]:
+    def regress(self, sig_name: str, serialized: list[bytes], run=None) -> tuple[Signature, np.ndarray]:
         sig = self._example_signature(sig_name, REGRESS, "regression")
-        out = self._run_examples(sig, serialized)
+        out = self._run_examples(sig, serialized, run or self.run)
         if "outputs" not in out:
             raise precondition("Expected regression signature to have an output named outputs")
         values = out["outputs"].reshape(len(serialized), -1)
@@ -150,11 +157,13 @@ class Servable:
             raise invalid(f"Expected one serialized-example (string) input in signature {sig.name}")
         return sig
 
-    def _run_examples(self, sig: Signature, serialized: list[bytes]) -> dict[str, np.ndarray]:
+    def _run_examples(self, sig: Signature, serialized: list[bytes], run) -> dict[str, np.ndarray]:
         if not serialized:
             raise invalid("Input is empty.")
         key = next(iter(sig.inputs))
-        return self.run(sig, {key: np.array(serialized, dtype=object)})
+        values = np.empty(len(serialized), dtype=object)
+        values[:] = serialized
+        return run(sig, {key: values})
 
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests; any failure fails the load."""
@@ -187,6 +196,66 @@ class Servable:
                 raise precondition(f"warmup record {n}: unsupported log type {kind}")
             n += 1
         return n
+
+
+def _keyword_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
+    """The public way: `fn(**tensors)`."""
+    def call(inputs: dict[str, np.ndarray]):
+        return fn(**{k: tf.constant(v, dtype=specs[k][0]) for k, v in inputs.items()})
+    return call
+
+
+def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
+    """The signature called the way TF Serving runs a session: few input tensors, no argument
+    binding in Python. Two costs of the public `fn(**tensors)` are left out:
+      * binding and re-checking the keyword arguments (the callers have checked names, dtypes
+        and shapes already, Servable.check_inputs);
+      * one tensor per input, ~13 us each here: inputs of shape [None] that share a dtype go
+        in as one [batch, k] tensor, split into columns inside the graph.
+    On the 17-input Chicago taxi model the public call takes ~1.4 ms at batch 1 and this ~0.6.
+    Built when the loaded function exposes what it needs; otherwise None (the public call)."""
+    try:
+        args, kwargs = fn.structured_input_signature
+        if args or set(kwargs) != set(specs):
+            return None
+        columns: dict[tf.DType, list[str]] = {}
+        for k in sorted(specs):
+            dtype, shape = specs[k]
+            if shape.rank == 1 and shape[0] is None:
+                columns.setdefault(dtype, []).append(k)
+        packed = [(d, ks) for d, ks in columns.items() if len(ks) > 1]
+        in_packs = {k for _, ks in packed for k in ks}
+        single = [k for k in sorted(specs) if k not in in_packs]
+
+        def graph(*tensors):
+            kw = {}
+            for (_, ks), t in zip(packed, tensors, strict=False):
+                kw.update(zip(ks, tf.unstack(t, num=len(ks), axis=1), strict=True))
+            kw.update(zip(single, tensors[len(packed):], strict=True))
+            return fn(**kw)
+
+        in_specs = ([tf.TensorSpec([None, len(ks)], d) for d, ks in packed]
+                    + [tf.TensorSpec(specs[k][1], specs[k][0]) for k in single])
+        concrete = tf.function(graph, autograph=False).get_concrete_function(*in_specs)
+        if len(in_specs) + len(concrete.captured_inputs) != len(concrete.inputs):
+            return None
+        call_preflattened = concrete._inference_function.call_preflattened
+    except Exception:  # noqa: BLE001 (any reason this path cannot be built: the public call stays)
+        return None
+    eager_tensor, stack = ops.EagerTensor, np.stack
+    packs = [(ks, d.as_datatype_enum) for d, ks in packed]
+    singles = [(k, specs[k][0].as_datatype_enum) for k in single]
+
+    def call(inputs: dict[str, np.ndarray]):
+        device = context.context().device_name
+        try:
+            flat = [eager_tensor(stack([inputs[k] for k in ks], axis=1), device, e) for ks, e in packs]
+        except ValueError:
+            rows = {k: len(v) for k, v in inputs.items() if k in in_packs}
+            raise invalid(f"inputs have different numbers of rows: {rows}") from None
+        flat += [eager_tensor(inputs[k], device, e) for k, e in singles]
+        return call_preflattened(flat + concrete.captured_inputs)
+    return call
 
 
 def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:

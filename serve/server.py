@@ -1,5 +1,6 @@
-"""The embedded server: TF Serving's gRPC and REST APIs on one asyncio loop, model calls in
-worker threads, models loaded and swapped by the ModelManager."""
+"""The embedded server: TF Serving's gRPC API on grpcio's thread-pool server, its REST API on
+an asyncio loop whose model calls go to worker threads, models loaded and swapped by the
+ModelManager."""
 
 from __future__ import annotations
 
@@ -58,9 +59,10 @@ class EmbeddedServer:
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         self._executors = [ThreadPoolExecutor(max(1, o.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
                            ThreadPoolExecutor(max(1, o.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
-        grpc_inference = Inference(self.manager, self._executors[0], self.batcher)
-        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", o.max_request_bytes),
-                                             ("grpc.max_send_message_length", -1)])
+        grpc_inference = Inference(self.manager, self.batcher)
+        self.grpc = grpc.server(self._executors[0],
+                                options=[("grpc.max_receive_message_length", o.max_request_bytes),
+                                         ("grpc.max_send_message_length", -1)])
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionService(grpc_inference, self.metrics), self.grpc)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
@@ -71,10 +73,10 @@ class EmbeddedServer:
             self.grpc_port = 0
         if not self.grpc_port:
             raise ServeError(f"cannot bind the gRPC port {o.host}:{o.port} (in use?)")
-        await self.grpc.start()
+        self.grpc.start()
         self.log(f"Running gRPC ModelServer at {o.host}:{self.grpc_port} ...")
         if o.rest_api_port:
-            rest = RestApi(Inference(self.manager, self._executors[1], self.batcher), self.metrics,
+            rest = RestApi(Inference(self.manager, self.batcher, self._executors[1]), self.metrics,
                            o.rest_api_timeout_in_ms, o.max_request_bytes, self.metrics_path)
             self._runner = web.AppRunner(rest.app, access_log=None, handle_signals=False,
                                          shutdown_timeout=o.drain_seconds)
@@ -83,7 +85,7 @@ class EmbeddedServer:
             try:
                 await site.start()
             except OSError as e:
-                await self.grpc.stop(0)
+                self.grpc.stop(0)
                 raise ServeError(f"cannot bind the REST port {o.host}:{o.rest_api_port}: {e.strerror}") from None
             self.rest_port = self._runner.addresses[0][1]
             self.log(f"Exporting HTTP/REST API at:{o.host}:{self.rest_port} ...")
@@ -110,7 +112,8 @@ class EmbeddedServer:
         grace = self.opts.drain_seconds if grace is None else grace
         for t in self._tasks:
             t.cancel()
-        waits = [self.grpc.stop(grace)]
+        stopped = self.grpc.stop(grace)  # a threading.Event, set once in-flight calls are done
+        waits = [asyncio.get_running_loop().run_in_executor(None, stopped.wait)]
         if self._runner is not None:
             waits.append(self._runner.cleanup())
         await asyncio.gather(*waits, return_exceptions=True)

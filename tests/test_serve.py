@@ -291,6 +291,43 @@ def _fuzz_body(rng: random.Random) -> str:
     return text
 
 
+def test_the_servers_signature_call_answers_like_the_public_call(models):
+    """The server calls a signature with same-dtype inputs packed into one tensor and no
+    Python argument binding (Servable._flat_caller); it answers exactly as the public
+    `signatures[key](**tensors)` does, and inputs with different row counts are a clear 400."""
+    from serve.errors import ServingError
+    from serve.servable import Servable, _keyword_caller
+
+    version = next((models / "penguins").iterdir())
+    servable = Servable("penguins", int(version.name), str(version))
+    sig = servable.signature("")
+    assert "_flat_caller" in sig.call.__qualname__  # the packed path was built for this model
+    public = _keyword_caller(sig.function, sig.inputs)
+    rng = np.random.default_rng(3)
+    words = np.array([b"Biscoe", b"Dream", b"Torgersen", b"male", b"female", b"", b"unseen"], dtype=object)
+    inputs = {}
+    for name, (dtype, _) in sig.inputs.items():
+        if dtype.is_floating:
+            x = rng.normal(40, 15, 6).astype(dtype.as_numpy_dtype)
+            x[2] = np.nan
+        elif dtype.is_integer:
+            x = rng.integers(2000, 2030, 6).astype(dtype.as_numpy_dtype)
+        else:
+            x = rng.choice(words, 6)
+        inputs[name] = x
+    dtypes = [d for d, _ in sig.inputs.values()]
+    shared = [name for name, (d, _) in sig.inputs.items() if dtypes.count(d) > 1]
+    assert shared  # some inputs share a dtype, so they go in packed
+    fast, slow = sig.call(inputs), public(inputs)
+    assert set(fast) == set(slow)
+    for k in slow:
+        np.testing.assert_array_equal(fast[k].numpy(), slow[k].numpy(), err_msg=k)
+    ragged = dict(inputs, **{shared[0]: inputs[shared[0]][:4]})
+    with pytest.raises(ServingError, match="different numbers of rows") as e:
+        servable.run(sig, ragged)
+    assert e.value.http_status == 400
+
+
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     session = requests.Session()
     for method, path, body, expected in BAD_REQUESTS:
