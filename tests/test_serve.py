@@ -387,6 +387,26 @@ def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path
         padding = int(re.search(r"^tfpipe_serving_batch_padding_rows_total (\d+)", metrics, re.MULTILINE)[1])
         assert padding > 0  # padded up to an allowed batch size (4 or 8)
 
+        # Regress (and Classify) go through the same queue: 6 concurrent gRPC Regress calls
+        # over tf.Examples, fewer model calls again, each answer its own.
+        import grpc
+        from tensorflow_serving.apis import prediction_service_pb2_grpc, regression_pb2
+
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}"))
+
+        def regress(x):
+            req = regression_pb2.RegressionRequest()
+            req.model_spec.name, req.model_spec.signature_name = "half", "regress_x"
+            req.input.example_list.examples.add().features.feature["x"].float_list.value.append(x)
+            return stub.Regress(req, timeout=30).result.regressions[0].value
+
+        with ThreadPoolExecutor(6) as pool:
+            values = list(pool.map(regress, [float(x) for x in range(6)]))
+        assert values == [0.5 * x + 2.0 for x in range(6)]
+        metrics = requests.get(f"http://127.0.0.1:{s.rest_port}/monitoring/prometheus/metrics").text
+        after = int(re.search(r"^tfpipe_serving_batch_size_count (\d+)", metrics, re.MULTILINE)[1])
+        assert 0 < after - count < 6, metrics  # batched (unbatched calls do not count here)
+
         # The slow model (one thread, two batches may wait): a burst of 40 overflows the queue,
         # and the overflow fails at once with 503, as TF Serving's batch queue does.
         with ThreadPoolExecutor(40) as pool:
