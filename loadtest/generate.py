@@ -25,10 +25,11 @@ import uuid  # noqa: E402
 
 import gevent  # noqa: E402
 import psutil  # noqa: E402
-from locust import FastHttpUser, User, constant, task  # noqa: E402
+from locust import User, constant, task  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from loadtest.histogram import LatencyHistogram  # noqa: E402
+from loadtest.http_client import HttpError, TimedConnection, build_request  # noqa: E402
 
 
 class Schedule:
@@ -51,34 +52,36 @@ class Schedule:
 
 
 def rest_user(spec: dict, schedule: Schedule | None):
-    bodies = [b.encode() for b in spec["bodies"]]
+    requests = [build_request(spec["address"], "POST", spec["path"], b.encode()) for b in spec["bodies"]]
     counter = itertools.count()
-    headers = {"Content-Type": "application/json"}
+    name = "predict" if schedule is None else "predict(open)"
 
-    class RestUser(FastHttpUser):
-        host = spec["address"]
+    class RestUser(User):
+        """POSTs the payloads on one keep-alive connection (loadtest/http_client.py) and fires
+        locust's request event with each answer's time, as locust's own HTTP users do."""
         wait_time = constant(0)
+
+        def on_start(self):
+            self.conn = TimedConnection(spec["address"])
+
+        def on_stop(self):
+            self.conn.close()
 
         @task
         def predict(self):
-            body = bodies[next(counter) % len(bodies)]
-            if schedule is None:
-                with self.client.post(spec["path"], data=body, headers=headers, name="predict",
-                                      catch_response=True) as r:
-                    if r.status_code != 200:
-                        r.failure(f"HTTP {r.status_code}")
-                return
-            slot = schedule.next_slot()
-            error = None
+            raw = requests[next(counter) % len(requests)]
+            slot = schedule.next_slot() if schedule else None
+            error, length, start = None, 0, time.perf_counter()
             try:
-                r = self.client.post(spec["path"], data=body, headers=headers, name="predict")
-                if r.status_code != 200:
-                    error = Exception(f"HTTP {r.status_code}")
-            except Exception as e:  # connection errors count, they do not stop the user
-                error = e
-            self.environment.events.request.fire(request_type="POST", name="predict(open)",
-                                                 response_time=(time.perf_counter() - slot) * 1000,
-                                                 response_length=0, exception=error, context={})
+                status, length, seconds, start = self.conn.request(raw)
+                if status != 200:
+                    error = Exception(f"HTTP {status}")
+            except (OSError, HttpError) as e:  # connection errors count, they do not stop the user
+                error, seconds = e, time.perf_counter() - start
+            if slot is not None:  # open model: from the time the request was due
+                seconds += start - slot
+            self.environment.events.request.fire(request_type="POST", name=name, response_time=seconds * 1000,
+                                                 response_length=length, exception=error, context={})
 
     return RestUser
 

@@ -125,6 +125,74 @@ def test_percentiles_match_an_injected_delay(tmp_path, delayed_endpoint):
     assert len(keys) > 10 and any(k % 1000 for k in keys)
 
 
+def test_the_rest_users_http_client_reads_every_framing_and_times_the_answer():
+    """loadtest/http_client.py against a raw HTTP/1.1 server: Content-Length, chunked and
+    close-delimited answers, an error status, keep-alive across requests, a reconnect after
+    the server closes, a malformed answer as an error; an answer held 30 ms is timed at
+    30 ms and a bit, from the kernel's receive timestamps."""
+    from loadtest.http_client import HttpError, TimedConnection, build_request
+
+    answers = {
+        b"/length": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        b"/chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;x=1\r\ndefg\r\n0\r\n\r\n",
+        b"/busy": b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}",
+        b"/close": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end",
+        b"/garbage": b"SSH-2.0-OpenSSH\r\n\r\n",
+    }
+    connections = []
+
+    async def handle(reader, writer):
+        connections.append(1)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed the connection
+                writer.close()
+                return
+            path = head.split(b" ")[1]
+            length = int(next(x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            if path == b"/slow":
+                await asyncio.sleep(0.030)
+                path = b"/length"
+            writer.write(answers[path])
+            await writer.drain()
+            if path in (b"/close", b"/garbage"):
+                writer.close()
+                return
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    address = f"http://127.0.0.1:{port}"
+    try:
+        conn = TimedConnection(address, timeout=5)
+
+        def post(path):
+            return conn.request(build_request(address, "POST", path, b'{"instances": [1.0]}'))
+
+        assert post("/length")[:2] == (200, 5)
+        assert post("/chunked")[:2] == (200, 7)
+        assert post("/busy")[:2] == (503, 2)
+        assert len(connections) == 1  # one keep-alive connection so far
+        assert post("/close")[:2] == (200, 10)
+        assert post("/length")[:2] == (200, 5) and len(connections) == 2  # reopened
+        assert conn.kernel_times  # Linux: answers timed by the kernel's receive timestamps
+        status, size, seconds, _ = post("/slow")
+        assert (status, size) == (200, 5) and 0.030 <= seconds < 0.060, seconds
+        with pytest.raises(HttpError, match="not an HTTP/1.x answer"):
+            post("/garbage")
+        assert post("/length")[:2] == (200, 5)  # and the next request gets a fresh connection
+        conn.close()
+    finally:
+        server.close()
+        asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--target", "http://127.0.0.1:9", "--model", "half"], "cannot reach"),
     (["--target", "ftp://x", "--model", "half"], "--target must be"),
