@@ -161,9 +161,7 @@ class Servable:
         if not serialized:
             raise invalid("Input is empty.")
         key = next(iter(sig.inputs))
-        values = np.empty(len(serialized), dtype=object)
-        values[:] = serialized
-        return run(sig, {key: values})
+        return run(sig, {key: np.array(serialized, dtype=object)})
 
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests; any failure fails the load."""
