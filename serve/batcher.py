@@ -5,7 +5,14 @@ a batch closes when it holds `max_batch_size` rows or its oldest request has wai
 `batch_timeout_micros` (and a batch thread is free); it is padded up to the next of
 `allowed_batch_sizes` by repeating its first row; `num_batch_threads` batches run at
 once; a request that would need a new batch while `max_enqueued_batches` are already
-waiting fails at once with UNAVAILABLE rather than queueing without bound.
+waiting fails at once with UNAVAILABLE rather than queueing without bound. With
+`enable_large_batch_splitting`, a request larger than `max_execution_batch_size` rows is
+split across batches and its answer put back together.
+
+Queues are per (servable, signature, input shapes): only alike requests merge, and each
+queue may have its own parameters (--enable_per_model_batching_parameters). When a version
+unloads, `drop` lets its queues go once their last batch has run, so that no queue keeps
+an unloaded model alive.
 """
 
 from __future__ import annotations
@@ -29,24 +36,36 @@ class BatchOptions:
     max_enqueued_batches: int = 10
     num_batch_threads: int = os.cpu_count() or 1
     allowed_batch_sizes: list[int] = field(default_factory=list)
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int = 0  # 0: max_batch_size
 
     @classmethod
     def from_proto(cls, p) -> BatchOptions:
         o = cls()
-        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads"):
+        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
+                     "max_execution_batch_size"):
             if p.HasField(name):
                 setattr(o, name, int(getattr(p, name).value))
+        if p.HasField("enable_large_batch_splitting"):
+            o.enable_large_batch_splitting = bool(p.enable_large_batch_splitting.value)
         o.allowed_batch_sizes = sorted(int(x) for x in p.allowed_batch_sizes)
         o.check()
         return o
 
+    @property
+    def execution_size(self) -> int:
+        """The most rows one model call takes."""
+        if self.enable_large_batch_splitting and self.max_execution_batch_size > 0:
+            return self.max_execution_batch_size
+        return self.max_batch_size
+
     def check(self) -> None:
         if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
             raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be >= 1")
-        if self.allowed_batch_sizes and self.allowed_batch_sizes[-1] != self.max_batch_size:
-            # TF Serving's own rule: the last allowed size must equal max_batch_size.
+        if self.allowed_batch_sizes and self.allowed_batch_sizes[-1] != self.execution_size:
+            # TF Serving's own rule: the last allowed size must equal the largest batch.
             raise ValueError(f"the last entry of allowed_batch_sizes ({self.allowed_batch_sizes[-1]}) must "
-                             f"equal max_batch_size ({self.max_batch_size})")
+                             f"equal max_batch_size ({self.execution_size})")
 
 
 @dataclass
@@ -64,11 +83,11 @@ class _Batch:
 
 
 class _Queue:
-    """One queue per (servable, signature, input shapes): only alike requests can be merged."""
-
-    def __init__(self, run):
+    def __init__(self, run, options: BatchOptions):
         self.run = run
+        self.options = options
         self.batches: deque[_Batch] = deque()
+        self.retired = False  # its servable unloaded: removed once empty
 
 
 class BatchScheduler:
@@ -82,6 +101,7 @@ class BatchScheduler:
         self.on_batch = on_batch  # metrics hook: (rows, padded_rows)
         self._cv = threading.Condition()
         self._closed = False
+        self._dropped: set = set()  # owners whose servable unloaded (uids are never reused)
         self._threads = [threading.Thread(target=self._work, name=f"tfpipe-batch-{i}", daemon=True)
                          for i in range(options.num_batch_threads)]
         for t in self._threads:
@@ -91,47 +111,72 @@ class BatchScheduler:
         with self._cv:
             return sum(b.rows for q in self.queues.values() for b in q.batches)
 
-    def submit(self, key: tuple, run, inputs: dict[str, np.ndarray]) -> Future:
+    def queue_count(self) -> int:
+        with self._cv:
+            return len(self.queues)
+
+    def submit(self, key: tuple, run, inputs: dict[str, np.ndarray], options: BatchOptions | None = None) -> Future:
         """Queue one request (all inputs batched along dimension 0); the future holds its rows
-        of the outputs. A full queue raises UNAVAILABLE here, at once."""
-        o = self.options
+        of the outputs. `key[0]` names the servable (see `drop`). A full queue raises
+        UNAVAILABLE here, at once."""
+        o = options or self.options
         rows = next(iter(inputs.values())).shape[0]
         if rows > o.max_batch_size:
             raise invalid(f"Task size {rows} is larger than maximum input batch size {o.max_batch_size}")
-        task = _Task(inputs, rows, Future())
+        step = o.execution_size
+        if rows <= step:
+            return self._enqueue(key, run, o, [_Task(inputs, rows, Future())])[0]
+        parts = [_Task({k: v[i:i + step] for k, v in inputs.items()}, min(step, rows - i), Future())
+                 for i in range(0, rows, step)]
+        return _joined(self._enqueue(key, run, o, parts))
+
+    def _enqueue(self, key: tuple, run, o: BatchOptions, tasks: list[_Task]) -> list[Future]:
         with self._cv:
             if self._closed:
                 raise unavailable("The server is shutting down")
             q = self.queues.get(key)
-            if q is None:
-                q = self.queues[key] = _Queue(run)
-            batch = q.batches[-1] if q.batches else None
-            if batch is None or batch.rows + rows > o.max_batch_size:
-                if len(q.batches) >= o.max_enqueued_batches:
-                    raise unavailable("The batch scheduling queue to which this task was submitted is full")
-                batch = _Batch(deadline=time.monotonic() + o.batch_timeout_micros / 1e6)
-                q.batches.append(batch)
-                new_batch = True
-            else:
-                new_batch = False
-            batch.tasks.append(task)
-            batch.rows += rows
-            # Wake a batch thread when this batch can run now, or when its deadline is new.
-            if new_batch or batch.rows >= o.max_batch_size:
-                self._cv.notify()
-        return task.future
+            if q is None:  # a request that resolved the servable before it unloaded still runs
+                q = self.queues[key] = _Queue(run, o)
+                q.retired = key[0] in self._dropped
+            size = o.execution_size
+            for task in tasks:
+                batch = q.batches[-1] if q.batches else None
+                if batch is None or batch.rows + task.rows > size:
+                    if len(q.batches) >= o.max_enqueued_batches:
+                        raise unavailable("The batch scheduling queue to which this task was submitted is full")
+                    batch = _Batch(deadline=time.monotonic() + o.batch_timeout_micros / 1e6)
+                    q.batches.append(batch)
+                    self._cv.notify()  # a new deadline to wait for
+                batch.tasks.append(task)
+                batch.rows += task.rows
+                if batch.rows >= size:
+                    self._cv.notify()  # full: it can run now
+        return [t.future for t in tasks]
+
+    def drop(self, owner) -> None:
+        """The servable `owner` (key[0]) unloaded: its queues go once their batches have run."""
+        with self._cv:
+            self._dropped.add(owner)
+            for key, q in list(self.queues.items()):
+                if key[0] == owner:
+                    q.retired = True
+                    if not q.batches:
+                        del self.queues[key]
 
     def _next(self) -> tuple[_Queue, _Batch] | None:
         """Under the lock: wait for the oldest batch that is full, past its deadline or followed
         by another; None once closed."""
         while not self._closed:
             now = time.monotonic()
-            ready = [q for q in self.queues.values() if q.batches and
-                     (q.batches[0].rows >= self.options.max_batch_size or q.batches[0].deadline <= now
+            ready = [(k, q) for k, q in self.queues.items() if q.batches and
+                     (q.batches[0].rows >= q.options.execution_size or q.batches[0].deadline <= now
                       or len(q.batches) > 1)]
             if ready:
-                q = min(ready, key=lambda q: q.batches[0].deadline)  # oldest first across queues
-                return q, q.batches.popleft()
+                key, q = min(ready, key=lambda kq: kq[1].batches[0].deadline)  # oldest first across queues
+                batch = q.batches.popleft()
+                if q.retired and not q.batches:
+                    del self.queues[key]
+                return q, batch
             deadlines = [q.batches[0].deadline for q in self.queues.values() if q.batches]
             self._cv.wait(timeout=max(0.0, min(deadlines) - now) if deadlines else None)
         return None
@@ -143,6 +188,7 @@ class BatchScheduler:
             if got is None:
                 return
             self._execute(*got)
+            del got  # a retired queue (and its servable) goes with the last batch
 
     def _execute(self, q: _Queue, batch: _Batch) -> None:
         # A task whose caller gave up (the REST timeout cancels its future) is left out.
@@ -151,7 +197,7 @@ class BatchScheduler:
         if not batch.tasks:
             return
         try:
-            merged, padded = self._merge(batch)
+            merged, padded = self._merge(q.options, batch)
             if self.on_batch:
                 self.on_batch(batch.rows, padded)
             outputs = q.run(merged)
@@ -167,9 +213,10 @@ class BatchScheduler:
                 t.future.set_exception(e)
             start += t.rows
 
-    def _merge(self, batch: _Batch) -> tuple[dict[str, np.ndarray], int]:
+    @staticmethod
+    def _merge(options: BatchOptions, batch: _Batch) -> tuple[dict[str, np.ndarray], int]:
         size = batch.rows
-        for allowed in self.options.allowed_batch_sizes:
+        for allowed in options.allowed_batch_sizes:
             if allowed >= size:
                 size = allowed
                 break
@@ -199,3 +246,27 @@ def _rows(name: str, value: np.ndarray, start: int, rows: int, batch: int) -> np
         raise precondition(f"output '{name}' has no batch dimension of size {batch}, so it cannot be "
                            "split between batched requests; disable batching for this model")
     return value[start:start + rows]
+
+
+def _joined(parts: list[Future]) -> Future:
+    """One future for a request split across batches: its parts' rows, concatenated in order."""
+    out: Future = Future()
+    out.set_running_or_notify_cancel()
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def done(_):
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [p.exception() for p in parts if p.exception() is not None]
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            results = [p.result() for p in parts]
+            out.set_result({k: np.concatenate([r[k] for r in results]) for k in results[0]})
+
+    for p in parts:
+        p.add_done_callback(done)
+    return out

@@ -1,47 +1,56 @@
-"""TF Serving's config files (text protos), read and written with the official messages."""
+"""TF Serving's config files (text protos), read and written with the official messages, and
+the SessionBundleConfig that tensorflow_model_server derives from its flags (or takes from
+--platform_config_file): batching, TensorFlow session settings, tags and warmup."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from google.protobuf import text_format
-from tensorflow_serving.config import model_server_config_pb2
+from tensorflow.core.protobuf import config_pb2
+from tensorflow_serving.config import model_server_config_pb2, platform_config_pb2
 
 from serve.errors import ServeError
 from serve.flags import ServeOptions
-from serve.protos import BatchingParameters, MonitoringConfig
+from serve.protos import POOL, BatchingParameters, MonitoringConfig, SavedModelBundleSourceAdapterConfig, \
+    SessionBundleConfig, SSLConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
+DEFAULT_BATCH_THREAD_POOL = "model_server_batch_threads"
+SOURCE_ADAPTER_TYPE = "type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig"
 
 
 def read_text_proto(path: str, message, what: str):
+    """Parse a text proto file; errors read as tensorflow_model_server's do
+    ("Error parsing text-format tensorflow.serving.ModelServerConfig: 1:10: ...")."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        raise ServeError(f"cannot read {what} {path}: {e.strerror}") from None
+        raise ServeError(f"{what}: cannot read {path}: {e.strerror}") from None
     try:
-        return text_format.Parse(text, message)
+        return text_format.Parse(text, message, descriptor_pool=POOL)
     except text_format.ParseError as e:
-        raise ServeError(f"{what} {path} is not a valid {message.DESCRIPTOR.name} text proto: {e}") from None
+        raise ServeError(f"{what} {path}: Error parsing text-format {message.DESCRIPTOR.full_name}: {e}") from None
 
 
-def model_server_config(opts: ServeOptions) -> model_server_config_pb2.ModelServerConfig:
-    """From --model_config_file, or one model from --model_name/--model_base_path."""
-    if opts.model_config_file and opts.model_base_path:
-        raise ServeError("give --model_config_file or --model_base_path, not both")
+def model_server_config(opts: ServeOptions, log: Callable[[str], None] | None = None
+                        ) -> model_server_config_pb2.ModelServerConfig:
+    """From --model_config_file, or one model from --model_name/--model_base_path. As in TF
+    Serving, a config file wins over --model_base_path, and relative base paths are relative
+    to the server's working directory."""
     if opts.model_config_file:
+        if opts.model_base_path and log:
+            log("--model_name and --model_base_path are ignored: --model_config_file is set")
         config = read_text_proto(opts.model_config_file, model_server_config_pb2.ModelServerConfig(),
                                  "--model_config_file")
-        base_dir = os.path.dirname(os.path.abspath(opts.model_config_file))
-        for c in config.model_config_list.config:
-            if c.base_path and not os.path.isabs(c.base_path) and "://" not in c.base_path:
-                c.base_path = os.path.normpath(os.path.join(base_dir, c.base_path))
-        if not config.model_config_list.config:
+        if config.WhichOneof("config") == "model_config_list" and not config.model_config_list.config:
             raise ServeError(f"--model_config_file {opts.model_config_file} lists no models")
         return config
     if not opts.model_base_path:
-        raise ServeError("nothing to serve: give --model_base_path (with --model_name) or --model_config_file")
+        raise ServeError("Both server_options.model_base_path and server_options.model_config_file are empty! "
+                         "Give --model_base_path (with --model_name) or --model_config_file")
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name=opts.model_name, base_path=os.path.abspath(opts.model_base_path),
                                         model_platform="tensorflow")
@@ -49,11 +58,76 @@ def model_server_config(opts: ServeOptions) -> model_server_config_pb2.ModelServ
 
 
 def batching_parameters(opts: ServeOptions):
+    """--batching_parameters_file, or TF Serving's defaults (which name the shared thread pool)."""
     if opts.batching_parameters_file and not opts.enable_batching:
-        raise ServeError("--batching_parameters_file needs --enable_batching")
+        raise ServeError("server_options.batching_parameters_file is set without setting "
+                         "server_options.enable_batching to true (add --enable_batching)")
     if not opts.batching_parameters_file:
-        return BatchingParameters()
+        params = BatchingParameters()
+        params.thread_pool_name.value = DEFAULT_BATCH_THREAD_POOL
+        return params
     return read_text_proto(opts.batching_parameters_file, BatchingParameters(), "--batching_parameters_file")
+
+
+def session_bundle_config(opts: ServeOptions):
+    """The SessionBundleConfig tensorflow_model_server builds (model_servers/server.cc): from
+    the flags, or the tensorflow platform's legacy_config of --platform_config_file (which
+    then replaces --enable_batching and the session flags)."""
+    if opts.platform_config_file:
+        return _platform_session_config(opts.platform_config_file)
+    cfg = SessionBundleConfig()
+    if opts.enable_batching:
+        cfg.batching_parameters.CopyFrom(batching_parameters(opts))
+        cfg.enable_per_model_batching_params = opts.enable_per_model_batching_parameters
+    else:
+        batching_parameters(opts)  # a batching file without --enable_batching is an error
+    if opts.tensorflow_session_config_file:
+        cfg.session_config.CopyFrom(read_text_proto(opts.tensorflow_session_config_file, config_pb2.ConfigProto(),
+                                                    "--tensorflow_session_config_file"))
+    if opts.per_process_gpu_memory_fraction:
+        cfg.session_config.gpu_options.per_process_gpu_memory_fraction = opts.per_process_gpu_memory_fraction
+    intra, inter, both = (opts.tensorflow_intra_op_parallelism, opts.tensorflow_inter_op_parallelism,
+                          opts.tensorflow_session_parallelism)
+    if intra > 0 and inter > 0 and both > 0:
+        raise ServeError("Either configure server_options.tensorflow_session_parallelism or "
+                         "(server_options.tensorflow_intra_op_parallelism, "
+                         "server_options.tensorflow_inter_op_parallelism) separately. You cannot configure all.")
+    if intra > 0 or inter > 0:
+        cfg.session_config.intra_op_parallelism_threads = intra
+        cfg.session_config.inter_op_parallelism_threads = inter
+    elif both > 0:
+        cfg.session_config.intra_op_parallelism_threads = both
+        cfg.session_config.inter_op_parallelism_threads = both
+    cfg.saved_model_tags.extend(opts.tags())
+    cfg.enable_model_warmup = opts.enable_model_warmup
+    if opts.num_request_iterations_for_warmup > 0:
+        cfg.model_warmup_options.num_request_iterations.value = opts.num_request_iterations_for_warmup
+    cfg.remove_unused_fields_from_bundle_metagraph = opts.remove_unused_fields_from_bundle_metagraph
+    cfg.prefer_tflite_model = opts.prefer_tflite_model
+    cfg.num_tflite_interpreters_per_pool = opts.num_tflite_interpreters_per_pool
+    cfg.num_tflite_pools = opts.num_tflite_pools
+    cfg.mixed_precision = opts.mixed_precision
+    return cfg
+
+
+def _platform_session_config(path: str):
+    platforms = read_text_proto(path, platform_config_pb2.PlatformConfigMap(), "--platform_config_file")
+    unknown = sorted(set(platforms.platform_configs) - {"tensorflow"})
+    if unknown:
+        raise ServeError(f"--platform_config_file {path}: platform(s) {unknown} are not supported; this server "
+                         "runs the tensorflow platform")
+    if "tensorflow" not in platforms.platform_configs:
+        raise ServeError(f"--platform_config_file {path} has no 'tensorflow' platform")
+    adapter = platforms.platform_configs["tensorflow"].source_adapter_config
+    if adapter.type_url != SOURCE_ADAPTER_TYPE:
+        raise ServeError(f"--platform_config_file {path}: the tensorflow platform's source_adapter_config must be "
+                         f"a SavedModelBundleSourceAdapterConfig, got {adapter.type_url or 'nothing'}")
+    config = SavedModelBundleSourceAdapterConfig()
+    adapter.Unpack(config)
+    cfg = config.legacy_config
+    if not cfg.saved_model_tags:
+        cfg.saved_model_tags.append("serve")
+    return cfg
 
 
 def monitoring_config(opts: ServeOptions):
@@ -63,6 +137,34 @@ def monitoring_config(opts: ServeOptions):
     if config.prometheus_config.enable and not config.prometheus_config.path:
         config.prometheus_config.path = DEFAULT_METRICS_PATH
     return config
+
+
+def ssl_config(opts: ServeOptions):
+    if not opts.ssl_config_file:
+        return None
+    if opts.use_alts_credentials:
+        raise ServeError("Either use_alts_credentials must be false or ssl_config_file must be empty.")
+    config = read_text_proto(opts.ssl_config_file, SSLConfig(), "--ssl_config_file")
+    if not config.server_key or not config.server_cert:
+        raise ServeError(f"--ssl_config_file {opts.ssl_config_file}: server_key and server_cert (PEM text) are needed")
+    return config
+
+
+def channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """--grpc_channel_arguments as gRPC server options: `k=v,k2=v2`; a value that parses as a
+    32-bit integer is passed as one, as TF Serving does. A later key replaces an earlier one."""
+    out: dict[str, int | str] = {}
+    for item in (p for p in text.split(",") if p.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ServeError(f"--grpc_channel_arguments: {item!r} is not KEY=VALUE")
+        value = value.strip()
+        try:
+            number = int(value, 10)
+            out[key.strip()] = number if -2**31 <= number < 2**31 else value
+        except ValueError:
+            out[key.strip()] = value
+    return list(out.items())
 
 
 def write_text_proto(path: str, message) -> str:

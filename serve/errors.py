@@ -43,5 +43,13 @@ def unavailable(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNAVAILABLE, message)
 
 
+def unknown(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.UNKNOWN, message)
+
+
+def unimplemented(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.UNIMPLEMENTED, message)
+
+
 class ServeError(Exception):
     """A user error starting `tfpipe serve` (bad flag, unreadable config, missing binary): exit 2."""

@@ -1,15 +1,19 @@
-"""`tfpipe serve`'s flags: tensorflow_model_server's own, plus a few of tfpipe's.
+"""`tfpipe serve`'s flags: all 48 of tensorflow_model_server's, plus a few of tfpipe's.
 
 A command line written for tensorflow_model_server works with the program name replaced
 by `tfpipe serve`; both `--flag=value` and `--flag value` are accepted, and boolean flags
-take `--flag`, `--flag=true` or `--flag=false` as TF Serving's do.
+take `--flag`, `--flag=true` or `--flag=false` as TF Serving's do. Defaults are TF
+Serving's (tensorflow_serving/model_servers/server.h). A flag that only concerns TF
+Serving's own internals is accepted, and the server says in one line that it ignores it
+and why (`Flag.ignored`); the rest are honoured.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 CPUS = os.cpu_count() or 1
 
@@ -23,46 +27,149 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-# name, type, default, help: tensorflow_model_server's flags that tfpipe serve honours.
-TF_SERVING_FLAGS = [
-    ("port", int, 8500, "gRPC port (PredictionService, ModelService)."),
-    ("rest_api_port", int, 0, "REST port; 0 (the default, as in TF Serving) disables the REST API."),
-    ("rest_api_num_threads", int, 4 * CPUS, "Threads that run REST requests' model calls."),
-    ("rest_api_timeout_in_ms", int, 30000, "REST request timeout; 504 past it."),
-    ("grpc_max_threads", int, 4 * CPUS, "Threads that run gRPC requests' model calls."),
-    ("model_name", str, "default", "Name of the model when --model_base_path is used."),
-    ("model_base_path", str, "", "Directory holding numbered version subdirectories (BASE/VERSION/)."),
-    ("model_config_file", str, "", "ModelServerConfig text proto: several models, version policies, labels."),
-    ("model_config_file_poll_wait_seconds", int, 0, "Re-read --model_config_file this often; 0: read once."),
-    ("file_system_poll_wait_seconds", int, 1, "Poll base paths for new versions this often; 0: once."),
-    ("enable_batching", _bool, False, "Merge concurrent requests into batches (see --batching_parameters_file)."),
-    ("batching_parameters_file", str, "", "BatchingParameters text proto."),
-    ("monitoring_config_file", str, "", "MonitoringConfig text proto; enables Prometheus metrics."),
-    ("enable_model_warmup", _bool, True, "Replay assets.extra/tf_serving_warmup_requests before serving a version."),
-    ("tensorflow_intra_op_parallelism", int, 0, "TensorFlow intra-op threads; 0: TensorFlow's choice."),
-    ("tensorflow_inter_op_parallelism", int, 0, "TensorFlow inter-op threads; 0: TensorFlow's choice."),
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    kind: Any  # int, float, str or _bool
+    default: Any
+    help: str
+    ignored: str = ""  # why this server accepts the flag but does nothing with it
+
+
+_TFLITE = ("TF Serving's experimental TFLite runtime; tfpipe serve runs every version's SavedModel with "
+           "TensorFlow (tfpipe export measures the TFLite variants)")
+
+# In tensorflow_model_server's order (model_servers/main.cc).
+TF_SERVING_FLAGS: list[Flag] = [
+    Flag("port", int, 8500, "gRPC port (PredictionService, ModelService); 0 disables TCP gRPC (then "
+         "--grpc_socket_path is needed). Negative: pick a free port (tfpipe's, for tests)."),
+    Flag("grpc_socket_path", str, "", "Also serve gRPC on this Unix domain socket (relative or absolute path)."),
+    Flag("rest_api_port", int, 0, "REST port; 0 disables the REST API. Must differ from --port."),
+    Flag("rest_api_num_threads", int, 4 * CPUS, "Threads that run REST requests' model calls."),
+    Flag("rest_api_timeout_in_ms", int, 30000, "REST request timeout; 504 past it."),
+    Flag("rest_api_enable_cors_support", _bool, False, "Add CORS headers (Access-Control-Allow-*) to REST answers."),
+    Flag("enable_batching", _bool, False, "Merge concurrent requests into batches (see --batching_parameters_file)."),
+    Flag("allow_version_labels_for_unavailable_models", _bool, False,
+         "Let a config assign a new version label to a version that is not AVAILABLE yet."),
+    Flag("batching_parameters_file", str, "", "BatchingParameters text proto (needs --enable_batching)."),
+    Flag("enable_per_model_batching_parameters", _bool, False,
+         "With --enable_batching: a version's batching_params.pbtxt (in its SavedModel directory) replaces "
+         "--batching_parameters_file for that version."),
+    Flag("model_config_file", str, "", "ModelServerConfig text proto: several models, version policies, labels "
+         "(--model_name and --model_base_path are then ignored)."),
+    Flag("model_config_file_poll_wait_seconds", int, 0, "Re-read --model_config_file this often; 0: read once."),
+    Flag("model_name", str, "default", "Name of the model when --model_base_path is used."),
+    Flag("model_base_path", str, "", "Directory holding numbered version subdirectories (BASE/VERSION/)."),
+    Flag("num_load_threads", int, 0, "Threads that load versions; 0 loads them one after another."),
+    Flag("num_unload_threads", int, 0, "Threads that unload versions; 0 unloads them one after another."),
+    Flag("max_num_load_retries", int, 5, "Retries of a version whose load failed, before it is reported as failed."),
+    Flag("load_retry_interval_micros", int, 60_000_000, "Wait between load retries; negative: no wait."),
+    Flag("file_system_poll_wait_seconds", int, 1, "Poll base paths for new versions this often; 0: once; "
+         "negative: never (no model loads)."),
+    Flag("flush_filesystem_caches", _bool, True, "Flush file-system caches after loads.",
+         ignored="tfpipe serve keeps no file-system cache, and TensorFlow's Python API has no call that flushes "
+                 "its own"),
+    Flag("tensorflow_session_parallelism", int, 0, "Threads for both TensorFlow pools; 0: TensorFlow's choice."),
+    Flag("tensorflow_session_config_file", str, "", "TensorFlow ConfigProto text proto: thread pools, GPU memory, "
+         "XLA and graph rewrites are applied to TensorFlow's runtime."),
+    Flag("tensorflow_intra_op_parallelism", int, 0, "TensorFlow intra-op threads; 0: TensorFlow's choice."),
+    Flag("tensorflow_inter_op_parallelism", int, 0, "TensorFlow inter-op threads; 0: TensorFlow's choice."),
+    Flag("use_alts_credentials", _bool, False, "Secure gRPC with Google ALTS (Google Cloud VMs only)."),
+    Flag("ssl_config_file", str, "", "SSLConfig text proto: TLS for gRPC, client certificates with client_verify."),
+    Flag("platform_config_file", str, "", "PlatformConfigMap text proto; its tensorflow SessionBundleConfig "
+         "replaces the batching, session and warmup flags."),
+    Flag("per_process_gpu_memory_fraction", float, 0.0, "Share of each GPU's memory TensorFlow may take; 0: grow "
+         "as needed."),
+    Flag("saved_model_tags", str, "serve", "Comma-separated tags of the MetaGraphDef to load."),
+    Flag("grpc_channel_arguments", str, "", "Comma-separated gRPC server channel arguments, e.g. "
+         "grpc.max_connection_age_ms=2000 (integers are passed as integers)."),
+    Flag("grpc_max_threads", int, 4 * CPUS, "Threads that answer gRPC calls."),
+    Flag("enable_model_warmup", _bool, True, "Replay assets.extra/tf_serving_warmup_requests before serving a version."),
+    Flag("num_request_iterations_for_warmup", int, 0, "Replay each warmup record this many times; 0: once."),
+    Flag("version", _bool, False, "Print the version and exit."),
+    Flag("monitoring_config_file", str, "", "MonitoringConfig text proto; enables Prometheus metrics on the REST port."),
+    Flag("remove_unused_fields_from_bundle_metagraph", _bool, True, "Drop unused MetaGraphDef fields after loading.",
+         ignored="tfpipe serve keeps only a loaded meta graph's signature defs, so the other fields are never kept"),
+    Flag("prefer_tflite_model", _bool, False, "Run model.tflite instead of the SavedModel.", ignored=_TFLITE),
+    Flag("num_tflite_pools", int, CPUS, "TFLite interpreter pools.", ignored=_TFLITE),
+    Flag("num_tflite_interpreters_per_pool", int, 1, "TFLite interpreters per pool.", ignored=_TFLITE),
+    Flag("enable_signature_method_name_check", _bool, False,
+         "Classify/Regress accept only signatures whose method is classify/regress (off: any signature of the "
+         "right shape, as native TF2 models need)."),
+    Flag("xla_cpu_compilation_enabled", _bool, False, "Allow the XLA JIT on CPU.",
+         ignored="TensorFlow's Python runtime always allows XLA for functions compiled with jit_compile=True and "
+                 "has no switch that forbids it"),
+    Flag("xla_gpu_compilation_enabled", _bool, False, "Allow the XLA JIT on CPU and GPU.",
+         ignored="TensorFlow's Python runtime always allows XLA for functions compiled with jit_compile=True and "
+                 "has no switch that forbids it"),
+    Flag("enable_profiler", _bool, True, "Register TensorFlow's profiler gRPC service.",
+         ignored="the profiler service is TF Serving's C++ gRPC service; TensorFlow's Python profiler server "
+                 "(tf.profiler.experimental.server.start) can run in a process of its own"),
+    Flag("thread_pool_factory_config_file", str, "", "ThreadPoolConfig text proto for per-request thread pools.",
+         ignored="TF Serving's C++ thread-pool factory registry; model calls here run on TensorFlow's own "
+                 "pools (--tensorflow_*_parallelism)"),
+    Flag("mixed_precision", str, "", "'bfloat16': run float32 models with bfloat16 auto mixed precision."),
+    Flag("skip_initialize_tpu", _bool, False, "Skip TPU system initialisation.",
+         ignored="TPU initialisation; this server runs on CPU and GPU"),
+    Flag("enable_grpc_healthcheck_service", _bool, False, "Serve the standard grpc.health.v1.Health service."),
+    Flag("enable_serialization_as_tensor_content", _bool, False,
+         "Predict responses carry tensor_content bytes instead of typed value fields."),
 ]
-BOOL_FLAGS = {n for n, t, _, _ in TF_SERVING_FLAGS if t is _bool}
+FLAGS_BY_NAME = {f.name: f for f in TF_SERVING_FLAGS}
+BOOL_FLAGS = {f.name for f in TF_SERVING_FLAGS if f.kind is _bool}
 
 
 @dataclass
 class ServeOptions:
+    # tensorflow_model_server's (defaults as in TF Serving)
     port: int = 8500
+    grpc_socket_path: str = ""
     rest_api_port: int = 0
     rest_api_num_threads: int = 4 * CPUS
     rest_api_timeout_in_ms: int = 30000
-    grpc_max_threads: int = 4 * CPUS
-    model_name: str = "default"
-    model_base_path: str = ""
+    rest_api_enable_cors_support: bool = False
+    enable_batching: bool = False
+    allow_version_labels_for_unavailable_models: bool = False
+    batching_parameters_file: str = ""
+    enable_per_model_batching_parameters: bool = False
     model_config_file: str = ""
     model_config_file_poll_wait_seconds: int = 0
+    model_name: str = "default"
+    model_base_path: str = ""
+    num_load_threads: int = 0
+    num_unload_threads: int = 0
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
     file_system_poll_wait_seconds: int = 1
-    enable_batching: bool = False
-    batching_parameters_file: str = ""
-    monitoring_config_file: str = ""
-    enable_model_warmup: bool = True
+    flush_filesystem_caches: bool = True
+    tensorflow_session_parallelism: int = 0
+    tensorflow_session_config_file: str = ""
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
+    use_alts_credentials: bool = False
+    ssl_config_file: str = ""
+    platform_config_file: str = ""
+    per_process_gpu_memory_fraction: float = 0.0
+    saved_model_tags: str = "serve"
+    grpc_channel_arguments: str = ""
+    grpc_max_threads: int = 4 * CPUS
+    enable_model_warmup: bool = True
+    num_request_iterations_for_warmup: int = 0
+    version: bool = False
+    monitoring_config_file: str = ""
+    remove_unused_fields_from_bundle_metagraph: bool = True
+    prefer_tflite_model: bool = False
+    num_tflite_pools: int = CPUS
+    num_tflite_interpreters_per_pool: int = 1
+    enable_signature_method_name_check: bool = False
+    xla_cpu_compilation_enabled: bool = False
+    xla_gpu_compilation_enabled: bool = False
+    enable_profiler: bool = True
+    thread_pool_factory_config_file: str = ""
+    mixed_precision: str = ""
+    skip_initialize_tpu: bool = False
+    enable_grpc_healthcheck_service: bool = False
+    enable_serialization_as_tensor_content: bool = False
     # tfpipe's own
     backend: str = "embedded"
     host: str = "0.0.0.0"
@@ -73,16 +180,37 @@ class ServeOptions:
     config_dir: str = "serve-config"
     emit_k8s: str = ""
     dry_run: bool = False
+    # which TF Serving flags the command line named (the ignored-flag notes name only those)
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    def tags(self) -> list[str]:
+        return [t for t in self.saved_model_tags.split(",") if t] or ["serve"]
+
+
+class _Given(argparse.Action):
+    """Stores the value and remembers that the flag was on the command line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if values is None else values)
+        given = set(getattr(namespace, "_given", ()) or ())
+        given.add(self.dest)
+        namespace._given = given
 
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
-    tf = parser.add_argument_group("tensorflow_model_server flags")
-    for name, kind, default, text in TF_SERVING_FLAGS:
-        if kind is _bool:
-            tf.add_argument(f"--{name}", type=_bool, nargs="?", const=True, default=default,
-                            help=f"{text} (default {str(default).lower()})")
+    tf = parser.add_argument_group(
+        f"tensorflow_model_server flags (all {len(TF_SERVING_FLAGS)}; TF Serving's defaults)")
+    for f in TF_SERVING_FLAGS:
+        text = f"{f.help} (default {str(f.default).lower() if f.kind is _bool else repr(f.default)})"
+        if f.ignored:
+            text += f". Accepted, ignored: {f.ignored}."
+        text = text.replace("%", "%%")
+        if f.kind is _bool:
+            tf.add_argument(f"--{f.name}", type=_bool, nargs="?", const=True, default=f.default,
+                            action=_Given, metavar="true|false", help=text)
         else:
-            tf.add_argument(f"--{name}", type=kind, default=default, help=f"{text} (default {default!r})")
+            tf.add_argument(f"--{f.name}", type=f.kind, default=f.default, action=_Given, metavar=f.kind.__name__.upper(),
+                            help=text)
     own = parser.add_argument_group("tfpipe flags")
     own.add_argument("--backend", choices=["embedded", "tfserving", "docker"], default="embedded",
                      help="embedded: tfpipe's TF-Serving-compatible server (default); tfserving: run "
@@ -103,4 +231,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    return ServeOptions(**{k: getattr(args, k) for k in ServeOptions.__dataclass_fields__})
+    values = {k: getattr(args, k) for k in ServeOptions.__dataclass_fields__ if k != "given"}
+    return ServeOptions(**values, given=frozenset(getattr(args, "_given", ()) or ()))
+
+
+def ignored_flag_notes(opts: ServeOptions) -> list[str]:
+    """One line per TF Serving flag on the command line that this server does not act on."""
+    return [f"--{f.name} is accepted and ignored: {f.ignored}" for f in TF_SERVING_FLAGS
+            if f.ignored and f.name in opts.given]

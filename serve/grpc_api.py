@@ -35,14 +35,15 @@ from serve.requests import (
     regression_result,
     tensor_proto,
 )
-from serve.servable import CLASSIFY, REGRESS
 
 
-def spec_of(spec) -> tuple[str, int | None, str | None]:
-    if not spec.name:
-        raise invalid("Missing ModelSpec")
+def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
+    """A ModelSpec's (name, version, label); `named`: an empty name is INVALID_ARGUMENT here."""
+    if named and not spec.name:
+        raise invalid("ModelSpec has no name specified.")
     choice = spec.WhichOneof("version_choice")
-    return spec.name, spec.version.value if choice == "version" else None, spec.version_label if choice == "version_label" else None
+    return (spec.name, spec.version.value if choice == "version" else None,
+            spec.version_label if choice == "version_label" else None)
 
 
 def _answer(metrics: Metrics, api: str, name: str, context, handler):
@@ -61,8 +62,11 @@ def _answer(metrics: Metrics, api: str, name: str, context, handler):
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, inference: Inference, metrics: Metrics):
-        self.inference, self.metrics = inference, metrics
+    """`tensor_content`: Predict answers carry numbers as tensor_content bytes
+    (--enable_serialization_as_tensor_content) rather than typed value fields."""
+
+    def __init__(self, inference: Inference, metrics: Metrics, tensor_content: bool = False):
+        self.inference, self.metrics, self.tensor_content = inference, metrics, tensor_content
 
     def Predict(self, request, context):
         def run():
@@ -73,7 +77,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             response = predict_pb2.PredictResponse()
             model_spec(response.model_spec, name, servable.version, sig.name)
             for k, v in outputs.items():
-                response.outputs[k].CopyFrom(tensor_proto(v))
+                response.outputs[k].CopyFrom(tensor_proto(v, self.tensor_content))
             return response
         return _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
@@ -101,25 +105,17 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         def run():
             if not request.tasks:
                 raise invalid("Tasks is empty")
-            examples = input_examples(request.input)
-            names = {t.model_spec.name for t in request.tasks}
-            if len(names) != 1:
-                raise invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name")
+            tasks = [(spec_of(t.model_spec, named=False), t.model_spec.signature_name, t.method_name)
+                     for t in request.tasks]
+            servable, results = self.inference.multi_inference(tasks, input_examples(request.input))
             response = inference_pb2.MultiInferenceResponse()
-            for task in request.tasks:
-                name, version, label = spec_of(task.model_spec)
-                result = response.results.add()
-                if task.method_name == CLASSIFY:
-                    servable, sig, classes, scores = self.inference.classify(
-                        name, version, label, task.model_spec.signature_name, examples)
-                    result.classification_result.CopyFrom(classification_result(classes, scores))
-                elif task.method_name == REGRESS:
-                    servable, sig, values = self.inference.regress(
-                        name, version, label, task.model_spec.signature_name, examples)
-                    result.regression_result.CopyFrom(regression_result(values))
+            for task, result in zip(request.tasks, results, strict=True):
+                out = response.results.add()
+                if result[0] == "classify":
+                    out.classification_result.CopyFrom(classification_result(*result[1:]))
                 else:
-                    raise invalid(f"Unsupported signature method_name: {task.method_name}")
-                model_spec(result.model_spec, name, servable.version, sig.name)
+                    out.regression_result.CopyFrom(regression_result(result[1]))
+                model_spec(out.model_spec, task.model_spec.name, servable.version, task.model_spec.signature_name)
             return response
         name = request.tasks[0].model_spec.name if request.tasks else ""
         return _answer(self.metrics, "multi_inference", name, context, run)

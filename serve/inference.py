@@ -13,15 +13,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from serve.batcher import BatchScheduler
+from serve.batcher import BatchOptions, BatchScheduler
+from serve.errors import invalid, unimplemented
 from serve.manager import ModelManager
-from serve.servable import Servable, Signature
+from serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature, classification_outputs, \
+    regression_outputs
 
 
 class Inference:
+    """`per_model_batching`: each version batches with its own batching_params.pbtxt (and
+    without one, not at all), as --enable_per_model_batching_parameters does."""
+
     def __init__(self, manager: ModelManager, batcher: BatchScheduler | None = None,
-                 executor: ThreadPoolExecutor | None = None):
+                 executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False):
         self.manager, self.batcher, self.executor = manager, batcher, executor
+        self.per_model_batching = per_model_batching
+        self._options: dict[int, BatchOptions | None] = {}
 
     # ---- blocking: called on the caller's thread -------------------------------------
 
@@ -42,6 +49,42 @@ class Inference:
         servable = self.manager.resolve(name, version, label)
         sig, values = servable.regress(signature_name, examples, self._runner(servable))
         return servable, sig, values
+
+    def multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
+        """tasks: (model_spec fields, signature name, method) per task, all of one model.
+        Checked as TF Serving checks them, then each task's signature runs on the examples.
+        Returns the servable and, per task, ('classify', classes, scores) or ('regress', values)."""
+        names = set()
+        for (name, _, _), signature_name, _ in tasks:
+            if not name:
+                raise invalid("Found ModelSpec with an empty model name.")
+            names.add(name)
+        if len(names) > 1:
+            raise invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+        servable = self.manager.resolve(*tasks[0][0])
+        seen = set()
+        for _, signature_name, method in tasks:
+            key = signature_name or DEFAULT_SIGNATURE
+            if key in seen:
+                raise invalid(f"Duplicate evaluation of signature: {key}")
+            seen.add(key)
+            if key not in servable.signatures:
+                raise invalid(f"Requested signature not found in model graph: {key}")
+            if method == CLASSIFY:
+                servable.classification_signature(key)
+            elif method == REGRESS:
+                servable.regression_signature(key)
+            else:
+                raise unimplemented(f"Unsupported signature method_name: {method}")
+        if not examples:
+            raise invalid("Input is empty.")
+        run, results = self._runner(servable), []
+        for _, signature_name, method in tasks:
+            sig = servable.signatures[signature_name or DEFAULT_SIGNATURE]
+            out = servable._run_examples(sig, examples, run)
+            results.append(("classify", *classification_outputs(out, len(examples))) if method == CLASSIFY
+                           else ("regress", regression_outputs(out, len(examples))))
+        return servable, results
 
     # ---- asyncio: the REST API --------------------------------------------------------
 
@@ -65,12 +108,35 @@ class Inference:
 
     # ---- batching ----------------------------------------------------------------------
 
+    def batch_options(self, servable: Servable) -> BatchOptions | None:
+        """The batching parameters this version uses; None: it runs unbatched."""
+        if self.batcher is None:
+            return None
+        if not self.per_model_batching:
+            return self.batcher.options
+        if servable.uid not in self._options:
+            p = servable.batching_params
+            if p is None:
+                self._options[servable.uid] = None
+            else:
+                o = BatchOptions.from_proto(p)
+                o.num_batch_threads = self.batcher.options.num_batch_threads  # the shared pool's size
+                self._options[servable.uid] = o
+        return self._options[servable.uid]
+
+    def forget(self, servable: Servable) -> None:
+        """The version unloaded: its queues and cached options go."""
+        self._options.pop(servable.uid, None)
+        if self.batcher is not None:
+            self.batcher.drop(servable.uid)
+
     def _submit(self, servable: Servable, sig: Signature, checked: dict[str, np.ndarray]):
         """The batch queue's future for this request, or None when it runs unbatched."""
-        if self.batcher is None or not _batchable(checked):
+        options = self.batch_options(servable)
+        if options is None or not _batchable(checked):
             return None
-        key = (id(servable), sig.name, tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(checked.items())))
-        return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked)
+        key = (servable.uid, sig.name, tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(checked.items())))
+        return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options)
 
     def _runner(self, servable: Servable):
         """How Classify and Regress call their signature: through the batch queue when on."""

@@ -1,25 +1,53 @@
 """Which model versions are loaded: polling base paths, version policies, labels, hot reload.
 
-Like TF Serving's availability-preserving policy, a new version loads (and runs its
-warmup) beside the old one; requests move to it once it is AVAILABLE, and only then is
-the old one unloaded. A version that fails to load is reported in status with its error
-and never takes traffic; it is retried when its directory changes.
+Follows TF Serving's ServerCore with the AvailabilityPreservingPolicy:
+  * base paths are polled every --file_system_poll_wait_seconds; a child directory whose
+    name parses as an integer is a version (`00000123` is version 123);
+  * a new version loads (and runs its warmup) beside the old one; requests move to it once
+    it is AVAILABLE, and only then is the old one unloaded;
+  * a failed load is retried --max_num_load_retries times, --load_retry_interval_micros
+    apart, while the version is still wanted; then it is reported in status with its error
+    and never takes traffic (a later change of its directory tries again);
+  * at start, and for models a config reload adds, the caller waits until each model has a
+    version AVAILABLE; a model whose versions all failed is an error; a base path that does
+    not exist, or holds no version, is reported and polled until one appears;
+  * version labels may point only at AVAILABLE versions, unless
+    --allow_version_labels_for_unavailable_models (then only new labels may).
+Loads run on --num_load_threads threads (0: one after another), unloads on
+--num_unload_threads (0: in the thread that decides them). After an unload the freed
+model's memory is handed back to the operating system (cyclic garbage collected, then
+glibc's malloc_trim), so that hot reloads keep the process flat.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from serve.errors import invalid, not_found
+from serve.errors import ServingError, invalid, not_found, precondition, unknown
 from serve.servable import Servable
 
 START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
+FAILED = "UNKNOWN"  # the error code a failed load reports in status
+_INT64 = re.compile(r"^\s*[+-]?\d+\s*$")
+
+
+@dataclass
+class ManagerOptions:
+    load_threads: int = 0
+    unload_threads: int = 0
+    max_load_retries: int = 5
+    retry_interval_seconds: float = 60.0
+    allow_unavailable_labels: bool = False
 
 
 @dataclass
@@ -32,12 +60,14 @@ class VersionState:
     mtime: float = 0.0
     load_seconds: float = 0.0
     warmup_records: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)  # set: stop retrying this load
 
 
 @dataclass
 class Model:
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, VersionState] = field(default_factory=dict)
+    finding: str = ""  # what the last poll found wrong at the base path (logged when it changes)
 
     @property
     def name(self) -> str:
@@ -47,17 +77,57 @@ class Model:
         return {v: s.servable for v, s in self.versions.items() if s.state == AVAILABLE and s.servable}
 
 
-def versions_on_disk(base_path: str) -> dict[int, float]:
-    """Numeric subdirectories of a base path (the layout TF Serving polls) and their mtimes."""
+def version_number(name: str) -> int | None:
+    """A directory name as TF Serving reads it (absl::SimpleAtoi into int64): `00000123` is
+    123; anything that is not a whole number in range is not a version."""
+    if not _INT64.match(name):
+        return None
+    value = int(name)
+    return value if -2**63 <= value < 2**63 else None
+
+
+def versions_on_disk(base_path: str) -> dict[int, tuple[str, float]]:
+    """Version subdirectories of a base path: version -> (directory name, mtime). Two names
+    for one number (`1` and `001`): the last in name order wins, as TF Serving warns."""
     try:
-        entries = list(os.scandir(base_path))
+        entries = sorted(os.scandir(base_path), key=lambda e: e.name)
     except OSError:
         return {}
-    return {int(e.name): e.stat().st_mtime for e in entries
-            if e.name.isdigit() and e.is_dir()}
+    out = {}
+    for e in entries:
+        v = version_number(e.name)
+        if v is not None and e.is_dir():
+            out[v] = (e.name, e.stat().st_mtime)
+    return out
 
 
-def wanted_versions(policy, on_disk: dict[int, float], failed: set[int]) -> list[int]:
+def base_path_finding(name: str, base_path: str, on_disk: dict, policy) -> str:
+    """'' when the base path is fine; otherwise what is wrong with it, in words a user can act on."""
+    if not os.path.exists(base_path):
+        return (f"Could not find base path {base_path} for servable {name}: it does not exist "
+                f"(it should hold numbered version directories, e.g. {base_path}/1/saved_model.pb)")
+    if not os.path.isdir(base_path):
+        return f"Could not find base path {base_path} for servable {name}: it is a file, not a directory"
+    if on_disk:
+        if policy is not None and policy.WhichOneof("policy_choice") == "specific":
+            missing = sorted(set(policy.specific.versions) - set(on_disk))
+            if missing:
+                return (f"Version(s) {missing} of servable {name}, which were requested to be served as 'specific' "
+                        f"versions in the servable's version policy, were not found in {base_path} "
+                        f"(it has {sorted(on_disk)})")
+        return ""
+    try:
+        entries = sorted(e.name + ("/" if e.is_dir() else "") for e in os.scandir(base_path))
+    except OSError as e:
+        return f"Could not read base path {base_path} for servable {name}: {e.strerror}"
+    held = ", ".join(entries[:8]) + (f", ... ({len(entries)} entries)" if len(entries) > 8 else "") or "nothing"
+    hint = (f"; a SavedModel sits directly in the base path: move it into {base_path}/1/"
+            if "saved_model.pb" in entries else "")
+    return (f"No versions of servable {name} found under base path {base_path}. Did you forget to name your leaf "
+            f"directory as a number (eg. '/1/')? It holds: {held}{hint}")
+
+
+def wanted_versions(policy, on_disk: dict, failed: set[int]) -> list[int]:
     """The versions a model version policy asks for (failed loads are passed over by 'latest')."""
     kind = policy.WhichOneof("policy_choice") if policy is not None else None
     if kind == "all":
@@ -68,26 +138,44 @@ def wanted_versions(policy, on_disk: dict[int, float], failed: set[int]) -> list
     return sorted((v for v in on_disk if v not in failed), reverse=True)[:n]
 
 
+def release_memory() -> None:
+    """Collect an unloaded model's reference cycles now and hand freed heap back to the OS."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 class ModelManager:
     """Loads, swaps and unloads servables; `resolve` is what request handlers call."""
 
-    def __init__(self, config: model_server_config_pb2.ModelServerConfig, warmup: bool = True,
-                 log: Callable[[str], None] = print, on_load: Callable[[Model, VersionState], None] | None = None):
-        self.warmup = warmup
+    def __init__(self, config: model_server_config_pb2.ModelServerConfig,
+                 make_servable: Callable[[str, int, str], Servable],
+                 options: ManagerOptions = ManagerOptions(), log: Callable[[str], None] = print,
+                 on_unload: Callable[[Servable], None] | None = None):
+        self.make_servable = make_servable
+        self.options = options
         self.log = log
-        self.on_load = on_load
+        self.on_unload = on_unload
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified on every state change
         self._poll_lock = threading.Lock()  # one poll at a time: the poller and config reloads
         self._models: dict[str, Model] = {}
+        self._labels: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.set_config(config)
+        self._polled = False
+        self._loaders = ThreadPoolExecutor(max(1, options.load_threads), thread_name_prefix="tfpipe-load")
+        self._unloaders = (ThreadPoolExecutor(options.unload_threads, thread_name_prefix="tfpipe-unload")
+                           if options.unload_threads > 0 else None)
+        self._install(config)
 
     # -- configuration --------------------------------------------------------------
-    def set_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Replace the served models (HandleReloadConfigRequest); checks before changing anything."""
+    def _install(self, config: model_server_config_pb2.ModelServerConfig) -> tuple[list[str], list[Model]]:
+        """Replace the served models; returns (new model names, removed models)."""
         if config.WhichOneof("config") == "custom_model_config":
-            raise invalid("custom_model_config is not supported; use model_config_list")
+            raise invalid("ModelServer does not yet support custom model config.")
         names = [c.name for c in config.model_config_list.config]
         if len(set(names)) != len(names):
             raise invalid(f"Illegal to list model {sorted({n for n in names if names.count(n) > 1})[0]} "
@@ -99,36 +187,107 @@ class ModelManager:
                 raise invalid(f"model {c.name}: model_platform {c.model_platform!r} is not supported (tensorflow)")
         with self._lock:
             old = self._models
-            self._models = {}
+            self._models, new = {}, []
             for c in config.model_config_list.config:
                 model = old.get(c.name)
                 if model is not None and model.config.base_path == c.base_path:
                     model.config = c
                 else:
                     model = Model(c)
+                    new.append(c.name)
                 self._models[c.name] = model
             removed = [m for n, m in old.items() if n not in self._models or self._models[n] is not m]
+        return new, removed
+
+    def set_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        """HandleReloadConfigRequest / a changed --model_config_file: swap the models, wait
+        for the new ones, then apply the version labels (checked against what is AVAILABLE)."""
+        new, removed = self._install(config)
         for m in removed:
-            for s in m.versions.values():
-                s.state, s.servable = END, None
-        if self._thread is not None:
+            for s in list(m.versions.values()):
+                self._retire(m, s)
+        if self._polled:
             self.poll()
+            self.wait_for(new)
+        self._set_labels(config)
 
     def models(self) -> list[Model]:
         with self._lock:
             return list(self._models.values())
 
+    def _set_labels(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        labels: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for c in config.model_config_list.config:
+                model = self._models.get(c.name)
+                for label, version in c.version_labels.items():
+                    old = self._labels.get(c.name, {}).get(label)
+                    may_wait = self.options.allow_unavailable_labels and old in (None, version)
+                    if not may_wait and (model is None or version not in model.available()):
+                        raise precondition(f"Request to assign label to version {version} of model {c.name}, "
+                                           "which is not currently available for inference")
+                    labels.setdefault(c.name, {})[label] = version
+            self._labels = labels
+
     # -- polling --------------------------------------------------------------------
-    def start(self, poll_seconds: float) -> None:
-        """Load what is on disk now, then poll every `poll_seconds` (0: once, <0: never again)."""
-        self.poll()
-        self._thread = threading.Thread(target=self._loop, args=(poll_seconds,), name="tfpipe-model-poller",
-                                        daemon=True)
+    def start(self, poll_seconds: float, config: model_server_config_pb2.ModelServerConfig | None = None) -> None:
+        """Poll now, then every `poll_seconds` (0: only now; < 0: never, as TF Serving's testing
+        mode); wait until every model has a version AVAILABLE; then apply the labels."""
+        if poll_seconds < 0:
+            self.log("--file_system_poll_wait_seconds < 0: base paths are never polled, so no model can load")
+        else:
+            self.poll()
+        self._polled = True
         if poll_seconds > 0:
+            self._thread = threading.Thread(target=self._loop, args=(poll_seconds,), name="tfpipe-model-poller",
+                                            daemon=True)
             self._thread.start()
+        self.wait_for([m.name for m in self.models()], reminder=not poll_seconds > 0)
+        if config is not None:
+            try:
+                self._set_labels(config)
+            except ServingError as e:
+                raise unknown(e.message) from None
+
+    def wait_for(self, names: list[str], reminder: bool = False) -> None:
+        """Block until each named model has an AVAILABLE version; UNKNOWN naming the models
+        whose wanted versions all failed. Returns early (quietly) once the manager stops."""
+        t0, said = time.monotonic(), 0.0
+        with self._lock:
+            while not self._stop.is_set():
+                pending, failed = [], []
+                for name in names:
+                    model = self._models.get(name)
+                    if model is None or model.available():
+                        continue
+                    states = list(model.versions.values())
+                    if states and all(s.state == END and s.error_code == FAILED for s in states):
+                        failed.append(model)
+                    else:
+                        pending.append(model)
+                if failed and not pending:
+                    details = ", ".join(f"{{{{name: {m.name} version: {max(m.versions)}}} due to error: "
+                                        f"{m.versions[max(m.versions)].error_message}}}" for m in failed)
+                    raise unknown(f"{len(failed)} model(s) did not become available: {{{details}}}")
+                if not pending:
+                    return
+                waited = time.monotonic() - t0
+                if waited - said >= 30:
+                    said = waited
+                    self.log(f"still waiting for a version of {', '.join(m.name for m in pending)} to load "
+                             f"({waited:.0f}s)" + (": nothing more will be polled" if reminder else ""))
+                self._changed.wait(timeout=5.0)
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            self._changed.notify_all()
+            for m in self._models.values():
+                for s in m.versions.values():
+                    s.cancel.set()
+        self._loaders.shutdown(wait=False, cancel_futures=True)
+        if self._unloaders:
+            self._unloaders.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self, seconds: float) -> None:
         while not self._stop.wait(seconds):
@@ -143,47 +302,121 @@ class ModelManager:
                 self._poll_model(model)
 
     def _poll_model(self, model: Model) -> None:
+        policy = model.config.model_version_policy if model.config.HasField("model_version_policy") else None
         on_disk = versions_on_disk(model.config.base_path)
-        failed = {v for v, s in model.versions.items()
-                  if s.error_code != "OK" and on_disk.get(v) == s.mtime}
-        wanted = wanted_versions(model.config.model_version_policy if model.config.HasField("model_version_policy")
-                                 else None, on_disk, failed)
-        for v in wanted:
-            s = model.versions.get(v)
-            if s is None or (s.state == END and (s.error_code == "OK" or on_disk[v] != s.mtime)):
-                self._load(model, v, on_disk[v])
-        # Unload only what is no longer wanted, and only once something wanted is serving.
-        wanted_up = any(model.versions.get(v) and model.versions[v].state == AVAILABLE for v in wanted)
-        for v, s in list(model.versions.items()):
-            if s.state == AVAILABLE and v not in wanted and (wanted_up or v not in on_disk):
-                with self._lock:
-                    s.state = UNLOADING
-                    s.servable = None  # in-flight requests keep their own reference
-                    s.state = END
-                self.log(f"unloaded {model.name} version {v}")
-
-    def _load(self, model: Model, version: int, mtime: float) -> None:
-        s = VersionState(version, LOADING, mtime=mtime)
+        finding = base_path_finding(model.name, model.config.base_path, on_disk, policy)
+        if finding != model.finding:
+            model.finding = finding
+            if finding:
+                self.log(finding)
         with self._lock:
-            model.versions[version] = s
+            wanted = self._wanted(model, on_disk)
+            for v, s in model.versions.items():
+                if s.state == LOADING and v not in wanted:
+                    s.cancel.set()  # a retrying load of a version no longer wanted stops
+            to_load = []
+            for v in sorted(wanted, reverse=True):  # the newest first, as TF Serving's policy loads
+                s = model.versions.get(v)
+                if s is None or (s.state == END and (s.error_code != FAILED or on_disk[v][1] != s.mtime)):
+                    s = model.versions[v] = VersionState(v, LOADING, mtime=on_disk[v][1])
+                    to_load.append((s, os.path.join(model.config.base_path, on_disk[v][0])))
+        for s, path in to_load:
+            self._loaders.submit(self._load, model, s, path)
+        self._settle(model, set(wanted))
+
+    def _wanted(self, model: Model, on_disk: dict) -> list[int]:
+        """Versions the model's policy asks for; a failed load is passed over until its
+        directory changes."""
+        policy = model.config.model_version_policy if model.config.HasField("model_version_policy") else None
+        failed = {v for v, s in model.versions.items()
+                  if s.state == END and s.error_code == FAILED and on_disk.get(v, (None, None))[1] == s.mtime}
+        return wanted_versions(policy, on_disk, failed)
+
+    def _settle(self, model: Model, wanted: set[int] | None = None) -> None:
+        """Unload versions no longer wanted, keeping one serving until a wanted one is."""
+        with self._lock:
+            if wanted is None:
+                wanted = set(self._wanted(model, versions_on_disk(model.config.base_path)))
+            if self._models.get(model.name) is not model:
+                return
+            stale = sorted((s for v, s in model.versions.items() if s.state == AVAILABLE and v not in wanted),
+                           key=lambda s: s.version)
+            wanted_up = any(model.versions.get(v) and model.versions[v].state == AVAILABLE for v in wanted)
+            if wanted and not wanted_up:  # keep the newest stale one serving until a wanted one is
+                stale = stale[:-1]
+        for s in stale:
+            self._retire(model, s)
+
+    def _retire(self, model: Model, s: VersionState) -> None:
+        """Stop serving a version; its memory goes once in-flight requests let go of it."""
+        with self._lock:
+            s.cancel.set()
+            servable, s.servable = s.servable, None
+            if s.state in (AVAILABLE, LOADING, START):
+                s.state = UNLOADING if servable is not None else END
+            self._changed.notify_all()
+        if servable is None:
+            return
+        if self._unloaders:
+            self._unloaders.submit(self._unload, model, s, servable)
+        else:
+            self._unload(model, s, servable)
+
+    def _unload(self, model: Model, s: VersionState, servable: Servable) -> None:
+        if self.on_unload:
+            self.on_unload(servable)
+        del servable  # in-flight requests keep their own reference
+        with self._lock:
+            s.state = END
+            self._changed.notify_all()
+        release_memory()
+        self.log(f"unloaded {model.name} version {s.version}")
+
+    def _load(self, model: Model, s: VersionState, path: str) -> None:
+        attempts = 1 + max(0, self.options.max_load_retries)
         t0 = time.perf_counter()
-        path = os.path.join(model.config.base_path, str(version))
-        try:
-            servable = Servable(model.name, version, path)
-            s.warmup_records = servable.warmup() if self.warmup else 0
-        except Exception as e:
-            msg = getattr(e, "message", None) or str(e) or type(e).__name__
+        servable, error = None, ""
+        for attempt in range(1, attempts + 1):
+            if s.cancel.is_set() or self._stop.is_set():
+                break
+            try:
+                servable = self.make_servable(model.name, s.version, path)
+                s.warmup_records = servable.warmup() if servable.settings.warmup else 0
+                break
+            except Exception as e:  # noqa: BLE001 (any load failure is reported in status)
+                msg = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]
+                error, servable = f"Failed to load {path}: {msg}", None
+                if attempt < attempts:
+                    wait = max(0.0, self.options.retry_interval_seconds)
+                    self.log(f"loading {model.name} version {s.version} failed (attempt {attempt} of {attempts}); "
+                             f"retrying in {wait:g}s: {msg}")
+                    if s.cancel.wait(wait):
+                        break
+        if servable is None:
             with self._lock:
-                s.state, s.error_code, s.error_message = END, "UNKNOWN", f"Failed to load {path}: {msg.splitlines()[0]}"
-            self.log(f"version {version} of {model.name} failed to load: {s.error_message}")
+                if s.state == LOADING:
+                    s.state, s.error_code = END, FAILED if error else "CANCELLED"
+                    s.error_message = error or "the load was cancelled"
+                self._changed.notify_all()
+            if s.error_code == FAILED:
+                self.log(f"version {s.version} of {model.name} failed to load: {s.error_message}")
+            self._settle(model)
             return
         s.load_seconds = time.perf_counter() - t0
         with self._lock:
-            s.servable, s.state = servable, AVAILABLE
-        self.log(f"loaded {model.name} version {version} in {s.load_seconds:.2f}s"
+            live = s.state == LOADING and self._models.get(model.name) is model and not self._stop.is_set()
+            if live:
+                s.servable, s.state, s.error_code, s.error_message = servable, AVAILABLE, "OK", ""
+            self._changed.notify_all()
+        if not live:  # unwanted while it loaded
+            with self._lock:
+                s.state = END
+            if self.on_unload:
+                self.on_unload(servable)
+            return
+        self.log(f"loaded {model.name} version {s.version} in {s.load_seconds:.2f}s"
                  + (f" ({s.warmup_records} warmup requests)" if s.warmup_records else ""))
-        if self.on_load:
-            self.on_load(model, s)
+        self._settle(model)
 
     # -- lookups --------------------------------------------------------------------
     def _model(self, name: str) -> Model:
@@ -193,16 +426,22 @@ class ModelManager:
             raise not_found(f"Servable not found for request: Latest({name})")
         return model
 
+    def _label_version(self, name: str, label: str) -> int:
+        version = self._labels.get(name, {}).get(label)
+        if version is None:
+            raise invalid(f"Unrecognized servable version label: {label}")
+        return version
+
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
         """The servable a request names: a version, a label, or (neither) the latest available."""
-        model = self._model(name)
         with self._lock:
-            available = model.available()
+            model = self._models.get(name)
             if label:
-                labels = dict(model.config.version_labels)
-                if label not in labels:
-                    raise invalid(f"Unrecognized servable version label: {label}")
-                version = labels[label]
+                version = self._label_version(name, label)
+            if model is None:
+                raise not_found(f"Servable not found for request: {'Latest' if version is None else 'Specific'}"
+                                f"({name}{'' if version is None else f', {version}'})")
+            available = model.available()
             if version is None:
                 if not available:
                     raise not_found(f"Servable not found for request: Latest({name})")
@@ -212,14 +451,11 @@ class ModelManager:
             return available[version]
 
     def status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionState]:
-        model = self._model(name)
         with self._lock:
             if label:
-                labels = dict(model.config.version_labels)
-                if label not in labels:
-                    raise invalid(f"Unrecognized servable version label: {label}")
-                version = labels[label]
-            states = sorted(model.versions.values(), key=lambda s: -s.version)
+                version = self._label_version(name, label)
+            model = self._models.get(name)
+            states = sorted(model.versions.values(), key=lambda s: -s.version) if model else []
             if version is not None:
                 states = [s for s in states if s.version == version]
                 if not states:

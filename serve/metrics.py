@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 from collections import defaultdict
 
@@ -51,7 +52,9 @@ class Metrics:
             self.batch_sizes.observe(rows)
             self.padded_rows += padded - rows
 
-    def render(self, loaded: dict[str, list[int]], queue_depth: int) -> str:
+    def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0) -> str:
+        from serve.servable import LIVE
+
         out = []
         with self._lock:
             out += ["# HELP tfpipe_serving_requests_total Requests by model, API and final status.",
@@ -70,7 +73,17 @@ class Metrics:
                     f"tfpipe_serving_batch_padding_rows_total {self.padded_rows}",
                     "# HELP tfpipe_serving_batch_queue_depth Rows waiting in batch queues.",
                     "# TYPE tfpipe_serving_batch_queue_depth gauge",
-                    f"tfpipe_serving_batch_queue_depth {queue_depth}"]
+                    f"tfpipe_serving_batch_queue_depth {queue_depth}",
+                    "# HELP tfpipe_serving_batch_queues Batch queues (one per version, signature and input shapes).",
+                    "# TYPE tfpipe_serving_batch_queues gauge",
+                    f"tfpipe_serving_batch_queues {queues}"]
+        out += ["# HELP tfpipe_serving_live_servables Loaded model versions still in memory (serving, or "
+                "unloaded but held by in-flight requests).",
+                "# TYPE tfpipe_serving_live_servables gauge",
+                f"tfpipe_serving_live_servables {len(LIVE)}",
+                "# HELP process_resident_memory_bytes Resident memory size in bytes.",
+                "# TYPE process_resident_memory_bytes gauge",
+                f"process_resident_memory_bytes {_rss_bytes()}"]
         out += ["# HELP tfpipe_serving_loaded_versions Versions loaded and AVAILABLE per model.",
                 "# TYPE tfpipe_serving_loaded_versions gauge"]
         for model, versions in sorted(loaded.items()):
@@ -78,6 +91,16 @@ class Metrics:
             for v in versions:
                 out.append(f"tfpipe_serving_version_available{_labels([('model', model), ('version', v)])} 1")
         return "\n".join(out) + "\n"
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return psutil.Process().memory_info().rss
 
 
 def _histogram(name: str, labels: list, h: _Histogram) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,7 @@ from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import input_pb2, predict_pb2
 
-from serve.errors import invalid
-from serve.servable import Signature
+from serve.errors import ServingError, invalid
 
 
 # TensorProto <-> numpy without tf.make_ndarray / tf.make_tensor_proto, which cost ~25 us
@@ -73,8 +73,9 @@ def predict_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]
     return {name: tensor_to_numpy(proto, name) for name, proto in request.inputs.items()}
 
 
-def tensor_proto(value: np.ndarray) -> tensor_pb2.TensorProto:
-    """Typed value fields, as TF Serving fills its responses (clients read float_val etc.)."""
+def tensor_proto(value: np.ndarray, content: bool = False) -> tensor_pb2.TensorProto:
+    """Typed value fields, as TF Serving fills its responses (clients read float_val etc.);
+    `content`: numbers as tensor_content bytes (--enable_serialization_as_tensor_content)."""
     proto = tensor_pb2.TensorProto()
     for d in value.shape:
         proto.tensor_shape.dim.add(size=d)
@@ -86,7 +87,10 @@ def tensor_proto(value: np.ndarray) -> tensor_pb2.TensorProto:
     if dt is None:
         return tf.make_tensor_proto(value)
     proto.dtype = dt
-    getattr(proto, _VALUE_FIELDS[dt][0]).extend(value.ravel().tolist())
+    if content:
+        proto.tensor_content = np.ascontiguousarray(value).tobytes()
+    else:
+        getattr(proto, _VALUE_FIELDS[dt][0]).extend(value.ravel().tolist())
     return proto
 
 
@@ -108,137 +112,311 @@ def input_examples(inp: input_pb2.Input) -> list[bytes]:
 
 
 # ---- REST JSON -> numpy -------------------------------------------------------------
+# As TF Serving's util/json_tensor.cc: the signature's dtype says what each JSON value must
+# be; a tensor's shape comes from its first elements and every list must match it. Messages
+# are TF Serving's.
 
-def _leaf(v: Any, where: str) -> Any:
-    if isinstance(v, dict):
-        if set(v) == {"b64"} and isinstance(v["b64"], str):
-            try:
-                return base64.b64decode(v["b64"], validate=True)
-            except (binascii.Error, ValueError):
-                raise invalid(f"{where}: 'b64' value is not valid base64") from None
-        raise invalid(f"{where}: objects are only allowed as {{\"b64\": ...}} binary values")
-    if isinstance(v, str):
-        return v.encode("utf-8")
-    return v
+_TF_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "half"}
+_DEBUG_BYTES = 256  # TF Serving cuts the JSON it quotes in errors at this length
 
 
-def _array(value: Any, where: str) -> np.ndarray:
-    """A JSON value (scalar or nested lists) as a rectangular numpy array."""
-    def has_text(v):
-        if isinstance(v, list):
-            return any(has_text(x) for x in v)
-        return isinstance(v, (str, dict))
+def json_debug(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    return text if len(text) <= _DEBUG_BYTES else text[:_DEBUG_BYTES]
 
-    def convert(v):
-        return [convert(x) for x in v] if isinstance(v, list) else _leaf(v, where)
 
+def _json_type(value: Any) -> str:
     if value is None:
-        raise invalid(f"{where}: null is not a tensor value")
-    if has_text(value):
-        nested = convert(value)
-        shape = _shape_of(nested, where)
-        flat = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=object)
-        flat[:] = list(_flatten(nested)) if shape else [nested]
-        return flat.reshape(shape)
+        return "Null"
+    if value is True:
+        return "True"
+    if value is False:
+        return "False"
+    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
+
+
+def dtype_name(dtype: tf.DType) -> str:
+    """TensorFlow's DataTypeString: float, double, int64, string, ..."""
+    return _TF_TYPE_NAMES.get(dtype.name, dtype.name)
+
+
+def _type_error(value: Any, dtype: tf.DType) -> ServingError:
+    return invalid(f"JSON Value: {json_debug(value)} Type: {_json_type(value)} is not of expected type: "
+                   f"{dtype_name(dtype)}")
+
+
+def _b64(value: dict) -> bytes:
+    if set(value) != {"b64"} or not isinstance(value["b64"], str):
+        raise invalid(f"JSON Value: {json_debug(value)} not formatted correctly for base64 data")
+    try:
+        return base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid("Unable to base64 decode") from None
+
+
+def _is_b64(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
+
+
+def _scalar(value: Any, dtype: tf.DType) -> Any:
+    """One JSON leaf as the dtype wants it (AddValueToTensor)."""
+    if dtype == tf.string:
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        if isinstance(value, dict):
+            return _b64(value)
+        raise _type_error(value, dtype)
+    if isinstance(value, dict):
+        raise _type_error(value, dtype)
+    if dtype == tf.bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(value, dtype)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error(value, dtype)
+    if dtype.is_floating:
+        return value
+    if isinstance(value, float) or not dtype.is_integer:  # a JSON number with a fraction is not an integer
+        raise _type_error(value, dtype)
+    info = np.iinfo(dtype.as_numpy_dtype)
+    if dtype in (tf.int8, tf.int16, tf.uint8):
+        info = np.iinfo(np.int32)  # TF Serving reads these as int (IsInt)
+    if not info.min <= value <= info.max:
+        raise _type_error(value, dtype)
+    return value
+
+
+def _dense_shape(value: Any) -> list[int]:
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def _fill(value: Any, level: int, shape: list[int], dtype: tf.DType, out: list) -> None:
+    """FillTensorProto: leaves only at the deepest level, every list of the expected size."""
+    rank = len(shape)
+    if not isinstance(value, list):
+        if level != rank:
+            raise invalid(f"JSON Value: {json_debug(value)} found at incorrect level: {level + 1} in the JSON DOM. "
+                          f"Expected at level: {rank}")
+        out.append(_scalar(value, dtype))
+        return
+    if level >= rank:
+        raise invalid(f"Encountered list at unexpected level: {level} expected < {rank}")
+    if len(value) != shape[level]:
+        raise invalid(f"Encountered list at unexpected size: {len(value)} at level: {level} "
+                      f"expected size: {shape[level]}")
+    for v in value:
+        _fill(v, level + 1, shape, dtype, out)
+
+
+def _numpy_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(object) if dtype == tf.string else np.dtype(dtype.as_numpy_dtype)
+
+
+def json_tensor(value: Any, dtype: tf.DType) -> np.ndarray:
+    """A JSON value (scalar or nested lists) as a tensor of the signature's dtype."""
+    if dtype != tf.string and isinstance(value, list):
+        fast = _fast_numeric(value, dtype)
+        if fast is not None:
+            return fast
+    shape = _dense_shape(value)
+    flat: list = []
+    _fill(value, 0, shape, dtype, flat)
+    if dtype == tf.string:
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+        return arr.reshape(shape)
+    return np.array(flat, dtype=_numpy_dtype(dtype)).reshape(shape)
+
+
+def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
+    """numpy's conversion when it is decisive (rectangular numbers of an acceptable kind);
+    None sends the value through the exact, slower walk (which also words the errors)."""
     try:
         arr = np.asarray(value)
-    except ValueError:
-        raise invalid(f"{where}: ragged lists; every element along a dimension must have the same shape") from None
-    if arr.dtype == object:
-        raise invalid(f"{where}: values must be numbers, booleans, strings or lists of them")
-    return arr
+    except (ValueError, TypeError):
+        return None
+    kind = arr.dtype.kind
+    if dtype == tf.bool:
+        return arr if kind == "b" else None
+    if dtype.is_floating and kind in "iuf":
+        return arr.astype(_numpy_dtype(dtype), copy=False)
+    if dtype.is_integer and kind in "iu" and arr.size:
+        info = np.iinfo(np.int32 if dtype in (tf.int8, tf.int16, tf.uint8) else dtype.as_numpy_dtype)
+        if info.min <= arr.min() and arr.max() <= info.max:
+            return arr.astype(_numpy_dtype(dtype), copy=False)
+    return None
 
 
-def _shape_of(v, where: str) -> tuple[int, ...]:
-    if not isinstance(v, list):
-        return ()
-    shapes = {_shape_of(x, where) for x in v}
-    if len(shapes) > 1:
-        raise invalid(f"{where}: ragged lists; every element along a dimension must have the same shape")
-    return (len(v), *(shapes.pop() if shapes else ()))
+def _status(e: ServingError) -> str:
+    return f"{e.code.name}: {e.message}"
 
 
-def _flatten(v):
-    for x in v:
-        if isinstance(x, list):
-            yield from _flatten(x)
-        else:
-            if isinstance(x, (list, dict)) or x is None:
-                raise invalid("null or mixed values inside a string tensor")
-            yield x
+def json_inputs(body: dict, inputs: dict[str, tf.DType]) -> tuple[dict[str, np.ndarray], bool]:
+    """Named numpy inputs from a :predict body and whether it used the row format; `inputs`
+    is the signature's input names and dtypes."""
+    if not inputs:
+        raise invalid(f"Failed to get input map for signature: {body.get('signature_name') or 'DEFAULT'}")
+    has_instances, has_inputs = "instances" in body, "inputs" in body
+    if has_instances and has_inputs:
+        raise invalid(f"JSON Value: {json_debug(body)} Not formatted correctly expecting only one of 'inputs' or "
+                      "'instances' keys to exist ")
+    if has_instances:
+        instances = body["instances"]
+        if not isinstance(instances, list):
+            raise invalid(f"JSON Value: {json_debug(body)} Expecting 'instances' to be an list/array")
+        if not instances:
+            raise invalid(f"JSON Value: {json_debug(body)} No values in 'instances' array")
+        return _instances(instances, inputs), True
+    if has_inputs:
+        return _columns(body["inputs"], inputs), False
+    raise invalid("Missing 'inputs' or 'instances' key")
 
 
-def json_inputs(body: dict, sig: Signature) -> tuple[dict[str, np.ndarray], bool]:
-    """Named numpy inputs from a :predict body, and whether it used the row format."""
-    if ("instances" in body) == ("inputs" in body):
-        raise invalid("JSON Value: should have one of 'instances' or 'inputs' key, but not both" if "inputs" in body
-                      else "Missing 'instances' or 'inputs' key")
-    names = list(sig.inputs)
-    if "inputs" in body:
-        value = body["inputs"]
-        if isinstance(value, dict) and not (set(value) == {"b64"}):
-            return {k: _array(v, f"input '{k}'") for k, v in value.items()}, False
-        if len(names) != 1:
-            raise invalid(f"'inputs' must be an object naming each of the signature's inputs {names}")
-        return {names[0]: _array(value, f"input '{names[0]}'")}, False
-    instances = body["instances"]
-    if not isinstance(instances, list):
-        raise invalid("'instances' must be a list")
-    if not instances:
-        raise invalid("'instances' is empty")
-    objects = [isinstance(i, dict) and set(i) != {"b64"} for i in instances]
-    if all(objects):
-        keys = set(instances[0])
-        for n, inst in enumerate(instances):
-            if set(inst) != keys:
-                raise invalid(f"Failed to process element: {n} of 'instances' list. Error: the instances name "
-                              f"different inputs ({sorted(set(inst) ^ keys)})")
-        return {k: _array([inst[k] for inst in instances], f"input '{k}'") for k in keys}, True
-    if any(objects):
-        raise invalid("'instances' mixes objects and plain values")
-    if len(names) != 1:
-        raise invalid(f"the signature has several inputs {names}: each instance must be an object naming them")
-    return {names[0]: _array(instances, f"input '{names[0]}'")}, True
+def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.ndarray]:
+    def is_object(v):
+        return isinstance(v, dict) and not _is_b64(v)
+
+    names = sorted(inputs)
+    if not isinstance(instances[0], dict) and len(inputs) > 1:
+        raise invalid("instances is a plain list, but expecting list of objects as multiple input tensors "
+                      "required as per tensorinfo_map")
+    if not is_object(instances[0]):
+        name = names[0]
+        for i, item in enumerate(instances):
+            if is_object(item):
+                raise invalid(f"Expecting value/list but got object at item {i} of input list")
+        try:
+            return {name: _stacked([(i, item) for i, item in enumerate(instances)], inputs[name])}
+        except ServingError as e:
+            raise invalid(f"Failed to process element: {e.item} of 'instances' list. Error: {_status(e)}") from None
+    columns: dict[str, list] = {n: [] for n in names}
+    for i, item in enumerate(instances):
+        if not is_object(item):
+            raise invalid(f"Expecting object but got list at item {i} of input list")
+        for key, value in item.items():
+            if key not in inputs:
+                raise invalid(f"Failed to process element: {i} key: {key} of 'instances' list. Error: "
+                              f"INVALID_ARGUMENT: JSON object: does not have named input: {key}")
+            columns[key].append((i, value))
+        if set(item) != set(names):
+            raise invalid(f"Failed to process element: {i} of 'instances' list. JSON object: {json_debug(item)} "
+                          f"keys must be equal to: {','.join(names)}")
+    out = {}
+    for name in names:
+        try:
+            out[name] = _stacked(columns[name], inputs[name])
+        except ServingError as e:
+            raise invalid(f"Failed to process element: {e.item} key: {name} of 'instances' list. Error: "
+                          f"{_status(e)}") from None
+    return out
+
+
+def _stacked(items: list[tuple[int, Any]], dtype: tf.DType) -> np.ndarray:
+    """One tensor from the instances' values of one input: [instances, *shape of each]."""
+    values = [v for _, v in items]
+    if dtype != tf.string:
+        fast = _fast_numeric(values, dtype)
+        if fast is not None and fast.ndim >= 1:
+            return fast
+    first_shape = first_size = None
+    parts = []
+    for i, value in items:
+        try:
+            shape = _dense_shape(value)
+            flat: list = []
+            _fill(value, 0, shape, dtype, flat)
+            if first_shape is None:
+                first_shape, first_size = shape, len(flat)
+            elif len(flat) != first_size:
+                raise invalid(f"Expecting tensor size: {first_size} but got: {len(flat)}")
+            elif shape != first_shape:
+                raise invalid(f"Expecting shape [{','.join(map(str, first_shape))}] but got: "
+                              f"[{','.join(map(str, shape))}]")
+        except ServingError as e:
+            e.item = i
+            raise
+        parts.extend(flat)
+    if dtype == tf.string:
+        arr = np.empty(len(parts), dtype=object)
+        arr[:] = parts
+    else:
+        arr = np.array(parts, dtype=_numpy_dtype(dtype))
+    return arr.reshape([len(items), *first_shape])
+
+
+def _columns(value: Any, inputs: dict[str, tf.DType]) -> dict[str, np.ndarray]:
+    if not isinstance(value, dict) or _is_b64(value):
+        if len(inputs) > 1:
+            raise invalid("inputs is a plain value/list, but expecting an object as multiple input tensors "
+                          "required as per tensorinfo_map")
+        (name, dtype), = inputs.items()
+        return {name: json_tensor(value, dtype)}
+    out = {}
+    for name in sorted(inputs):
+        if name not in value:
+            raise invalid(f"Missing named input: {name} in 'inputs' object.")
+        out[name] = json_tensor(value[name], inputs[name])
+    return out
 
 
 def json_examples(body: dict) -> list[bytes]:
-    """Serialized tf.Examples from a :classify / :regress body ('examples' plus optional 'context')."""
-    examples = body.get("examples")
-    if not isinstance(examples, list) or not examples:
-        raise invalid("'examples' must be a non-empty list of objects")
-    context = body.get("context", {})
-    if not isinstance(context, dict):
-        raise invalid("'context' must be an object")
-    ctx = _example(context, "context")
+    """Serialized tf.Examples from a :classify / :regress body ('examples' plus optional
+    'context', whose features each example's own override)."""
+    ctx = _example(body["context"]) if "context" in body else None
+    if "examples" not in body:
+        raise invalid(f"JSON Value: {json_debug(body)} When method is classify, key 'examples' is expected and was "
+                      "not found")
+    examples = body["examples"]
+    if not isinstance(examples, list):
+        raise invalid(f"JSON Value: {json_debug(body)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise invalid(f"JSON Value: {json_debug(body)} 'examples' value is an empty array")
     out = []
-    for n, e in enumerate(examples):
-        if not isinstance(e, dict):
-            raise invalid(f"examples[{n}] must be an object")
-        clash = set(e) & set(context)
-        if clash:
-            raise invalid(f"examples[{n}]: features {sorted(clash)} also appear in 'context'")
-        ex = _example(e, f"examples[{n}]")
-        ex.MergeFrom(ctx)
+    for e in examples:
+        ex = _example(e)
+        if ctx is not None:
+            merged = example_pb2.Example()
+            merged.CopyFrom(ctx)
+            merged.MergeFrom(ex)
+            ex = merged
         out.append(ex.SerializeToString())
     return out
 
 
-def _example(features: dict, where: str) -> example_pb2.Example:
+_KINDS = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
+
+
+def _example(features: Any) -> example_pb2.Example:
+    """MakeExampleFromJsonObject: a feature's values (one or a list) are all strings (or
+    b64), all numbers with a fraction (floats), or all whole numbers/booleans (int64)."""
+    if not isinstance(features, dict):
+        raise invalid(f"Example must be JSON object but got JSON {_json_type(features)}")
     ex = example_pb2.Example()
-    for name, value in features.items():
-        values = value if isinstance(value, list) else [value]
-        leaves = [_leaf(v, f"{where}.{name}") for v in values]
+    for name, content in features.items():
         f = ex.features.feature[name]
-        if all(isinstance(v, bytes) for v in leaves):
-            f.bytes_list.value.extend(leaves)
-        elif all(isinstance(v, int) and not isinstance(v, bool) for v in leaves):
-            if any(not -2**63 <= v < 2**63 for v in leaves):
-                raise invalid(f"{where}.{name}: integer out of int64 range")
-            f.int64_list.value.extend(leaves)
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in leaves):
-            f.float_list.value.extend(float(v) for v in leaves)
-        else:
-            raise invalid(f"{where}.{name}: a feature holds numbers or strings, all of one kind")
+        for v in content if isinstance(content, list) else [content]:
+            if v is None or isinstance(v, list) or (isinstance(v, dict) and not _is_b64(v)):
+                raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(v)}")
+            if isinstance(v, (str, dict)):
+                kind, item = "bytes_list", v.encode("utf-8") if isinstance(v, str) else _b64(v)
+            elif isinstance(v, float):
+                kind, item = "float_list", v
+            else:
+                kind, item = "int64_list", int(v)
+                if item >= 2**63:
+                    raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+                if item < -2**63:
+                    raise _type_error(v, tf.int64)
+            current = f.WhichOneof("kind")
+            if current not in (None, kind):
+                raise invalid(f"Unexpected element type in feature: {name} expecting type: {_KINDS[current]}")
+            getattr(f, kind).value.append(item)
     return ex
 
 
@@ -268,15 +446,17 @@ def json_outputs(outputs: dict[str, np.ndarray], row_format: bool) -> dict[str, 
             (name, value), = outputs.items()
             return {"outputs": _jsonable(name, value)}
         return {"outputs": {k: _jsonable(k, v) for k, v in outputs.items()}}
-    sizes = {v.shape[0] if v.ndim else None for v in outputs.values()}
-    if len(sizes) != 1 or None in sizes:
-        raise invalid("Tensor name: outputs do not share a batch (0-th) dimension; use the columnar "
-                      "'inputs' format for this signature")
+    n = None
+    for name, value in sorted(outputs.items()):
+        if value.ndim == 0:
+            raise invalid(f"Tensor name: {name} has no shape information ")
+        if n is not None and value.shape[0] != n:
+            raise invalid(f"Tensor name: {name} has inconsistent batch size: {value.shape[0]} expecting: {n}")
+        n = value.shape[0]
     if len(outputs) == 1:
         (name, value), = outputs.items()
         return {"predictions": _jsonable(name, value)}
     columns = {k: _jsonable(k, v) for k, v in outputs.items()}
-    n = sizes.pop()
     return {"predictions": [{k: columns[k][i] for k in columns} for i in range(n)]}
 
 

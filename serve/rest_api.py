@@ -1,11 +1,14 @@
-"""TF Serving's REST API on aiohttp: same paths, JSON shapes and status codes.
+"""TF Serving's REST API on aiohttp: same paths, JSON shapes, status codes and messages.
 
     GET  /v1/models/NAME[/versions/V | /labels/L]            model status
     GET  /v1/models/NAME[/versions/V | /labels/L]/metadata   signature defs
     POST /v1/models/NAME[/versions/V | /labels/L]:predict    row ("instances") or columnar ("inputs")
     POST /v1/models/NAME[/versions/V | /labels/L]:classify   {"examples": [...], "context": {...}}
     POST /v1/models/NAME[/versions/V | /labels/L]:regress
-Errors are {"error": "..."} with the HTTP code TF Serving maps the gRPC status to.
+    OPTIONS (any /v1/ path)                                    CORS preflight
+Paths match case-insensitively, the model name and label are percent-decoded, as in TF
+Serving's http_rest_api_util.cc. Errors are {"error": "..."} with the HTTP code TF
+Serving maps the gRPC status to; JSON that does not parse gets rapidjson's wording.
 """
 
 from __future__ import annotations
@@ -14,25 +17,44 @@ import asyncio
 import json
 import re
 import time
+import urllib.parse
 
 from aiohttp import web
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from serve.errors import ServingError, invalid
+from serve.errors import ServingError, invalid, precondition
 from serve.grpc_api import metadata_response, status_response
 from serve.inference import Inference
 from serve.metrics import Metrics
 from serve.requests import (
     classification_result,
+    json_debug,
     json_examples,
     json_inputs,
     json_outputs,
     regression_result,
 )
+from serve.servable import DEFAULT_SIGNATURE
 
-_PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-                   r"(?:(?P<meta>/metadata)|:(?P<verb>[A-Za-z_]+))?/?$")
+_PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
+                              r"(classify|regress|predict)", re.IGNORECASE)
+_STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
+                          re.IGNORECASE)
+_API_PATH = re.compile(r"/v1/.*", re.IGNORECASE)
+CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET",
+                "Access-Control-Allow-Headers": "Content-Type"}
+
+# Python's json messages -> rapidjson's (GetParseError_En), which TF Serving reports.
+_PARSE_ERRORS = [
+    ("Expecting value", "Invalid value."),
+    ("Expecting property name", "Missing a name for object member."),
+    ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
+    ("Unterminated string", "Missing a closing quotation mark in string."),
+    ("Invalid control character", "Invalid encoding in string."),
+    ("Invalid \\escape", "Invalid escape character in string."),
+    ("Invalid \\u", "Incorrect hex digit after \\u escape in string."),
+]
 
 
 def _json(body, status: int = 200) -> web.Response:
@@ -49,54 +71,138 @@ def _proto_json(message) -> dict:
                                      always_print_fields_with_no_presence=True)
 
 
+def parse_json(raw: bytes):
+    """A request body as TF Serving's ParseJson reads it: rapidjson's error texts, and
+    anything after the first complete value ignored (kParseStopWhenDoneFlag)."""
+    if not raw:
+        raise invalid("JSON Parse error: The document is empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid(f"JSON Parse error: Invalid encoding in string. at offset: {e.start}") from None
+    start = len(text) - len(text.lstrip(" \t\r\n"))
+    if start == len(text):
+        raise invalid(f"JSON Parse error: The document is empty. at offset: {start}")
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as e:
+        raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
+    except RecursionError:
+        raise invalid("JSON Parse error: Terminate parsing due to Handler error. at offset: 0") from None
+    if not isinstance(value, dict):
+        raise invalid(f"JSON Value: {json_debug(value)} Is not object")
+    return value
+
+
+def _rapidjson_message(e: json.JSONDecodeError) -> str:
+    if e.msg.startswith("Expecting ',' delimiter"):
+        return ("Missing a comma or '}' after an object member." if _innermost(e.doc, e.pos) == "{"
+                else "Missing a comma or ']' after an array element.")
+    for python, rapidjson in _PARSE_ERRORS:
+        if e.msg.startswith(python):
+            return rapidjson
+    return "Invalid value."
+
+
+def _innermost(doc: str, pos: int) -> str:
+    """The bracket open at `pos` ('{' or '['), strings skipped."""
+    stack, in_string, escaped = [], False, False
+    for ch in doc[:pos]:
+        if in_string:
+            escaped = not escaped and ch == "\\"
+            if ch == '"' and not escaped:
+                in_string = False
+            continue
+        if ch == '"':
+            in_string, escaped = True, False
+        elif ch in "[{":
+            stack.append(ch)
+        elif ch in "]}" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
+
+
+def _signature_name(body: dict) -> str:
+    name = body.get("signature_name", "")
+    if not isinstance(name, str):
+        raise invalid(f"JSON Value: {json_debug(body)} not formatted correctly. 'signature_name' key must be a "
+                      "string value.")
+    return name
+
+
+def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None, str] | None:
+    """(model name, version, label, api) of a TF Serving REST path; api is predict /
+    classify / regress (POST), metadata or model_status (GET). None: not one of them."""
+    m = (_PREDICTION_PATH if method == "POST" else _STATUS_PATH).fullmatch(raw_path) \
+        if method in ("POST", "GET") else None
+    if m is None:
+        return None
+    name, version, label, last = m.groups()
+    name = urllib.parse.unquote(name or "")
+    label = urllib.parse.unquote(label) if label else None
+    if version is not None:
+        number = int(version)
+        if number >= 2**63:
+            raise invalid(f"Failed to convert version: {version} to numeric.")
+        version = number
+    api = last.lower() if method == "POST" else ("metadata" if last else "model_status")
+    if method == "POST" and last not in ("predict", "classify", "regress"):
+        return None  # TF Serving's verbs are matched case-insensitively, then compared exactly
+    return name, version, label, api
+
+
 class RestApi:
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
-                 metrics_path: str | None = None):
+                 metrics_path: str | None = None, cors: bool = False):
         self.inference, self.metrics = inference, metrics
         self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         self.metrics_path = metrics_path
         self.max_body_bytes = max_body_bytes
+        self.cors = cors
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors_as_json])
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
     @web.middleware
     async def _errors_as_json(self, request, handler):
         try:
-            return await handler(request)
+            response = await handler(request)
         except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 405, ...
-            return _error(e.status, e.reason if e.status != 413 else
-                          f"Request body too large (limit {self.max_body_bytes} bytes)")
+            response = _error(e.status, e.reason if e.status != 413 else
+                              f"Request body too large (limit {self.max_body_bytes} bytes)")
+        if self.cors:
+            response.headers.update(CORS_HEADERS)
+        return response
 
     async def dispatch(self, request: web.Request) -> web.Response:
+        raw_path = request.raw_path.split("?", 1)[0]
         if self.metrics_path and request.path == self.metrics_path:
             if request.method != "GET":
                 return _error(405, f"Malformed request: {request.method} {request.path}")
             depth = self.inference.batcher.depth() if self.inference.batcher else 0
-            return web.Response(text=self.metrics.render(self.inference.manager.loaded(), depth),
+            queues = self.inference.batcher.queue_count() if self.inference.batcher else 0
+            return web.Response(text=self.metrics.render(self.inference.manager.loaded(), depth, queues),
                                 content_type="text/plain", charset="utf-8")
-        m = _PATH.match(request.path)
-        if not request.path.startswith("/v1/"):
+        if not _API_PATH.fullmatch(raw_path):
             return _error(404, f"Not found: {request.method} {request.path}")
-        if m is None:
-            return _error(400, f"Malformed request: {request.method} {request.path}")
-        verb = m["verb"]
-        api = verb or ("metadata" if m["meta"] else "model_status")
         t0 = time.perf_counter()
-        status = "OK"
+        name, api, status = "", "unknown", "OK"
         try:
-            if (request.method == "POST") != bool(verb) or request.method not in ("GET", "POST") \
-                    or (verb and verb not in ("predict", "classify", "regress")):
-                raise invalid(f"Malformed request: {request.method} {request.path}")
-            try:
-                version = int(m["version"]) if m["version"] is not None else None
-            except ValueError:
-                raise invalid(f"Malformed request: {request.method} {request.path}") from None
-            spec = (m["name"], version, m["label"])
-            if verb:
-                body = await self._body(request)
-                work = getattr(self, verb)(spec, body)
+            if request.method == "OPTIONS":
+                if not re.search(r"https?://", request.headers.get("Origin", "")):
+                    raise precondition("Origin header is missing in CORS preflight")
+                return web.Response(status=200, content_type="application/json")
+            parsed = parse_path(request.method, raw_path)
+            if parsed is None:
+                raise invalid(f"Malformed request: {request.method} {raw_path}")
+            name, version, label, api = parsed
+            spec = (name, version, label)
+            if api in ("predict", "classify", "regress"):
+                body = parse_json(await request.read())
+                work = getattr(self, api)(spec, body)
                 response = await (asyncio.wait_for(work, self.timeout) if self.timeout else work)
-            elif m["meta"]:
+            elif not name:
+                raise invalid("Missing model name in request.")
+            elif api == "metadata":
                 req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
                 _fill_spec(req.model_spec, *spec)
                 resp = metadata_response(self.inference, req)
@@ -112,7 +218,7 @@ class RestApi:
             status = e.code.name
             response = _error(e.http_status, e.message)
         except web.HTTPException as e:  # 413 from the body reader: answered by the middleware
-            self.metrics.request(m["name"], api, f"HTTP_{e.status}", time.perf_counter() - t0)
+            self.metrics.request(name, api, f"HTTP_{e.status}", time.perf_counter() - t0)
             raise
         except TimeoutError:
             status = "DEADLINE_EXCEEDED"
@@ -120,37 +226,29 @@ class RestApi:
         except Exception as e:  # a bug, not bad input
             status = "INTERNAL"
             response = _error(500, f"{type(e).__name__}: {e}")
-        self.metrics.request(m["name"], api, status, time.perf_counter() - t0)
+        self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
 
-    async def _body(self, request: web.Request) -> dict:
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise invalid(f"JSON Parse error: {e}") from None
-        if not isinstance(body, dict):
-            raise invalid("JSON Value: request body must be a JSON object")
-        name = body.get("signature_name", "")
-        if not isinstance(name, str):
-            raise invalid("'signature_name' must be a string")
-        return body
-
     async def predict(self, spec, body: dict) -> web.Response:
+        signature_name = _signature_name(body)
         servable = self.inference.manager.resolve(*spec)
-        sig = servable.signature(body.get("signature_name", ""))
-        inputs, rows = json_inputs(body, sig)
+        key = signature_name or DEFAULT_SIGNATURE
+        if key not in servable.signature_defs:
+            raise invalid(f'Serving signature name: "{key}" not found in signature def')
+        sig = servable.signature(key)
+        inputs, rows = json_inputs(body, {k: dtype for k, (dtype, _) in sig.inputs.items()})
         _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
         return _json(json_outputs(outputs, rows))
 
     async def classify(self, spec, body: dict) -> web.Response:
-        _, _, classes, scores = await self.inference.classify_async(*spec, body.get("signature_name", ""),
-                                                              json_examples(body))
+        signature_name = _signature_name(body)
+        _, _, classes, scores = await self.inference.classify_async(*spec, signature_name, json_examples(body))
         result = classification_result(classes, scores)
         return _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
 
     async def regress(self, spec, body: dict) -> web.Response:
-        _, _, values = await self.inference.regress_async(*spec, body.get("signature_name", ""), json_examples(body))
+        signature_name = _signature_name(body)
+        _, _, values = await self.inference.regress_async(*spec, signature_name, json_examples(body))
         return _json({"results": [r.value for r in regression_result(values).regressions]})
 
 

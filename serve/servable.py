@@ -1,12 +1,20 @@
 """One loaded version of a SavedModel: its signatures, how to call them, and its warmup.
 
-Reads any SavedModel laid out for TF Serving, not only tfpipe's: signatures come from
-saved_model.pb, calls go through `tf.saved_model.load(...).signatures`.
+Reads any SavedModel laid out for TF Serving, not only tfpipe's: TF1 graphs saved with
+SavedModelBuilder as well as `tf.saved_model.save`; the meta graph is the one whose tags
+are --saved_model_tags; calls go through `tf.saved_model.load(...).signatures`.
+
+As in TF Serving, the tensors of a request go to the model as they are: their names and
+dtypes are checked against the signature, their shapes are not; the model's own ops accept
+or refuse them (a refusal is INVALID_ARGUMENT). When the shapes match the signature, the
+call takes a faster path (`_flat_caller`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +31,22 @@ DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
                               "tensorflow/serving/regress")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+BATCHING_PARAMS_FILE = "batching_params.pbtxt"  # --enable_per_model_batching_parameters
 MAX_WARMUP_RECORDS = 1000  # what TF Serving reads at most
+
+_uids = itertools.count(1)
+LIVE: weakref.WeakSet = weakref.WeakSet()  # every Servable not yet freed (the metrics report its size)
+
+
+@dataclass(frozen=True)
+class ServableSettings:
+    """How versions load and answer: the parts of TF Serving's SessionBundleConfig and flags
+    that concern one servable."""
+    tags: tuple[str, ...] = ("serve",)
+    method_name_check: bool = False  # --enable_signature_method_name_check
+    warmup: bool = True
+    warmup_iterations: int = 1  # --num_request_iterations_for_warmup
+    per_model_batching: bool = False  # read BASE/VERSION/batching_params.pbtxt
 
 
 @dataclass
@@ -35,11 +58,22 @@ class Signature:
     outputs: dict[str, tf.DType] = field(default_factory=dict)
     numpy_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     dims: dict[str, list[int | None] | None] = field(default_factory=dict)
-    call: Any = None  # checked numpy inputs -> dict of output tensors (see _flat_caller)
+    defaults: dict[str, np.ndarray] = field(default_factory=dict)
+    call: Any = None  # inputs whose shapes match the signature -> outputs (see _flat_caller)
+    call_any: Any = None  # inputs of any shape -> outputs (the public call)
 
     @property
     def method(self) -> str:
         return self.proto.method_name
+
+    def shapes_match(self, inputs: dict[str, np.ndarray]) -> bool:
+        for name, value in inputs.items():
+            dims = self.dims[name]
+            if dims is None:
+                continue
+            if len(dims) != value.ndim or any(d is not None and d != n for d, n in zip(dims, value.shape)):
+                return False
+        return True
 
 
 def _shape(info) -> tf.TensorShape:
@@ -48,20 +82,33 @@ def _shape(info) -> tf.TensorShape:
     return tf.TensorShape([d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
 
 
+def meta_graph(proto: saved_model_pb2.SavedModel, tags: tuple[str, ...]) -> meta_graph_pb2.MetaGraphDef:
+    """The MetaGraphDef whose tag set is exactly `tags`, as TensorFlow's loader picks it."""
+    for g in proto.meta_graphs:
+        if set(g.meta_info_def.tags) == set(tags):
+            return g
+    found = "; ".join("{ " + " ".join(sorted(g.meta_info_def.tags)) + " }" for g in proto.meta_graphs) or "none"
+    raise LookupError(f"Could not find meta graph def matching supplied tags: {{ {' '.join(sorted(tags))} }}. "
+                      f"The SavedModel has tag-sets: {found}. To inspect available tag-sets in the SavedModel, "
+                      "please use the SavedModel CLI: `saved_model_cli`")
+
+
 class Servable:
     """A SavedModel version ready to answer; thread-safe (TF functions are)."""
 
-    def __init__(self, name: str, version: int, path: str):
-        self.name, self.version, self.path = name, version, path
+    def __init__(self, name: str, version: int, path: str, settings: ServableSettings = ServableSettings()):
+        self.name, self.version, self.path, self.settings = name, version, path, settings
+        self.uid = next(_uids)  # never reused, unlike id(): batch queues are keyed by it
         proto = saved_model_pb2.SavedModel()
         pb = os.path.join(path, "saved_model.pb")
         if not os.path.exists(pb):
             raise FileNotFoundError(f"{path} holds no saved_model.pb")
         with open(pb, "rb") as f:
             proto.ParseFromString(f.read())
-        graphs = [g for g in proto.meta_graphs if "serve" in g.meta_info_def.tags] or list(proto.meta_graphs)
-        self.signature_defs = graphs[0].signature_def
-        loaded = tf.saved_model.load(path, tags=["serve"])
+        self.signature_defs = meta_graph(proto, settings.tags).signature_def
+        del proto  # only the signature defs are kept (as remove_unused_fields_from_bundle_metagraph)
+        self.batching_params = self._batching_params() if settings.per_model_batching else None
+        loaded = tf.saved_model.load(path, tags=list(settings.tags))
         self._loaded = loaded  # keeps the variables the functions read alive
         self.signatures: dict[str, Signature] = {}
         for key, sig_def in self.signature_defs.items():
@@ -73,8 +120,22 @@ class Servable:
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
                               for k, (d, _) in s.inputs.items()}
             s.dims = {k: shape.as_list() if shape.rank is not None else None for k, (_, shape) in s.inputs.items()}
-            s.call = _flat_caller(s.function, s.inputs) or _keyword_caller(s.function, s.inputs)
+            s.defaults = {k: tf.make_ndarray(v) for k, v in getattr(sig_def, "defaults", {}).items()}
+            s.call_any = _keyword_caller(s.function, s.inputs)
+            s.call = _flat_caller(s.function, s.inputs) or s.call_any
             self.signatures[key] = s
+        LIVE.add(self)
+
+    def _batching_params(self):
+        """BASE/VERSION/batching_params.pbtxt, or None: with per-model batching parameters a
+        version without the file is served unbatched, as in TF Serving."""
+        from serve.configs import read_text_proto
+        from serve.protos import BatchingParameters
+
+        path = os.path.join(self.path, BATCHING_PARAMS_FILE)
+        if not os.path.exists(path):
+            return None
+        return read_text_proto(path, BatchingParameters(), "per-model batching parameters")
 
     def signature(self, name: str) -> Signature:
         key = name or DEFAULT_SIGNATURE
@@ -83,30 +144,30 @@ class Servable:
         return self.signatures[key]
 
     def check_inputs(self, sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Names, dtypes and shapes against the signature, with TF Serving's wording."""
+        """Names against the signature (missing ones filled from its defaults) and dtypes, with
+        TF Serving's wording. Shapes are the model's to judge."""
         sent, wanted = set(inputs), set(sig.inputs)
         if sent != wanted:
-            raise invalid(f"input size does not match signature: {len(sent)}!={len(wanted)} "
-                          f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(wanted))}}}). "
-                          f"Sent extra: {{{','.join(sorted(sent - wanted))}}}. "
-                          f"Missing but required: {{{','.join(sorted(wanted - sent))}}}.")
+            missing = wanted - sent
+            if sent - wanted or not missing <= set(sig.defaults):
+                raise invalid(f"input size does not match signature: {len(sent)}!={len(wanted)} "
+                              f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(wanted))}}}). "
+                              f"Sent extra: {{{','.join(sorted(sent - wanted))}}}. "
+                              f"Missing but required: {{{','.join(sorted(missing - set(sig.defaults)))}}}.")
+            inputs = {**inputs, **{k: sig.defaults[k] for k in missing}}
         out = {}
         for name, value in inputs.items():
-            dtype, shape = sig.inputs[name]
-            if value.dtype != sig.numpy_dtypes[name]:  # the common case needs no checks
-                value = coerce(value, dtype, name)
-            dims = sig.dims[name]
-            if dims is not None and (len(dims) != value.ndim or
-                                     any(d is not None and d != n for d, n in zip(dims, value.shape, strict=True))):
-                raise invalid(f"input '{name}' has shape {list(value.shape)}; the signature expects {shape.as_list()}")
+            if value.dtype != sig.numpy_dtypes[name]:  # the common case needs no conversion
+                value = coerce(value, sig.inputs[name][0], name)
             out[name] = value
         return out
 
     def run(self, sig: Signature, inputs: dict[str, np.ndarray],
             output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Call the signature on checked inputs; an op that rejects the values is INVALID_ARGUMENT."""
+        """Call the signature on checked inputs; an op that refuses them is INVALID_ARGUMENT."""
+        call = sig.call if sig.shapes_match(inputs) else sig.call_any
         try:
-            result = sig.call(inputs)
+            result = call(inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
             raise invalid(_first_line(e)) from None
         names = output_filter or list(result)
@@ -114,57 +175,72 @@ class Servable:
 
     def output_filter(self, sig: Signature, names) -> list[str] | None:
         names = list(names)
+        seen = set()
         for n in names:
             if n not in sig.outputs:
                 raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in "
                               f"the set {{{','.join(sorted(sig.outputs))}}}.")
+            if n in seen:
+                raise invalid(f"duplicate output tensor alias: {n}")
+            seen.add(n)
         return names or None
 
-    # Classify and Regress take tf.Examples (tensorflow.serving.Input) through a signature
-    # whose method is classify / regress and whose one input is the serialized examples.
-    # `run` is how the signature gets called: Servable.run by default, the batcher's queue when
-    # batching is on.
-    def classify(self, sig_name: str, serialized: list[bytes], run=None
-                 ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
-        sig = self._example_signature(sig_name, CLASSIFY, "classification")
-        out = self._run_examples(sig, serialized, run or self.run)
-        classes = out.get("classes")
-        scores = out.get("scores")
-        if classes is None and scores is None:
-            raise precondition("Expected classification signature outputs to contain classes or scores")
-        if scores is not None and scores.ndim == 1:
-            scores = scores[:, None]
-        if classes is not None and classes.ndim == 1:
-            classes = classes[:, None]
-        return sig, classes, scores
+    # Classify and Regress take tf.Examples (tensorflow.serving.Input) through a signature with
+    # one input named `inputs`. Its method must be classify / regress only with
+    # --enable_signature_method_name_check; otherwise (TF Serving's default, which native TF2
+    # models need) any signature of that shape will do. `run` is how the signature gets called:
+    # Servable.run by default, the batcher's queue when batching is on.
+    def classification_signature(self, name: str) -> Signature:
+        sig = self._example_signature(name, CLASSIFY, "classification")
+        if len(sig.outputs) not in (1, 2):
+            raise invalid(f"Expected one or two output Tensors, found {len(sig.outputs)}")
+        if "classes" not in sig.outputs and "scores" not in sig.outputs:
+            raise invalid('Expected classification signature outputs to contain at least one of "classes" or '
+                          f'"scores". Signature was: {_debug(sig.proto)}')
+        return sig
 
-    def regress(self, sig_name: str, serialized: list[bytes], run=None) -> tuple[Signature, np.ndarray]:
-        sig = self._example_signature(sig_name, REGRESS, "regression")
-        out = self._run_examples(sig, serialized, run or self.run)
-        if "outputs" not in out:
-            raise precondition("Expected regression signature to have an output named outputs")
-        values = out["outputs"].reshape(len(serialized), -1)
-        if values.shape[1] != 1:
-            raise invalid(f"Expected output Tensor shape to be [{len(serialized)}] or [{len(serialized)}, 1], "
-                          f"was {list(out['outputs'].shape)}")
-        return sig, values[:, 0]
+    def regression_signature(self, name: str) -> Signature:
+        sig = self._example_signature(name, REGRESS, "regression")
+        if len(sig.outputs) != 1:
+            raise invalid("Expected one output Tensor.")
+        if "outputs" not in sig.outputs:
+            raise invalid(f"No regression outputs found in SignatureDef: {_debug(sig.proto)}")
+        return sig
 
     def _example_signature(self, name: str, method: str, kind: str) -> Signature:
-        sig = self.signature(name)
-        if sig.method != method:
+        key = name or DEFAULT_SIGNATURE
+        if key not in self.signatures:
+            raise invalid(f"No signature was found with the name: {key}")
+        sig = self.signatures[key]
+        if self.settings.method_name_check and sig.method != method:
             raise invalid(f"Expected {kind} signature method_name to be {method}. Was: {sig.method}")
-        if len(sig.inputs) != 1 or next(iter(sig.inputs.values()))[0] != tf.string:
-            raise invalid(f"Expected one serialized-example (string) input in signature {sig.name}")
+        if len(sig.inputs) != 1:
+            raise invalid("Expected one input Tensor.")
+        if "inputs" not in sig.inputs:
+            raise invalid(f"No {kind} inputs found in SignatureDef: {_debug(sig.proto)}")
         return sig
+
+    def classify(self, sig_name: str, serialized: list[bytes], run=None
+                 ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
+        sig = self.classification_signature(sig_name)
+        out = self._run_examples(sig, serialized, run or self.run)
+        return sig, *classification_outputs(out, len(serialized))
+
+    def regress(self, sig_name: str, serialized: list[bytes], run=None) -> tuple[Signature, np.ndarray]:
+        sig = self.regression_signature(sig_name)
+        out = self._run_examples(sig, serialized, run or self.run)
+        return sig, regression_outputs(out, len(serialized))
 
     def _run_examples(self, sig: Signature, serialized: list[bytes], run) -> dict[str, np.ndarray]:
         if not serialized:
             raise invalid("Input is empty.")
-        key = next(iter(sig.inputs))
-        return run(sig, {key: np.array(serialized, dtype=object)})
+        value = np.empty(len(serialized), dtype=object)
+        value[:] = serialized
+        return run(sig, self.check_inputs(sig, {"inputs": value}))
 
     def warmup(self) -> int:
-        """Replay assets.extra/tf_serving_warmup_requests; any failure fails the load."""
+        """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
+        times); any failure fails the load. Returns the number of records."""
         from serve.requests import input_examples, predict_inputs
 
         path = os.path.join(self.path, WARMUP_FILE)
@@ -174,30 +250,68 @@ class Servable:
         for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS):
             log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
             kind = log.WhichOneof("log_type")
-            if kind == "predict_log":
-                req = log.predict_log.request
-                sig = self.signature(req.model_spec.signature_name)
-                self.run(sig, self.check_inputs(sig, predict_inputs(req)))
-            elif kind == "classify_log":
-                req = log.classify_log.request
-                self.classify(req.model_spec.signature_name, input_examples(req.input))
-            elif kind == "regress_log":
-                req = log.regress_log.request
-                self.regress(req.model_spec.signature_name, input_examples(req.input))
-            elif kind == "multi_inference_log":
-                req = log.multi_inference_log.request
-                examples = input_examples(req.input)
-                for task in req.tasks:
-                    (self.classify if task.method_name == CLASSIFY else self.regress)(
-                        task.model_spec.signature_name, examples)
-            else:
-                raise precondition(f"warmup record {n}: unsupported log type {kind}")
+            for _ in range(max(1, self.settings.warmup_iterations)):
+                if kind == "predict_log":
+                    req = log.predict_log.request
+                    sig = self.signature(req.model_spec.signature_name)
+                    self.run(sig, self.check_inputs(sig, predict_inputs(req)))
+                elif kind == "classify_log":
+                    req = log.classify_log.request
+                    self.classify(req.model_spec.signature_name, input_examples(req.input))
+                elif kind == "regress_log":
+                    req = log.regress_log.request
+                    self.regress(req.model_spec.signature_name, input_examples(req.input))
+                elif kind == "multi_inference_log":
+                    req = log.multi_inference_log.request
+                    examples = input_examples(req.input)
+                    for task in req.tasks:
+                        (self.classify if task.method_name == CLASSIFY else self.regress)(
+                            task.model_spec.signature_name, examples)
+                else:
+                    raise precondition(f"warmup record {n}: unsupported log type {kind}")
             n += 1
         return n
 
 
+def classification_outputs(out: dict[str, np.ndarray], examples: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A classification signature's classes and scores, checked as TF Serving checks them."""
+    classes, scores = out.get("classes"), out.get("scores")
+    for name, value, dtype in (("classes", classes, "DT_STRING"), ("scores", scores, "DT_FLOAT")):
+        if value is None:
+            continue
+        if value.ndim != 2:
+            raise invalid(f"Expected Tensor shape: [batch_size num_classes] but got {list(value.shape)}")
+        if (dtype == "DT_STRING") != (value.dtype.kind in "OSU") or (dtype == "DT_FLOAT" and value.dtype != np.float32):
+            raise invalid(f"Expected {name} Tensor of {dtype}. Got: {value.dtype.name}")
+        if value.shape[0] != examples:
+            raise invalid(f"Expected {name} output batch size of {examples}. Got: {value.shape[0]}")
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+        raise invalid(f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. "
+                      f"{scores.shape[1]}")
+    return classes, scores
+
+
+def regression_outputs(out: dict[str, np.ndarray], examples: int) -> np.ndarray:
+    values = out["outputs"]
+    if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)):
+        raise invalid(f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+                      f"{list(values.shape)}")
+    if values.shape[0] != examples:
+        raise invalid(f"Input batch size did not match output batch size: {examples} vs. {values.shape[0]}")
+    if values.dtype != np.float32:
+        raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {values.dtype.name}")
+    return values.reshape(examples)
+
+
+def _debug(proto) -> str:
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(proto, as_one_line=True)
+
+
 def _keyword_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
-    """The public way: `fn(**tensors)`."""
+    """The public way, `fn(**tensors)`: loaded signatures take tensors of any shape and leave
+    them to the graph's ops, as a TF Serving session run does."""
     def call(inputs: dict[str, np.ndarray]):
         return fn(**{k: tf.constant(v, dtype=specs[k][0]) for k, v in inputs.items()})
     return call
@@ -206,8 +320,8 @@ def _keyword_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
 def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
     """The signature called the way TF Serving runs a session: few input tensors, no argument
     binding in Python. Two costs of the public `fn(**tensors)` are left out:
-      * binding and re-checking the keyword arguments (the callers have checked names, dtypes
-        and shapes already, Servable.check_inputs);
+      * binding and re-checking the keyword arguments (the callers have checked names and
+        dtypes already, and call this only when the shapes match the signature);
       * one tensor per input, ~13 us each here: inputs of shape [None] that share a dtype go
         in as one [batch, k] tensor, split into columns inside the graph.
     On the 17-input Chicago taxi model the public call takes 1.08 ms at batch 1 and this 0.35.
@@ -281,4 +395,3 @@ def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:
 def _first_line(e: Exception) -> str:
     text = getattr(e, "message", None) or str(e)
     return text.strip().splitlines()[0] if text.strip() else type(e).__name__
-

@@ -17,7 +17,7 @@ from serve.configs import (
     write_text_proto,
 )
 from serve.errors import ServeError
-from serve.flags import ServeOptions
+from serve.flags import TF_SERVING_FLAGS, ServeOptions
 from serve.protos import MonitoringConfig
 
 CONTAINER_MODELS, CONTAINER_CONFIG = "/models", "/config"
@@ -47,8 +47,17 @@ def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str
     return paths
 
 
+# Flags server_flags writes itself (the configs it generated replace the user's files).
+_WRITTEN = {"port", "rest_api_port", "model_config_file", "model_name", "model_base_path",
+            "model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds", "monitoring_config_file",
+            "enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads",
+            "enable_batching", "batching_parameters_file", "tensorflow_intra_op_parallelism",
+            "tensorflow_inter_op_parallelism", "version"}
+
+
 def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) -> list[str]:
-    """tensorflow_model_server's flags for these options and config files."""
+    """tensorflow_model_server's flags for these options and config files; every other TF
+    Serving flag the command line named is passed on as it was given."""
     flags = []
     if ports:
         flags += [f"--port={opts.port}", f"--rest_api_port={opts.rest_api_port}"]
@@ -66,6 +75,10 @@ def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) 
         flags.append(f"--tensorflow_intra_op_parallelism={opts.tensorflow_intra_op_parallelism}")
     if opts.tensorflow_inter_op_parallelism:
         flags.append(f"--tensorflow_inter_op_parallelism={opts.tensorflow_inter_op_parallelism}")
+    for f in TF_SERVING_FLAGS:
+        if f.name in opts.given and f.name not in _WRITTEN:
+            value = getattr(opts, f.name)
+            flags.append(f"--{f.name}={str(value).lower() if isinstance(value, bool) else value}")
     return flags
 
 

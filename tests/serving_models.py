@@ -4,6 +4,7 @@ so the server is proven on any SavedModel laid out for TF Serving."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -91,3 +92,110 @@ def save_slow(path: str, steps: int = 20000) -> str:
 def publish(tmp_dir: str, final: str) -> None:
     """What an exporter does: write beside, then rename into the polled base path."""
     os.rename(tmp_dir, final)
+
+
+# ---- TF Serving's own test models, built the way its testdata generator builds them ------
+# (tensorflow_serving/servables/tensorflow/testdata/saved_model_half_plus_two.py): y = a*x + b
+# with a=0.5, b=2 (half_plus_two) or b=3 (half_plus_three), y2 = a*x + c, y3 = a*x2 + c with
+# c=3; x and x2 are parsed from tf.Examples; an asset file rides along. Versions are laid out
+# as TF Serving's are: BASE/00000123/.
+
+HALF_SIGNATURES = ("regress_x_to_y", "regress_x_to_y2", "regress_x2_to_y3", "classify_x_to_y",
+                   "classify_x2_to_y3", "serving_default")
+
+
+def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0) -> str:
+    """A TF1 graph saved with SavedModelBuilder: `x` is [None, 1]; predict, classify and
+    regress signatures with their method names; the tag set {serve}."""
+    tf1 = tf.compat.v1
+    info = tf1.saved_model.utils.build_tensor_info
+    build = tf1.saved_model.signature_def_utils.build_signature_def
+    names = tf1.saved_model.signature_constants
+    asset_file = os.path.join(tempfile.mkdtemp(prefix="half-assets-"), "foo.txt")
+    with open(asset_file, "w") as f:
+        f.write("asset-file-contents")
+    builder = tf1.saved_model.builder.SavedModelBuilder(export_dir)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        a, bv, cv = tf1.Variable(0.5, name="a"), tf1.Variable(b, name="b"), tf1.Variable(c, name="c")
+        serialized = tf1.placeholder(tf.string, name="tf_example", shape=[None])
+        parsed = tf1.parse_example(serialized, {
+            "x": tf1.FixedLenFeature([1], tf.float32),
+            "x2": tf1.FixedLenFeature([1], tf.float32, default_value=[0.0])})
+        x = tf.identity(parsed["x"], name="x")
+        y = tf.identity(a * x + bv, name="y")
+        y2 = tf.identity(a * x + cv, name="y2")
+        x2 = tf.identity(parsed["x2"], name="x2")
+        a2, c2 = tf1.Variable(0.5, name="a2"), tf1.Variable(c, name="c2")
+        y3 = tf.identity(a2 * x2 + c2, name="y3")
+        filename = tf1.Variable("foo.txt", name="filename_tensor", trainable=False, collections=[])
+        tf1.add_to_collection(tf1.GraphKeys.ASSET_FILEPATHS, tf.constant(asset_file))
+
+        def regress(i, o):
+            return build({names.REGRESS_INPUTS: info(i)}, {names.REGRESS_OUTPUTS: info(o)}, names.REGRESS_METHOD_NAME)
+
+        def classify(i, o):
+            return build({names.CLASSIFY_INPUTS: info(i)}, {names.CLASSIFY_OUTPUT_SCORES: info(o)},
+                         names.CLASSIFY_METHOD_NAME)
+
+        signatures = {
+            "regress_x_to_y": regress(serialized, y), "regress_x_to_y2": regress(serialized, y2),
+            "regress_x2_to_y3": regress(x2, y3), "classify_x_to_y": classify(serialized, y),
+            "classify_x2_to_y3": classify(x2, y3),
+            "serving_default": build({"x": info(x)}, {"y": info(y)}, names.PREDICT_METHOD_NAME)}
+        sess.run(tf1.global_variables_initializer())
+        builder.add_meta_graph_and_variables(
+            sess, [tf1.saved_model.tag_constants.SERVING], signature_def_map=signatures,
+            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
+            main_op=tf.group(filename.assign("foo.txt")))
+    builder.save()
+    return export_dir
+
+
+class HalfPlusTwoTF2(tf.Module):
+    """The same model with native TF2 APIs: every signature's method is `predict`, `x` is [1]."""
+
+    def __init__(self, asset_file: str):
+        super().__init__()
+        self.a, self.b, self.c = tf.Variable(0.5, name="a"), tf.Variable(2.0, name="b"), tf.Variable(3.0, name="c")
+        self.asset = tf.saved_model.Asset(asset_file)
+
+    def signatures(self) -> dict:
+        return {"regress_x_to_y": self.regress_xy, "regress_x_to_y2": self.regress_xy2,
+                "regress_x2_to_y3": self.regress_x2y3, "classify_x_to_y": self.classify_xy,
+                "classify_x2_to_y3": self.classify_x2y3, "serving_default": self.predict}
+
+    def _x(self, serialized):
+        return tf.io.parse_example(serialized, {"x": tf.io.FixedLenFeature([1], tf.float32)})["x"]
+
+    @tf.function(input_signature=[tf.TensorSpec([1], tf.float32)])
+    def predict(self, x):
+        return {"y": self.a * x + self.b}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def regress_xy(self, serialized):
+        return {"outputs": self.a * self._x(serialized) + self.b}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def regress_xy2(self, serialized):
+        return {"outputs": self.a * self._x(serialized) + self.c}
+
+    @tf.function(input_signature=[tf.TensorSpec([1], tf.float32, name="inputs")])
+    def regress_x2y3(self, x2):
+        return {"outputs": self.a * x2 + self.c}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def classify_xy(self, serialized):
+        return {"scores": self.a * self._x(serialized) + self.b}
+
+    @tf.function(input_signature=[tf.TensorSpec([1], tf.float32, name="inputs")])
+    def classify_x2y3(self, x2):
+        return {"scores": self.a * x2 + self.c}
+
+
+def save_half_plus_two_tf2(export_dir: str) -> str:
+    asset_file = os.path.join(tempfile.mkdtemp(prefix="half-assets-"), "foo.txt")
+    with open(asset_file, "w") as f:
+        f.write("asset-file-contents")
+    m = HalfPlusTwoTF2(asset_file)
+    tf.saved_model.save(m, export_dir, signatures=m.signatures())
+    return export_dir

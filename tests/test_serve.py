@@ -44,14 +44,15 @@ def models(tmp_path_factory, penguins_trained):
     save_multi(str(root / "multi" / "7"))
     data, train = penguins_trained
     export(ExportConfig(model=train, data=data, base=str(root), name="penguins", tflite=""), log=lambda _: None)
-    (root / "models.config").write_text("""
-model_config_list {
-  config { name: "half" base_path: "half" model_platform: "tensorflow"
-           model_version_policy { all {} }
-           version_labels { key: "stable" value: 1 } version_labels { key: "canary" value: 2 } }
-  config { name: "multi" base_path: "multi" model_platform: "tensorflow" }
-  config { name: "penguins" base_path: "penguins" model_platform: "tensorflow" }
-}""")
+    # Relative base paths are relative to the server's working directory, as in TF Serving.
+    (root / "models.config").write_text(f"""
+model_config_list {{
+  config {{ name: "half" base_path: "{root / 'half'}" model_platform: "tensorflow"
+           model_version_policy {{ all {{}} }}
+           version_labels {{ key: "stable" value: 1 }} version_labels {{ key: "canary" value: 2 }} }}
+  config {{ name: "multi" base_path: "{root / 'multi'}" model_platform: "tensorflow" }}
+  config {{ name: "penguins" base_path: "{root / 'penguins'}" model_platform: "tensorflow" }}
+}}""")
     (root / "monitoring.config").write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }')
     return root
 
@@ -257,7 +258,8 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/half:predict", '{}', 400),
     ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1.5, "tag": "x"}]}', 400),
     ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1, "tag": "x"}, {"a": [1, 2]}]}', 400),
-    ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2, 3], "b": 1, "tag": "x"}]}', 400),
+    # Shapes go to the model as they are (as in TF Serving); its reduce_sum over axis 1 refuses a 1-D `a`.
+    ("POST", "/v1/models/multi:predict", '{"inputs": {"a": [1, 2, 3], "b": [1], "tag": ["x"]}}', 400),
     ("POST", "/v1/models/multi:predict", '{"instances": [{"a": [1, 2], "b": 1, "tag": {"b64": "%%%"}}]}', 400),
     ("POST", "/v1/models/nope:predict", '{"instances": [1.0]}', 404),
     ("POST", "/v1/models/half/versions/9:predict", '{"instances": [1.0]}', 404),
@@ -363,7 +365,8 @@ def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path
     save_half(str(tmp_path / "half" / "1"))
     save_slow(str(tmp_path / "slow" / "1"), steps=10000)
     (tmp_path / "models.config").write_text(
-        'model_config_list { config { name: "half" base_path: "half" } config { name: "slow" base_path: "slow" } }')
+        f'model_config_list {{ config {{ name: "half" base_path: "{tmp_path / "half"}" }} '
+        f'config {{ name: "slow" base_path: "{tmp_path / "slow"}" }} }}')
     (tmp_path / "batching.config").write_text(
         "max_batch_size { value: 8 }\nbatch_timeout_micros { value: 50000 }\nnum_batch_threads { value: 1 }\n"
         "max_enqueued_batches { value: 2 }\nallowed_batch_sizes: 4\nallowed_batch_sizes: 8\n")
@@ -428,7 +431,9 @@ def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     save_half(str(tmp_path / "staging2"), b=3.0)
     (tmp_path / "staging3").mkdir()
     (tmp_path / "staging3" / "saved_model.pb").write_bytes(b"not a SavedModel")
-    opts = _opts(model_name="half", model_base_path=str(base), file_system_poll_wait_seconds=1)
+    # A failed load is retried twice, 0.2 s apart, before it is reported.
+    opts = _opts(model_name="half", model_base_path=str(base), file_system_poll_wait_seconds=1,
+                 max_num_load_retries=2, load_retry_interval_micros=200_000)
     with ServerThread(opts) as s:
         url = f"http://127.0.0.1:{s.rest_port}/v1/models/half"
         stop = threading.Event()

@@ -157,6 +157,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     opts = options_from_args(args)
     log = lambda line: print(line, flush=True)  # noqa: E731
+    for arg in extra:  # as tensorflow_model_server: named, then ignored
+        print(f"unknown argument: {arg} (ignored; 'tfpipe serve --help' lists the flags)", file=sys.stderr)
     with _quiet_native_stderr(not args.debug):
         import serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
     if opts.emit_k8s:
@@ -296,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_serve_flags(serve)
-    serve.set_defaults(handler=cmd_serve)
+    serve.set_defaults(handler=cmd_serve, accepts_extra=True)
 
     from loadtest.config import LoadtestConfig
 
