@@ -104,9 +104,10 @@ HALF_SIGNATURES = ("regress_x_to_y", "regress_x_to_y2", "regress_x2_to_y3", "cla
                    "classify_x2_to_y3", "serving_default")
 
 
-def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0) -> str:
+def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0, classify_x2: bool = False) -> str:
     """A TF1 graph saved with SavedModelBuilder: `x` is [None, 1]; predict, classify and
-    regress signatures with their method names; the tag set {serve}."""
+    regress signatures with their method names; the tag set {serve}. `classify_x2` adds the
+    classify_x2_to_y3 signature that TF Serving's two-version test model has."""
     tf1 = tf.compat.v1
     info = tf1.saved_model.utils.build_tensor_info
     build = tf1.saved_model.signature_def_utils.build_signature_def
@@ -117,10 +118,12 @@ def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0) -> s
     builder = tf1.saved_model.builder.SavedModelBuilder(export_dir)
     with tf.Graph().as_default(), tf1.Session() as sess:
         a, bv, cv = tf1.Variable(0.5, name="a"), tf1.Variable(b, name="b"), tf1.Variable(c, name="c")
-        serialized = tf1.placeholder(tf.string, name="tf_example", shape=[None])
+        serialized = tf1.placeholder(tf.string, name="tf_example")  # of unknown rank, as TF Serving's
         parsed = tf1.parse_example(serialized, {
             "x": tf1.FixedLenFeature([1], tf.float32),
             "x2": tf1.FixedLenFeature([1], tf.float32, default_value=[0.0])})
+        for feature in parsed.values():  # [None, 1], as TF Serving's checked-in model has them
+            feature.set_shape([None, 1])
         x = tf.identity(parsed["x"], name="x")
         y = tf.identity(a * x + bv, name="y")
         y2 = tf.identity(a * x + cv, name="y2")
@@ -140,8 +143,9 @@ def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0) -> s
         signatures = {
             "regress_x_to_y": regress(serialized, y), "regress_x_to_y2": regress(serialized, y2),
             "regress_x2_to_y3": regress(x2, y3), "classify_x_to_y": classify(serialized, y),
-            "classify_x2_to_y3": classify(x2, y3),
             "serving_default": build({"x": info(x)}, {"y": info(y)}, names.PREDICT_METHOD_NAME)}
+        if classify_x2:
+            signatures["classify_x2_to_y3"] = classify(x2, y3)
         sess.run(tf1.global_variables_initializer())
         builder.add_meta_graph_and_variables(
             sess, [tf1.saved_model.tag_constants.SERVING], signature_def_map=signatures,
@@ -199,3 +203,55 @@ def save_half_plus_two_tf2(export_dir: str) -> str:
     m = HalfPlusTwoTF2(asset_file)
     tf.saved_model.save(m, export_dir, signatures=m.signatures())
     return export_dir
+
+
+def build_tf_serving_testdata(root: str) -> None:
+    """Every SavedModel the ported TF Serving suite serves, under `root`; run in a process of
+    its own (`python tests/serving_models.py testdata ROOT`): the tf.distribute case needs two
+    virtual CPUs and the Keras cases tf.keras as Keras 2 (TF_USE_LEGACY_KERAS=1), both settled
+    before TensorFlow starts, as in TF Serving's test. The Keras 3 case uses `keras` itself."""
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    j = os.path.join
+    save_half_plus_two_tf1(j(root, "saved_model_half_plus_two_cpu", "00000123"))
+    save_half_plus_two_tf1(j(root, "saved_model_half_plus_three", "00000123"), b=3.0)
+    for v in ("00000123", "00000124"):
+        save_half_plus_two_tf1(j(root, "saved_model_half_plus_two_2_versions", v), classify_x2=True)
+    save_half_plus_two_tf2(j(root, "saved_model_half_plus_two_tf2_cpu", "00000123"))
+
+    # test_tf_saved_model_save: y = v1 * v2 * x with an input of unknown shape
+    root_ckpt = tf.train.Checkpoint()
+    root_ckpt.v1, root_ckpt.v2 = tf.Variable(3.0), tf.Variable(2.0)
+    root_ckpt.f = tf.function(lambda x: {"y": root_ckpt.v1 * root_ckpt.v2 * x})
+    tf.saved_model.save(root_ckpt, j(root, "tf_saved_model_save", "00000123"),
+                        root_ckpt.f.get_concrete_function(tf.TensorSpec(None, tf.float32)))
+    # test_tf_saved_model_save_multiple_signatures
+    multi = tf.train.Checkpoint()
+    multi.f = tf.function(lambda x: {"y": 1.0}, input_signature=[tf.TensorSpec(None, tf.float32)])
+    multi.g = tf.function(lambda x: {"y": 2.0}, input_signature=[tf.TensorSpec(None, tf.float32)])
+    tf.saved_model.save(multi, j(root, "tf_saved_model_save_multiple_signatures", "00000123"),
+                        signatures={"serving_default": multi.f, "custom_signature_key": multi.g})
+
+    # the Keras cases: an identity model named x -> y; with tf.distribute, Dense(ones) first
+    keras2 = tf.keras
+    model = keras2.models.Sequential([keras2.layers.Input(dtype="float32", shape=(1,), name="x"),
+                                      keras2.layers.Lambda(lambda x: x, name="y")])
+    tf.saved_model.save(model, j(root, "keras_sequential_saved_model_save", "00000123"))
+    with tf.distribute.MirroredStrategy(devices=("/cpu:0", "/cpu:1")).scope():
+        model = keras2.models.Sequential([
+            keras2.layers.Input(dtype="float32", shape=(1,), name="x"),
+            keras2.layers.Dense(1, kernel_initializer="ones", bias_initializer="zeros"),
+            keras2.layers.Lambda(lambda x: x, name="y")])
+    tf.saved_model.save(model, j(root, "keras_distrat_sequential_saved_model_save", "00000123"))
+    import keras  # Keras 3: its SavedModel names the input `inputs` and the output `output_0`
+
+    model = keras.Sequential([keras.Input(dtype="float32", shape=(1,), name="x"),
+                              keras.layers.Dense(1, kernel_initializer="ones", bias_initializer="zeros")])
+    tf.saved_model.save(model, j(root, "keras3_sequential_saved_model_save", "00000123"))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["testdata"]:
+        build_tf_serving_testdata(sys.argv[2])
