@@ -1,0 +1,703 @@
+"""`tfpipe serve` takes every tensorflow_model_server flag and acts on those that apply: the
+flag table against TF Serving's main.cc, the pure pieces behind the flags (table-driven),
+and servers started as a user would start them (TLS with client certificates, the health
+service, CORS, tensor_content answers, the method-name check, load retries, a missing base
+path, version labels, platform and per-model batching configs)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+from conftest import ROOT
+
+# tensorflow_model_server's flags, in the order tensorflow_serving/model_servers/main.cc defines them.
+MAIN_CC_FLAGS = [
+    "port", "grpc_socket_path", "rest_api_port", "rest_api_num_threads", "rest_api_timeout_in_ms",
+    "rest_api_enable_cors_support", "enable_batching", "allow_version_labels_for_unavailable_models",
+    "batching_parameters_file", "enable_per_model_batching_parameters", "model_config_file",
+    "model_config_file_poll_wait_seconds", "model_name", "model_base_path", "num_load_threads",
+    "num_unload_threads", "max_num_load_retries", "load_retry_interval_micros", "file_system_poll_wait_seconds",
+    "flush_filesystem_caches", "tensorflow_session_parallelism", "tensorflow_session_config_file",
+    "tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism", "use_alts_credentials",
+    "ssl_config_file", "platform_config_file", "per_process_gpu_memory_fraction", "saved_model_tags",
+    "grpc_channel_arguments", "grpc_max_threads", "enable_model_warmup", "num_request_iterations_for_warmup",
+    "version", "monitoring_config_file", "remove_unused_fields_from_bundle_metagraph", "prefer_tflite_model",
+    "num_tflite_pools", "num_tflite_interpreters_per_pool", "enable_signature_method_name_check",
+    "xla_cpu_compilation_enabled", "xla_gpu_compilation_enabled", "enable_profiler",
+    "thread_pool_factory_config_file", "mixed_precision", "skip_initialize_tpu", "enable_grpc_healthcheck_service",
+    "enable_serialization_as_tensor_content",
+]
+
+
+def _parse(*argv: str):
+    from serve.flags import options_from_args
+
+    from tfpipe.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["serve", *argv])
+    return options_from_args(args), extra
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the flag table ------------------------------------------------------------------------
+
+def test_every_tensorflow_model_server_flag_is_taken_and_listed_in_help():
+    from serve.flags import TF_SERVING_FLAGS, _bool
+
+    from tfpipe.cli import build_parser
+
+    assert [f.name for f in TF_SERVING_FLAGS] == MAIN_CC_FLAGS and len(MAIN_CC_FLAGS) == 48
+    argv, expected = [], {}
+    for f in TF_SERVING_FLAGS:  # every flag given a value other than its default
+        if f.kind is _bool:
+            value = not f.default
+            argv.append(f"--{f.name}={str(value).lower()}")
+        elif f.kind is int:
+            value = f.default + 3
+            argv.append(f"--{f.name}={value}")
+        elif f.kind is float:
+            value = 0.25
+            argv.append(f"--{f.name}={value}")
+        else:
+            value = f"{f.name}-value"
+            argv.append(f"--{f.name}={value}")
+        expected[f.name] = value
+    opts, extra = _parse(*argv)
+    assert extra == []
+    assert {k: getattr(opts, k) for k in expected} == expected
+    assert opts.given == set(MAIN_CC_FLAGS)
+    serve = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "serve")[1]
+    text = serve.format_help()
+    for name in MAIN_CC_FLAGS:
+        assert f"--{name}" in text, name
+
+
+@pytest.mark.parametrize("argv,name,value", [
+    (["--enable_batching"], "enable_batching", True),
+    (["--enable_batching=true"], "enable_batching", True),
+    (["--enable_batching=false"], "enable_batching", False),
+    (["--enable_batching=1"], "enable_batching", True),
+    (["--enable_model_warmup=0"], "enable_model_warmup", False),
+    (["--port=9000"], "port", 9000),
+    (["--port", "9000"], "port", 9000),
+    (["--per_process_gpu_memory_fraction=0.5"], "per_process_gpu_memory_fraction", 0.5),
+])
+def test_flags_parse_as_tensorflow_model_server_parses_them(argv, name, value):
+    opts, _ = _parse(*argv)
+    assert getattr(opts, name) == value and name in opts.given
+
+
+def test_ignored_flags_are_named_with_the_reason_only_when_given():
+    from serve.flags import ignored_flag_notes
+
+    opts, _ = _parse("--prefer_tflite_model=true", "--enable_profiler", "--port=9000")
+    notes = ignored_flag_notes(opts)
+    assert len(notes) == 2 and all("accepted and ignored: " in n for n in notes)
+    assert any(n.startswith("--prefer_tflite_model ") for n in notes)
+    assert ignored_flag_notes(_parse("--port=9000")[0]) == []
+
+
+# ---- pure pieces behind the flags ---------------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("", []),
+    ("grpc.so_reuseaddr=1", [("grpc.so_reuseaddr", 1)]),
+    ("grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb",
+     [("grpc.max_connection_age_ms", 2000), ("grpc.lb_policy_name", "grpclb")]),
+    ("a=1,a=2", [("a", 2)]),  # the later one wins
+    ("big=4294967296", [("big", "4294967296")]),  # beyond int32: passed as a string, as TF Serving does
+])
+def test_channel_arguments(text, expected):
+    from serve.configs import channel_arguments
+
+    assert channel_arguments(text) == expected
+
+
+def test_channel_arguments_refuse_what_is_not_key_value():
+    from serve.configs import channel_arguments
+    from serve.errors import ServeError
+
+    with pytest.raises(ServeError, match="not KEY=VALUE"):
+        channel_arguments("grpc.so_reuseaddr")
+
+
+@pytest.mark.parametrize("name,version", [
+    ("1", 1), ("00000123", 123), ("0", 0), ("+5", 5), ("-3", -3), (" 7 ", 7), ("9223372036854775807", 2**63 - 1),
+    ("9223372036854775808", None), ("1_000", None), ("1.0", None), ("v1", None), ("", None), ("assets", None),
+])
+def test_version_directory_names_read_as_tf_serving_reads_them(name, version):
+    from serve.manager import version_number
+
+    assert version_number(name) == version
+
+
+def test_version_directories_on_disk(tmp_path):
+    from serve.manager import versions_on_disk
+
+    for d in ("00000123", "7", "tmp", "00000124.partial"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "99").write_text("a file, not a version")
+    assert {v: name for v, (name, _) in versions_on_disk(str(tmp_path)).items()} == {123: "00000123", 7: "7"}
+
+
+def test_base_path_findings_say_what_is_wrong(tmp_path):
+    from serve.manager import base_path_finding
+
+    assert "Could not find base path" in base_path_finding("m", str(tmp_path / "nope"), {}, None)
+    (tmp_path / "file").write_text("x")
+    assert "a file, not a directory" in base_path_finding("m", str(tmp_path / "file"), {}, None)
+    flat = tmp_path / "flat"
+    (flat / "variables").mkdir(parents=True)
+    (flat / "saved_model.pb").write_bytes(b"")
+    text = base_path_finding("m", str(flat), {}, None)
+    assert "No versions of servable m found under base path" in text
+    assert "saved_model.pb, variables/" in text and f"move it into {flat}/1/" in text
+    assert base_path_finding("m", str(flat), {1: ("1", 0.0)}, None) == ""
+
+
+def test_session_bundle_config_follows_tensorflow_model_server(tmp_path):
+    from serve.configs import session_bundle_config
+    from serve.errors import ServeError
+
+    cfg = session_bundle_config(_parse("--model_base_path=x", "--enable_batching",
+                                       "--tensorflow_session_parallelism=3", "--saved_model_tags=serve,gpu",
+                                       "--num_request_iterations_for_warmup=4", "--mixed_precision=bfloat16")[0])
+    assert cfg.batching_parameters.thread_pool_name.value == "model_server_batch_threads"
+    assert (cfg.session_config.intra_op_parallelism_threads, cfg.session_config.inter_op_parallelism_threads) == (3, 3)
+    assert list(cfg.saved_model_tags) == ["serve", "gpu"]
+    assert cfg.model_warmup_options.num_request_iterations.value == 4 and cfg.mixed_precision == "bfloat16"
+    with pytest.raises(ServeError, match="You cannot configure all"):
+        session_bundle_config(_parse("--tensorflow_session_parallelism=1", "--tensorflow_intra_op_parallelism=1",
+                                     "--tensorflow_inter_op_parallelism=1")[0])
+    with pytest.raises(ServeError, match="enable_batching"):
+        session_bundle_config(_parse(f"--batching_parameters_file={tmp_path / 'b'}")[0])
+    platform = tmp_path / "platform.config"
+    platform.write_text(PLATFORM_CONFIG)
+    cfg = session_bundle_config(_parse(f"--platform_config_file={platform}", "--enable_batching=false")[0])
+    assert cfg.batching_parameters.max_batch_size.value == 4  # the platform config replaces the flags
+    assert cfg.session_config.inter_op_parallelism_threads == 2 and list(cfg.saved_model_tags) == ["serve"]
+
+
+PLATFORM_CONFIG = """platform_configs {
+  key: "tensorflow"
+  value {
+    source_adapter_config {
+      [type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig] {
+        legacy_config {
+          session_config { inter_op_parallelism_threads: 2 }
+          batching_parameters { max_batch_size { value: 4 } batch_timeout_micros { value: 200000 }
+                                num_batch_threads { value: 1 } }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("raw,message", [
+    (b"", "JSON Parse error: The document is empty"),
+    (b"  \n", "JSON Parse error: The document is empty. at offset: 3"),
+    (b"instances = [1, 2]", "JSON Parse error: Invalid value. at offset: 0"),
+    (b'{"instances": [1, 2}', "JSON Parse error: Missing a comma or ']' after an array element."),
+    (b'{"instances": [1] "x": 1}', "JSON Parse error: Missing a comma or '}' after an object member."),
+    (b"{instances: 1}", "JSON Parse error: Missing a name for object member."),
+    (b'{"instances" 1}', "JSON Parse error: Missing a colon after a name of object member."),
+    (b'{"a": "b', "JSON Parse error: Missing a closing quotation mark in string."),
+    (b'{"a": "\\q"}', "JSON Parse error: Invalid escape character in string."),
+    (b"\xff", "JSON Parse error: Invalid encoding in string."),
+    (b"[1, 2]", "JSON Value: [1,2] Is not object"),
+])
+def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
+    from serve.errors import ServingError
+    from serve.rest_api import parse_json
+
+    with pytest.raises(ServingError) as e:
+        parse_json(raw)
+    assert e.value.message.startswith(message) and e.value.http_status == 400
+
+
+def test_json_parsing_stops_after_the_first_value():
+    from serve.rest_api import parse_json
+
+    assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
+
+
+@pytest.mark.parametrize("method,path,expected", [
+    ("POST", "/v1/models/m:predict", ("m", None, None, "predict")),
+    ("POST", "/V1/MODELS/m/VERSIONS/00042:PREDICT", None),  # the verb is compared exactly
+    ("POST", "/V1/Models/m/Versions/00042:predict", ("m", 42, None, "predict")),
+    ("POST", "/v1/models/my%2Fmodel/labels/can%20ary:regress", ("my/model", None, "can ary", "regress")),
+    ("GET", "/v1/models/m/versions/3/metadata", ("m", 3, None, "metadata")),
+    ("GET", "/v1/models/m/labels/stable", ("m", None, "stable", "model_status")),
+    ("GET", "/v1/models", ("", None, None, "model_status")),
+    ("GET", "/v1/models/m:predict", None),
+    ("PUT", "/v1/models/m", None),
+])
+def test_rest_paths(method, path, expected):
+    from serve.rest_api import parse_path
+
+    assert parse_path(method, path) == expected
+
+
+@pytest.mark.parametrize("body,dtypes,expected", [
+    ({"instances": [1.0, 2.0, 5.0]}, {"x": "float32"}, {"x": [1.0, 2.0, 5.0]}),
+    ({"instances": [[1, 2], [3, 4]]}, {"x": "float32"}, {"x": [[1.0, 2.0], [3.0, 4.0]]}),
+    ({"instances": [{"a": 1, "b": "t"}, {"a": 2, "b": {"b64": "dQ=="}}]}, {"a": "int64", "b": "string"},
+     {"a": [1, 2], "b": [b"t", b"u"]}),
+    ({"inputs": {"a": [[1], [2]], "b": ["x", "y"]}}, {"a": "int32", "b": "string"}, {"a": [[1], [2]], "b": [b"x", b"y"]}),
+    ({"inputs": {"a": [1], "extra": 3}}, {"a": "int64"}, {"a": [1]}),  # TF Serving reads only the signature's inputs
+    ({"inputs": 3.5}, {"x": "float64"}, {"x": 3.5}),
+    ({"instances": [True, False]}, {"x": "bool"}, {"x": [True, False]}),
+])
+def test_json_inputs(body, dtypes, expected):
+    import tensorflow as tf
+
+    from serve.requests import json_inputs
+
+    got, _ = json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
+    assert set(got) == set(expected)
+    for k, v in expected.items():
+        assert got[k].tolist() == v and got[k].dtype == (object if dtypes[k] == "string" else np.dtype(dtypes[k]))
+
+
+@pytest.mark.parametrize("body,dtypes,message", [
+    ({"instances": ["x", "y"]}, {"x": "float32"},
+     'Failed to process element: 0 of \'instances\' list. Error: INVALID_ARGUMENT: JSON Value: "x" Type: String is '
+     "not of expected type: float"),
+    ({"instances": [1.5]}, {"x": "int64"}, "is not of expected type: int64"),
+    ({"instances": [[1, 2], [3]]}, {"x": "float32"}, "Expecting tensor size: 2 but got: 1"),
+    ({"instances": [[[1], 2]]}, {"x": "float32"}, "found at incorrect level: 2 in the JSON DOM. Expected at level: 2"),
+    ({"instances": [[1, [2]]]}, {"x": "float32"}, "Encountered list at unexpected level: 1 expected < 1"),
+    ({"instances": [1, 2]}, {"a": "float32", "b": "float32"}, "instances is a plain list, but expecting list of objects"),
+    ({"instances": [{"a": 1}]}, {"a": "float32", "b": "float32"}, "keys must be equal to: a,b"),
+    ({"instances": [{"c": 1}]}, {"a": "float32"}, "JSON object: does not have named input: c"),
+    ({"inputs": {"a": 1}}, {"a": "float32", "b": "float32"}, "Missing named input: b in 'inputs' object."),
+    ({"inputs": [1], "instances": [1]}, {"x": "float32"}, "expecting only one of 'inputs' or 'instances'"),
+    ({"instances": []}, {"x": "float32"}, "No values in 'instances' array"),
+    ({"instances": 3}, {"x": "float32"}, "Expecting 'instances' to be an list/array"),
+    ({}, {"x": "float32"}, "Missing 'inputs' or 'instances' key"),
+    ({"inputs": {"b64": "@@"}}, {"x": "string"}, "Unable to base64 decode"),
+])
+def test_json_inputs_refused_with_tf_servings_words(body, dtypes, message):
+    import tensorflow as tf
+
+    from serve.errors import ServingError
+    from serve.requests import json_inputs
+
+    with pytest.raises(ServingError) as e:
+        json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
+    assert message in e.value.message and e.value.http_status == 400
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"examples": [{"x": [1, 2.5]}]}, "Unexpected element type in feature: x expecting type: int64"),
+    ({"examples": [{"x": None}]}, "Feature: x has element with unexpected JSON type: Null"),
+    ({"examples": [{"x": 2**64 - 1}]}, "Feature: x has uint64_t element. Only int64_t is supported."),
+    ({"examples": ["x"]}, "Example must be JSON object but got JSON String"),
+    ({"examples": []}, "'examples' value is an empty array"),
+    ({}, "When method is classify, key 'examples' is expected and was not found"),
+])
+def test_json_examples_refused_with_tf_servings_words(body, message):
+    from serve.errors import ServingError
+    from serve.requests import json_examples
+
+    with pytest.raises(ServingError) as e:
+        json_examples(body)
+    assert message in e.value.message
+
+
+def test_json_examples_merge_context_with_the_example_winning():
+    from tensorflow.core.example import example_pb2
+
+    from serve.requests import json_examples
+
+    (raw,) = json_examples({"context": {"c": "ctx", "x": 1.0}, "examples": [{"x": 2.0, "flag": True}]})
+    ex = example_pb2.Example.FromString(raw)
+    f = ex.features.feature
+    assert f["c"].bytes_list.value == [b"ctx"] and f["x"].float_list.value == [2.0] and f["flag"].int64_list.value == [1]
+
+
+def test_large_batches_are_split_and_put_back_together():
+    from serve.batcher import BatchOptions, BatchScheduler
+
+    sizes = []
+
+    def run(merged):
+        sizes.append(len(merged["x"]))
+        return {"y": merged["x"] * 10}
+
+    scheduler = BatchScheduler(BatchOptions(max_batch_size=8, enable_large_batch_splitting=True,
+                                            max_execution_batch_size=2, num_batch_threads=1))
+    try:
+        out = scheduler.submit(("owner",), run, {"x": np.arange(5.0)}).result(timeout=30)
+    finally:
+        scheduler.close()
+    assert out["y"].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0] and max(sizes) <= 2 and sum(sizes) == 5
+
+
+def test_an_unloaded_versions_queue_runs_what_it_holds_then_goes():
+    from serve.batcher import BatchOptions, BatchScheduler
+
+    release = threading.Event()
+
+    def run(merged):
+        release.wait(30)
+        return {"y": merged["x"] + 1}
+
+    scheduler = BatchScheduler(BatchOptions(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=10))
+    try:
+        futures = [scheduler.submit((7, "sig"), run, {"x": np.array([float(i)])}) for i in range(3)]
+        scheduler.drop(7)  # the version unloads while one batch runs and two wait
+        assert scheduler.queue_count() == 1
+        release.set()
+        assert [f.result(timeout=30)["y"].tolist() for f in futures] == [[1.0], [2.0], [3.0]]
+        deadline = time.time() + 10
+        while scheduler.queue_count() and time.time() < deadline:
+            time.sleep(0.01)
+        assert scheduler.queue_count() == 0
+        late = scheduler.submit((7, "sig"), run, {"x": np.array([9.0])})  # resolved just before the unload
+        assert late.result(timeout=30)["y"].tolist() == [10.0]
+        deadline = time.time() + 10
+        while scheduler.queue_count() and time.time() < deadline:
+            time.sleep(0.01)
+        assert scheduler.queue_count() == 0
+    finally:
+        scheduler.close()
+
+
+# ---- servers -------------------------------------------------------------------------------
+
+def _certificates(tmp_path):
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, as PEM text."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def make(subject, issuer_name, issuer_key, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name or subject)]))
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = b.sign(issuer_key or key, hashes.SHA256())
+        pem_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()).decode()
+        return key, cert.public_bytes(serialization.Encoding.PEM).decode(), pem_key
+
+    ca_key, ca_pem, _ = make("tfpipe test CA", None, None, ca=True)
+    _, server_pem, server_key = make("localhost", "tfpipe test CA", ca_key,
+                                     san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    _, client_pem, client_key = make("client", "tfpipe test CA", ca_key)
+    return ca_pem, (server_pem, server_key), (client_pem, client_key)
+
+
+def _start(*flags: str, env=None) -> tuple[subprocess.Popen, list[str]]:
+    """`tfpipe serve` with these flags; its output lines are collected as they come."""
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", *flags], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            env=env)
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(x.rstrip("\n")) for x in proc.stdout], daemon=True).start()
+    return proc, lines
+
+
+def _wait_for_line(proc, lines, text: str, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for line in list(lines):
+            if text in line:
+                return line
+        if proc.poll() is not None:
+            time.sleep(0.2)  # let the reader thread catch up
+            for line in list(lines):
+                if text in line:
+                    return line
+            raise AssertionError(f"the server exited ({proc.returncode}) before saying {text!r}:\n" + "\n".join(lines))
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} within {timeout}s:\n" + "\n".join(lines))
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def half_models(tmp_path_factory):
+    """TF Serving's half_plus_two as a TF1 graph (classify method) and as native TF2 (predict
+    method), in their own base paths, version 00000123."""
+    from serving_models import save_half_plus_two_tf1, save_half_plus_two_tf2
+
+    root = tmp_path_factory.mktemp("half_models")
+    save_half_plus_two_tf1(str(root / "tf1" / "00000123"))
+    save_half_plus_two_tf2(str(root / "tf2" / "00000123"))
+    return root
+
+
+def test_a_secure_server_with_the_flags_that_apply(half_models, tmp_path):
+    """TLS with client certificates on the TCP port and the Unix socket, the standard health
+    service, CORS, tensor_content answers, the method-name check, warmup iterations, load and
+    unload threads, and flags TF Serving alone acts on (each named once as ignored); an
+    unknown flag is named and ignored, as tensorflow_model_server does."""
+    import grpc
+    import tensorflow as tf
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_service_pb2_grpc
+
+    ca, (server_cert, server_key), (client_cert, client_key) = _certificates(tmp_path)
+    ssl = tmp_path / "ssl.config"
+    ssl.write_text(f"server_key: {json.dumps(server_key)}\nserver_cert: {json.dumps(server_cert)}\n"
+                   f"custom_ca: {json.dumps(ca)}\nclient_verify: true\n")
+    config = tmp_path / "models.config"
+    config.write_text(f'model_config_list {{ config {{ name: "tf1" base_path: "{half_models / "tf1"}" }} '
+                      f'config {{ name: "tf2" base_path: "{half_models / "tf2"}" }} }}')
+    port, rest_port, sock = _free_port(), _free_port(), str(tmp_path / "grpc.sock")
+    ignored = ["--prefer_tflite_model=false", "--num_tflite_pools=2", "--enable_profiler",
+               "--flush_filesystem_caches=true", "--skip_initialize_tpu", "--xla_cpu_compilation_enabled=true",
+               "--thread_pool_factory_config_file=unused.config", "--remove_unused_fields_from_bundle_metagraph"]
+    proc, lines = _start(f"--port={port}", f"--rest_api_port={rest_port}", f"--grpc_socket_path={sock}",
+                         f"--model_config_file={config}", f"--ssl_config_file={ssl}",
+                         "--enable_grpc_healthcheck_service", "--rest_api_enable_cors_support",
+                         "--enable_serialization_as_tensor_content", "--enable_signature_method_name_check",
+                         "--num_load_threads=2", "--num_unload_threads=1", "--num_request_iterations_for_warmup=2",
+                         "--tensorflow_session_parallelism=1", "--saved_model_tags=serve", "--no_such_flag=1",
+                         *ignored)
+    try:
+        _wait_for_line(proc, lines, "Exporting HTTP/REST API")
+        log = "\n".join(lines)
+        for flag in ignored:
+            assert f"{flag.split('=')[0]} is accepted and ignored: " in log, flag
+        assert "unknown argument: --no_such_flag=1" in log
+        creds = grpc.ssl_channel_credentials(root_certificates=ca.encode(), private_key=client_key.encode(),
+                                             certificate_chain=client_cert.encode())
+        options = [("grpc.ssl_target_name_override", "localhost")]
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "tf1"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto([[2.0]], dtype=tf.float32))
+        for target in (f"localhost:{port}", f"unix:{sock}"):
+            with grpc.secure_channel(target, creds, options=options) as channel:
+                answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+                y = answer.outputs["y"]
+                assert y.tensor_content and not y.float_val  # --enable_serialization_as_tensor_content
+                assert tf.make_ndarray(y).tolist() == [[3.0]]
+                health = health_pb2_grpc.HealthStub(channel)
+                for service in ("", "ModelService", "PredictionService"):
+                    status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+                    assert status == health_pb2.HealthCheckResponse.SERVING, service
+                with pytest.raises(grpc.RpcError) as e:
+                    health.Check(health_pb2.HealthCheckRequest(service="Nope"), timeout=10)
+                assert e.value.code() == grpc.StatusCode.NOT_FOUND
+                classify = classification_pb2.ClassificationRequest()
+                classify.model_spec.name, classify.model_spec.signature_name = "tf2", "classify_x_to_y"
+                classify.input.example_list.examples.add().features.feature["x"].float_list.value.append(2.0)
+                with pytest.raises(grpc.RpcError) as e:  # a predict-method signature, refused with the check on
+                    prediction_service_pb2_grpc.PredictionServiceStub(channel).Classify(classify, timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert ("Expected classification signature method_name to be tensorflow/serving/classify. "
+                        "Was: tensorflow/serving/predict") in e.value.details()
+        # Without a client certificate, or without TLS, nothing gets through.
+        bare = grpc.ssl_channel_credentials(root_certificates=ca.encode())
+        for channel in (grpc.secure_channel(f"localhost:{port}", bare, options=options),
+                        grpc.insecure_channel(f"127.0.0.1:{port}")):
+            with channel, pytest.raises(grpc.RpcError) as e:
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        # CORS headers on every REST answer, and the preflight as TF Serving answers it.
+        url = f"http://127.0.0.1:{rest_port}/v1/models/tf1"
+        r = requests.post(f"{url}:predict", json={"instances": [1.0, 2.0, 5.0]}, timeout=30)
+        assert r.json() == {"predictions": [2.5, 3.0, 4.5]}
+        assert r.headers["Access-Control-Allow-Origin"] == "*" and "POST" in r.headers["Access-Control-Allow-Methods"]
+        assert requests.options(f"{url}:predict", headers={"Origin": "https://app.example"}, timeout=30).status_code == 200
+        preflight = requests.options(f"{url}:predict", timeout=30)
+        assert preflight.status_code == 400 and "Origin header is missing" in preflight.json()["error"]
+        assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+    finally:
+        _stop(proc)
+
+
+def test_version_prints_and_exits():
+    r = subprocess.run([sys.executable, "-m", "tfpipe.cli", "serve", "--version"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("TensorFlow ModelServer: tfpipe ")
+    assert "TensorFlow Library: 2." in r.stdout
+
+
+def test_a_missing_base_path_is_reported_and_polled_until_a_version_appears(half_models, tmp_path):
+    """TF Serving waits for its models before it opens its ports; so does tfpipe serve, saying
+    which path is wrong and what it holds, then serving as soon as a version appears."""
+    import grpc
+
+    base = tmp_path / "model"
+    port, rest_port = _free_port(), _free_port()
+    proc, lines = _start(f"--port={port}", f"--rest_api_port={rest_port}", f"--model_base_path={base}",
+                         "--file_system_poll_wait_seconds=1")
+    try:
+        _wait_for_line(proc, lines, f"Could not find base path {base} for servable default")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # not listening yet
+            with pytest.raises(grpc.FutureTimeoutError):
+                grpc.channel_ready_future(channel).result(timeout=1)
+        shutil.copytree(half_models / "tf1" / "00000123", base)  # the SavedModel itself, not in a version dir
+        line = _wait_for_line(proc, lines, "No versions of servable default found under base path")
+        assert "saved_model.pb" in line and f"move it into {base}/1/" in line
+        staging = tmp_path / "staging"
+        shutil.copytree(half_models / "tf1" / "00000123", staging)
+        os.rename(staging, base / "00000007")
+        _wait_for_line(proc, lines, "Exporting HTTP/REST API")
+        r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/default:predict", json={"instances": [2.0]},
+                          timeout=30)
+        assert r.json() == {"predictions": [3.0]}
+        status = requests.get(f"http://127.0.0.1:{rest_port}/v1/models/default", timeout=30).json()
+        assert [s["version"] for s in status["model_version_status"]] == ["7"]
+    finally:
+        _stop(proc)
+
+
+def test_a_model_whose_loads_all_fail_is_retried_then_stops_the_start(tmp_path):
+    """--max_num_load_retries / --load_retry_interval_micros; then, as tensorflow_model_server,
+    the server does not start."""
+    version = tmp_path / "broken" / "1"
+    version.mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"not a SavedModel")
+    proc, lines = _start(f"--port={_free_port()}", f"--model_base_path={tmp_path / 'broken'}",
+                         "--max_num_load_retries=2", "--load_retry_interval_micros=100000")
+    try:
+        proc.wait(timeout=120)
+    finally:
+        _stop(proc)
+    time.sleep(0.2)
+    log = "\n".join(lines)
+    assert proc.returncode == 2, log
+    assert "(attempt 1 of 3); retrying in 0.1s" in log and "(attempt 2 of 3)" in log
+    assert "Failed to start server. Error: UNKNOWN: 1 model(s) did not become available" in log
+
+
+def _reload(port: int, config_text: str):
+    import grpc
+    from google.protobuf import text_format
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+
+    request = model_management_pb2.ReloadConfigRequest()
+    text_format.Parse(config_text, request.config)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(request, timeout=60)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_version_labels_may_only_name_available_versions(half_models, tmp_path, allow):
+    """As TF Serving's ServerCore: a label must point at an AVAILABLE version; with
+    --allow_version_labels_for_unavailable_models a new label may wait for its version, but an
+    existing label is never moved to one that is not AVAILABLE."""
+    import grpc
+
+    from serve.flags import ServeOptions
+    from serve.server import ServerThread
+
+    base = half_models / "tf1"
+
+    def config(labels: str) -> str:
+        return f'model_config_list {{ config {{ name: "m" base_path: "{base}" {labels} }} }}'
+
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(base),
+                        file_system_poll_wait_seconds=0, allow_version_labels_for_unavailable_models=allow)
+    with ServerThread(opts) as s:
+        _reload(s.grpc_port, config('version_labels { key: "stable" value: 123 }'))
+        assert s.manager.resolve("m", label="stable").version == 123
+        later = config('version_labels { key: "stable" value: 123 } version_labels { key: "next" value: 124 }')
+        if allow:
+            _reload(s.grpc_port, later)
+        else:
+            with pytest.raises(grpc.RpcError) as e:
+                _reload(s.grpc_port, later)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "Request to assign label to version 124 of model m, which is not currently available" in \
+                e.value.details()
+        with pytest.raises(grpc.RpcError) as e:  # moving "stable" to a version that is not there: never
+            _reload(s.grpc_port, config('version_labels { key: "stable" value: 124 }'))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert s.manager.resolve("m", label="stable").version == 123
+
+
+def _batches(server) -> int:
+    return server.metrics.batch_sizes.n
+
+
+def _concurrent_predicts(url: str, n: int) -> list[float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as pool:
+        answers = list(pool.map(lambda x: requests.post(url, json={"instances": [float(x)]}, timeout=60).json(),
+                                range(n)))
+    return [a["predictions"][0] for a in answers]
+
+
+def test_platform_config_file_turns_batching_on(half_models, tmp_path):
+    """--platform_config_file's SessionBundleConfig replaces the batching flags."""
+    from serve.flags import ServeOptions
+    from serve.server import ServerThread
+
+    platform = tmp_path / "platform.config"
+    platform.write_text(PLATFORM_CONFIG)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
+                        model_base_path=str(half_models / "tf2"), file_system_poll_wait_seconds=0,
+                        platform_config_file=str(platform))
+    with ServerThread(opts) as s:
+        assert s.batcher is not None and s.batcher.options.max_batch_size == 4
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/m:predict"
+        assert _concurrent_predicts(url, 4) == [0.5 * x + 2 for x in range(4)]
+        assert 1 <= _batches(s) < 4  # merged within the 200 ms batch timeout
+
+
+def test_per_model_batching_parameters(half_models, tmp_path):
+    """--enable_per_model_batching_parameters: a version's batching_params.pbtxt sets its batching;
+    a version without one is served unbatched."""
+    from serve.flags import ServeOptions
+    from serve.server import ServerThread
+
+    batched = tmp_path / "batched"
+    shutil.copytree(half_models / "tf2", batched)
+    (batched / "00000123" / "batching_params.pbtxt").write_text(
+        "max_batch_size { value: 8 }\nbatch_timeout_micros { value: 200000 }\n")
+    config = tmp_path / "models.config"
+    config.write_text(f'model_config_list {{ config {{ name: "batched" base_path: "{batched}" }} '
+                      f'config {{ name: "plain" base_path: "{half_models / "tf2"}" }} }}')
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=str(config),
+                        file_system_poll_wait_seconds=0, enable_batching=True,
+                        enable_per_model_batching_parameters=True)
+    with ServerThread(opts) as s:
+        base = f"http://127.0.0.1:{s.rest_port}/v1/models"
+        assert _concurrent_predicts(f"{base}/plain:predict", 4) == [0.5 * x + 2 for x in range(4)]
+        assert _batches(s) == 0
+        assert _concurrent_predicts(f"{base}/batched:predict", 4) == [0.5 * x + 2 for x in range(4)]
+        assert 1 <= _batches(s) < 4
+        options = s.inference.batch_options(s.manager.resolve("batched"))
+        assert options.max_batch_size == 8 and s.inference.batch_options(s.manager.resolve("plain")) is None
