@@ -13,7 +13,13 @@ Prints:
   * throughput at 32 concurrent gRPC clients, batching on vs off (target >= 3x), both with
     --grpc_max_threads=32 so that every client's request is in the server at once;
   * throughput at 32 concurrent clients against a plain single-threaded grpcio server
-    (benchmarks/plain_grpc_server.py; target >= 2x).
+    (benchmarks/plain_grpc_server.py; target >= 2x);
+  * tail latency at 32 concurrent clients, batching on: p50, p99, p99.9 and the largest for
+    REST (a raw-socket keep-alive client here, and wrk when it is installed, as an independent
+    check) and gRPC (target: p99.9 within 3x p99 on both). The server runs twice: as shipped,
+    and with TFPIPE_GC_FREEZE=0, which leaves TensorFlow's import-time objects to Python's
+    full garbage collections (the cause of REST's 200-250 ms stalls). This process freezes
+    and disables its own collector while it measures, so that its pauses are not counted.
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
 """
 
@@ -197,6 +203,114 @@ def grpc_throughput(port: int, reqs, clients: int, seconds: float) -> tuple[floa
     return asyncio.run(run())
 
 
+def percentiles(times: list[float]) -> dict[str, float]:
+    ms = np.sort(np.asarray(times)) * 1e3
+    return {"n": len(ms), "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
+            "p99.9": float(np.percentile(ms, 99.9)), "max": float(ms[-1])}
+
+
+def rest_tail(port: int, bodies: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """`clients` keep-alive connections, each one request at a time, prebuilt bytes; every
+    answer timed from write to the end of its body (Content-Length)."""
+    requests_ = [(f"POST /v1/models/taxi:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(b)}\r\n\r\n{b}").encode() for b in bodies]
+
+    async def run():
+        times: list[float] = []
+        end = time.perf_counter() + seconds
+
+        async def client(k: int):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            i = k
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                writer.write(requests_[i % len(requests_)])
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])
+                await reader.readexactly(length)
+                times.append(time.perf_counter() - t0)
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise SystemExit(f"REST answered {head[:40]!r}")
+                i += clients
+            writer.close()
+
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        return times
+    return percentiles(asyncio.run(run()))
+
+
+def wrk_tail(port: int, body: str, clients: int, seconds: float, tmp: str) -> dict[str, float] | None:
+    """The same load from wrk (Debian's package), if installed: its own latency percentiles."""
+    import shutil as _shutil
+
+    if _shutil.which("wrk") is None:
+        return None
+    script = os.path.join(tmp, "post.lua")
+    with open(os.path.join(tmp, "body.json"), "w") as f:
+        f.write(body)
+    with open(script, "w") as f:
+        f.write(f'wrk.method = "POST"\nwrk.body = io.open("{tmp}/body.json"):read("*a")\n'
+                'wrk.headers["Content-Type"] = "application/json"\n'
+                "done = function(summary, latency, requests)\n"
+                "  for _, p in ipairs({50, 99, 99.9}) do io.write(string.format(\"tail p%g %d\\n\", p, "
+                "latency:percentile(p))) end\n"
+                '  io.write(string.format("tail max %d\\ntail n %d\\n", latency.max, summary.requests))\n'
+                "end\n")
+    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "-s", script,
+                          f"http://127.0.0.1:{port}/v1/models/taxi:predict"], capture_output=True, text=True,
+                         timeout=seconds + 60).stdout
+    got = dict(re.findall(r"^tail (\S+) (\d+)$", out, re.M))
+    return {k: (int(v) if k == "n" else int(v) / 1e3) for k, v in got.items()}
+
+
+def grpc_tail(port: int, reqs, clients: int, seconds: float) -> dict[str, float]:
+    async def run():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            times: list[float] = []
+            end = time.perf_counter() + seconds
+
+            async def client(k: int):
+                i = k
+                while time.perf_counter() < end:
+                    t0 = time.perf_counter()
+                    await stub.Predict(reqs[i % len(reqs)], timeout=30)
+                    times.append(time.perf_counter() - t0)
+                    i += clients
+
+            await asyncio.gather(*(client(k) for k in range(clients)))
+            return times
+    return percentiles(asyncio.run(run()))
+
+
+def tail_latency(path: str, reqs, bodies: list[str], tmp: str, clients: int, seconds: float) -> dict:
+    """Per server variant (as shipped; TFPIPE_GC_FREEZE=0): REST, REST by wrk, gRPC."""
+    import gc
+
+    out = {}
+    for variant, freeze in (("shipped", "1"), ("gc freeze off", "0")):
+        os.environ["TFPIPE_GC_FREEZE"] = freeze
+        try:
+            proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=clients)
+        finally:
+            os.environ.pop("TFPIPE_GC_FREEZE", None)
+        try:
+            rest_tail(rport, bodies, clients, 2.0)  # warm every connection's path
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            try:
+                out[variant] = {"REST": rest_tail(rport, bodies, clients, seconds),
+                                "REST (wrk)": wrk_tail(rport, bodies[0], clients, seconds, tmp),
+                                "gRPC": grpc_tail(gport, reqs, clients, seconds)}
+            finally:
+                gc.enable()
+        finally:
+            proc.terminate()
+            proc.wait()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0)
@@ -206,11 +320,17 @@ def main() -> None:
     ap.add_argument("--batch-threads", type=int, default=1, help="num_batch_threads (default 1)")
     ap.add_argument("--batch-timeout-us", type=int, default=2000, help="batch_timeout_micros (default 2000)")
     ap.add_argument("--only-latency", action="store_true", help="measure only the concurrency-1 latencies")
+    ap.add_argument("--only-tail", action="store_true", help="measure only the tail latency at --clients")
+    ap.add_argument("--tail-seconds", type=float, default=30.0, help="seconds per tail-latency run (default 30)")
     args = ap.parse_args()
     path = model_dir()
     reqs = payloads(path)
     bodies = [rest_body(r) for r in reqs]
     print(f"model {path}: {len(reqs)} one-row requests from its warmup records")
+    if args.only_tail:
+        with tempfile.TemporaryDirectory() as tmp:
+            print_tail(tail_latency(path, reqs, bodies, tmp, args.clients, args.tail_seconds), args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         try:
@@ -247,6 +367,7 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait()
+            tails = tail_latency(path, reqs, bodies, tmp, args.clients, args.tail_seconds)
     med = {k: float(np.median(v)) for k, v in lat.items()}
     over = {k: float(np.median(np.subtract(lat[k], lat["in-process"]))) for k in ("grpc", "rest")}
     print(f"\nbatch-1 p50 latency, concurrency 1: {args.rounds} rounds of {args.calls} calls each, taking turns;"
@@ -265,6 +386,20 @@ def main() -> None:
     print(f"  embedded, batching on  {on:8.0f} req/s  (p50 {on_p50:.2f} ms)   on/off {on / off:.2f}x (target >= 3)")
     print(f"  plain grpcio server    {plain:8.0f} req/s  (p50 {plain_p50:.2f} ms)   "
           f"embedded+batching/plain {on / plain:.2f}x (target >= 2)")
+    print_tail(tails, args)
+
+
+def print_tail(tails: dict, args) -> None:
+    print(f"\ntail latency, {args.clients} concurrent clients, batching on (max 32, 2 ms timeout, 1 thread), one row "
+          f"per request, {args.tail_seconds:g} s each (ms)")
+    for variant, rows in tails.items():
+        for api, r in rows.items():
+            if r is None:
+                print(f"  {variant:14s} {api:11s} (wrk is not installed)")
+                continue
+            print(f"  {variant:14s} {api:11s} n={r['n']:6d}  p50 {r['p50']:7.2f}  p99 {r['p99']:7.2f}  "
+                  f"p99.9 {r['p99.9']:7.2f}  max {r['max']:7.2f}   p99.9/p99 {r['p99.9'] / r['p99']:.2f}x"
+                  + (" (target <= 3)" if variant == "shipped" else ""))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ class Metrics:
             self.batch_sizes.observe(rows)
             self.padded_rows += padded - rows
 
-    def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0) -> str:
+    def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0,
+               load_bytes: dict[tuple[str, int], int] | None = None) -> str:
         from serve.servable import LIVE
 
         out = []
@@ -83,7 +84,12 @@ class Metrics:
                 f"tfpipe_serving_live_servables {len(LIVE)}",
                 "# HELP process_resident_memory_bytes Resident memory size in bytes.",
                 "# TYPE process_resident_memory_bytes gauge",
-                f"process_resident_memory_bytes {_rss_bytes()}"]
+                f"process_resident_memory_bytes {rss_bytes()}",
+                "# HELP tfpipe_serving_model_load_rss_bytes How much the process grew while a loaded version "
+                "loaded and warmed up (its memory footprint, give or take concurrent requests).",
+                "# TYPE tfpipe_serving_model_load_rss_bytes gauge"]
+        for (model, version), n in sorted((load_bytes or {}).items()):
+            out.append(f"tfpipe_serving_model_load_rss_bytes{_labels([('model', model), ('version', version)])} {n}")
         out += ["# HELP tfpipe_serving_loaded_versions Versions loaded and AVAILABLE per model.",
                 "# TYPE tfpipe_serving_loaded_versions gauge"]
         for model, versions in sorted(loaded.items()):
@@ -93,7 +99,8 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
+    """This process's resident memory."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -180,7 +180,8 @@ class RestApi:
                 return _error(405, f"Malformed request: {request.method} {request.path}")
             depth = self.inference.batcher.depth() if self.inference.batcher else 0
             queues = self.inference.batcher.queue_count() if self.inference.batcher else 0
-            return web.Response(text=self.metrics.render(self.inference.manager.loaded(), depth, queues),
+            manager = self.inference.manager
+            return web.Response(text=self.metrics.render(manager.loaded(), depth, queues, manager.load_sizes()),
                                 content_type="text/plain", charset="utf-8")
         if not _API_PATH.fullmatch(raw_path):
             return _error(404, f"Not found: {request.method} {request.path}")

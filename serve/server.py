@@ -10,7 +10,9 @@ its ports, and refuses to start when a model's versions all fail to load.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -225,6 +227,22 @@ def version_text() -> str:
     return f"TensorFlow ModelServer: tfpipe {__version__} (embedded)\nTensorFlow Library: {tf.__version__}"
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def fix_mmap_threshold(nbytes: int = 128 * 1024) -> None:
+    """Keep glibc serving blocks over `nbytes` (its own starting threshold) from mmap, so that
+    freed ones go straight back to the OS. By default glibc raises the threshold as large
+    blocks are freed, after which they come from the heap and stay in RSS: between hot
+    reloads RSS then rose by tens of MiB at times. An explicit MALLOC_MMAP_THRESHOLD_ wins."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, nbytes)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     """Serve until SIGTERM or SIGINT, then drain and exit 0."""
     from serve import runtime
@@ -232,6 +250,7 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     if opts.version:
         print(version_text())
         return 0
+    fix_mmap_threshold()
 
     async def main() -> None:
         server = EmbeddedServer(opts, log)
@@ -239,8 +258,10 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
         # TensorFlow and Keras leave ~330k long-lived objects; a full garbage collection that
         # walks them stalls every thread for ~200 ms (REST p99.9 at 32 clients was 4x p99).
         # Frozen, they are never walked; the models loaded later stay collectable.
-        gc.collect()
-        gc.freeze()
+        # TFPIPE_GC_FREEZE=0 leaves them unfrozen (benchmarks/bench_serve.py shows the difference).
+        if os.environ.get("TFPIPE_GC_FREEZE", "1") != "0":
+            gc.collect()
+            gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -631,3 +631,99 @@ def test_emit_k8s_writes_deployment_service_and_autoscaler(tmp_path):
 
     config = text_format.Parse(docs["configmap"]["data"]["models.config"], model_server_config_pb2.ModelServerConfig())
     assert config.model_config_list.config[0].base_path == "/models/taxi"
+
+
+def _metric(text: str, name: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ") or
+            line.startswith(name + "{")]
+
+
+def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
+    """20 versions published one after another while clients call REST and gRPC, batching on:
+    no request fails; after each reload one version is left in memory and the old version's
+    batch queue is gone; resident memory after the 20th reload is within one model's size (the
+    growth the server measured while a version loaded) of what it was after the first."""
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    source = next((models / "penguins").iterdir())
+    base = tmp_path / "penguins"
+    shutil.copytree(source, base / "1")
+    (tmp_path / "batching.config").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1000 }\n"
+                                              "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 100 }\n")
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    proc, grpc_port, rest_port = _start_cli_server(
+        "--model_name=penguins", f"--model_base_path={base}", "--file_system_poll_wait_seconds=1",
+        "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--max_num_load_retries=0")
+    url = f"http://127.0.0.1:{rest_port}"
+    row = {"island": "Biscoe", "bill_length_mm": 48.0, "bill_depth_mm": 15.0, "flipper_length_mm": 220,
+           "body_mass_g": 5400, "sex": "male", "year": 2008}
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "penguins"
+    for k, v in row.items():
+        request.inputs[k].CopyFrom(tf.make_tensor_proto([v.encode() if isinstance(v, str) else v],
+                                                        dtype=tf.string if isinstance(v, str) else None))
+    stop, outcomes, lock = threading.Event(), [], threading.Lock()
+
+    def rest_client():
+        session = requests.Session()
+        while not stop.is_set():
+            r = session.post(f"{url}/v1/models/penguins:predict", json={"instances": [row]}, timeout=60)
+            with lock:
+                outcomes.append(r.status_code == 200 and r.json()["predictions"][0]["classes"] == "Gentoo")
+
+    def grpc_client():
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            while not stop.is_set():
+                try:
+                    answer = stub.Predict(request, timeout=60)
+                    ok = tf.make_ndarray(answer.outputs["classes"]).tolist() == [b"Gentoo"]
+                except grpc.RpcError:
+                    ok = False
+                with lock:
+                    outcomes.append(ok)
+
+    clients = [threading.Thread(target=f) for f in (rest_client, rest_client, grpc_client)]
+    for t in clients:
+        t.start()
+    samples = []  # per reload: (RSS, live servables, batch queues, load sizes)
+    try:
+        for version in range(2, 22):
+            shutil.copytree(source, tmp_path / "staging")
+            os.rename(tmp_path / "staging", base / str(version))
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                status = requests.get(f"{url}/v1/models/penguins", timeout=30).json()["model_version_status"]
+                states = {int(s["version"]): s["state"] for s in status}
+                if states.get(version) == "AVAILABLE" and all(s == "END" for v, s in states.items() if v != version):
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"version {version} did not take over: {states}")
+            texts = []
+            for _ in range(5):  # RSS moves with the requests in flight: the least of five readings
+                time.sleep(0.1)
+                texts.append(requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text)
+            samples.append((min(_metric(t, "process_resident_memory_bytes")[0] for t in texts),
+                            max(_metric(t, "tfpipe_serving_live_servables")[0] for t in texts),
+                            max(_metric(t, "tfpipe_serving_batch_queues")[0] for t in texts),
+                            _metric(texts[-1], "tfpipe_serving_model_load_rss_bytes")))
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert len(outcomes) > 200 and all(outcomes), f"{outcomes.count(False)} of {len(outcomes)} requests failed"
+    assert [s[1] for s in samples] == [1.0] * 20  # one version in memory after every reload
+    assert all(s[2] <= 1 for s in samples)  # only the serving version's queue (one signature, one shape)
+    model_size = float(np.median([b for s in samples for b in s[3]]))
+    rss = [s[0] for s in samples]
+    assert model_size > 0
+    print(f"RSS after each reload (MiB): {[round(r / 2**20, 1) for r in rss]}; one model: {model_size / 2**20:.1f} MiB")
+    assert rss[-1] - rss[0] <= model_size, (
+        f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over 19 reloads; one model is {model_size / 2**20:.1f} MiB; "
+        f"RSS per reload (MiB): {[round(r / 2**20) for r in rss]}")
