@@ -201,7 +201,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     tf = parser.add_argument_group(
         f"tensorflow_model_server flags (all {len(TF_SERVING_FLAGS)}; TF Serving's defaults)")
     for f in TF_SERVING_FLAGS:
-        text = f"{f.help} (default {str(f.default).lower() if f.kind is _bool else repr(f.default)})"
+        text = f"{f.help.rstrip('.')} (default {str(f.default).lower() if f.kind is _bool else repr(f.default)})"
         if f.ignored:
             text += f". Accepted, ignored: {f.ignored}."
         text = text.replace("%", "%%")
