@@ -16,8 +16,7 @@ import numpy as np
 from serve.batcher import BatchOptions, BatchScheduler
 from serve.errors import invalid, unimplemented
 from serve.manager import ModelManager
-from serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature, classification_outputs, \
-    regression_outputs
+from serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 
 
 class Inference:
@@ -76,14 +75,12 @@ class Inference:
                 servable.regression_signature(key)
             else:
                 raise unimplemented(f"Unsupported signature method_name: {method}")
-        if not examples:
-            raise invalid("Input is empty.")
         run, results = self._runner(servable), []
         for _, signature_name, method in tasks:
-            sig = servable.signatures[signature_name or DEFAULT_SIGNATURE]
-            out = servable._run_examples(sig, examples, run)
-            results.append(("classify", *classification_outputs(out, len(examples))) if method == CLASSIFY
-                           else ("regress", regression_outputs(out, len(examples))))
+            if method == CLASSIFY:
+                results.append(("classify", *servable.classify(signature_name, examples, run)[1:]))
+            else:
+                results.append(("regress", servable.regress(signature_name, examples, run)[1]))
         return servable, results
 
     # ---- asyncio: the REST API --------------------------------------------------------

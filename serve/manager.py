@@ -76,6 +76,11 @@ class Model:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def policy(self):
+        """The model's version policy; None: TF Serving's default (the latest version)."""
+        return self.config.model_version_policy if self.config.HasField("model_version_policy") else None
+
     def available(self) -> dict[int, Servable]:
         return {v: s.servable for v, s in self.versions.items() if s.state == AVAILABLE and s.servable}
 
@@ -321,9 +326,8 @@ class ModelManager:
                 self._poll_model(model)
 
     def _poll_model(self, model: Model) -> None:
-        policy = model.config.model_version_policy if model.config.HasField("model_version_policy") else None
         on_disk = versions_on_disk(model.config.base_path)
-        finding = base_path_finding(model.name, model.config.base_path, on_disk, policy)
+        finding = base_path_finding(model.name, model.config.base_path, on_disk, model.policy)
         if finding != model.finding:
             model.finding = finding
             if finding:
@@ -346,10 +350,9 @@ class ModelManager:
     def _wanted(self, model: Model, on_disk: dict) -> list[int]:
         """Versions the model's policy asks for; a failed load is passed over until its
         directory changes."""
-        policy = model.config.model_version_policy if model.config.HasField("model_version_policy") else None
         failed = {v for v, s in model.versions.items()
                   if s.state == END and s.error_code == FAILED and on_disk.get(v, (None, None))[1] == s.mtime}
-        return wanted_versions(policy, on_disk, failed)
+        return wanted_versions(model.policy, on_disk, failed)
 
     def _settle(self, model: Model, wanted: set[int] | None = None) -> None:
         """Unload versions no longer wanted, keeping one serving until a wanted one is."""

@@ -178,12 +178,26 @@ def _scalar(value: Any, dtype: tf.DType) -> Any:
         return value
     if isinstance(value, float) or not dtype.is_integer:  # a JSON number with a fraction is not an integer
         raise _type_error(value, dtype)
-    info = np.iinfo(dtype.as_numpy_dtype)
-    if dtype in (tf.int8, tf.int16, tf.uint8):
-        info = np.iinfo(np.int32)  # TF Serving reads these as int (IsInt)
+    info = _json_int_range(dtype)
     if not info.min <= value <= info.max:
         raise _type_error(value, dtype)
     return value
+
+
+def _json_int_range(dtype: tf.DType) -> np.iinfo:
+    """The integers a JSON value may hold for an integer dtype (TF Serving reads int8, int16
+    and uint8 as int32: IsInt)."""
+    return np.iinfo(np.int32 if dtype in (tf.int8, tf.int16, tf.uint8) else dtype.as_numpy_dtype)
+
+
+def _array_of(flat: list, shape: list[int], dtype: tf.DType) -> np.ndarray:
+    """Values gathered in row-major order as a tensor of `shape` (strings as bytes objects)."""
+    if dtype == tf.string:
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+    else:
+        arr = np.array(flat, dtype=_numpy_dtype(dtype))
+    return arr.reshape(shape)
 
 
 def _dense_shape(value: Any) -> list[int]:
@@ -227,11 +241,7 @@ def json_tensor(value: Any, dtype: tf.DType) -> np.ndarray:
     shape = _dense_shape(value)
     flat: list = []
     _fill(value, 0, shape, dtype, flat)
-    if dtype == tf.string:
-        arr = np.empty(len(flat), dtype=object)
-        arr[:] = flat
-        return arr.reshape(shape)
-    return np.array(flat, dtype=_numpy_dtype(dtype)).reshape(shape)
+    return _array_of(flat, shape, dtype)
 
 
 def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
@@ -247,7 +257,7 @@ def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
     if dtype.is_floating and kind in "iuf":
         return arr.astype(_numpy_dtype(dtype), copy=False)
     if dtype.is_integer and kind in "iu" and arr.size:
-        info = np.iinfo(np.int32 if dtype in (tf.int8, tf.int16, tf.uint8) else dtype.as_numpy_dtype)
+        info = _json_int_range(dtype)
         if info.min <= arr.min() and arr.max() <= info.max:
             return arr.astype(_numpy_dtype(dtype), copy=False)
     return None
@@ -342,12 +352,7 @@ def _stacked(items: list[tuple[int, Any]], dtype: tf.DType) -> np.ndarray:
             e.item = i
             raise
         parts.extend(flat)
-    if dtype == tf.string:
-        arr = np.empty(len(parts), dtype=object)
-        arr[:] = parts
-    else:
-        arr = np.array(parts, dtype=_numpy_dtype(dtype))
-    return arr.reshape([len(items), *first_shape])
+    return _array_of(parts, [len(items), *first_shape], dtype)
 
 
 def _columns(value: Any, inputs: dict[str, tf.DType]) -> dict[str, np.ndarray]:

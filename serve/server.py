@@ -57,9 +57,7 @@ class EmbeddedServer:
                 self.batch_options = BatchOptions.from_proto(self.bundle.batching_parameters)
             except ValueError as e:
                 raise ServeError(f"batching parameters: {e}") from None
-        self.ssl = ssl_config(opts)
-        if opts.use_alts_credentials and opts.ssl_config_file:
-            raise ServeError("Either use_alts_credentials must be false or ssl_config_file must be empty.")
+        self.ssl = ssl_config(opts)  # refuses --ssl_config_file with --use_alts_credentials, as TF Serving
         self.channel_args = channel_arguments(opts.grpc_channel_arguments)
         monitoring = monitoring_config(opts)
         self.metrics_path = (monitoring.prometheus_config.path

@@ -3,6 +3,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -25,6 +26,13 @@ def chicago_csv() -> str:
     if not os.path.exists(CHICAGO):
         pytest.skip(f"Chicago taxi sample not found at {CHICAGO} (it lives in ../shared beside the repo)")
     return CHICAGO
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that the OS has just handed out (for command lines that name one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ import time
 import numpy as np
 import pytest
 import requests
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 # tensorflow_model_server's flags, in the order tensorflow_serving/model_servers/main.cc defines them.
 MAIN_CC_FLAGS = [
@@ -48,12 +47,6 @@ def _parse(*argv: str):
 
     args, extra = build_parser().parse_known_args(["serve", *argv])
     return options_from_args(args), extra
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the flag table ------------------------------------------------------------------------
@@ -481,7 +474,7 @@ def test_a_secure_server_with_the_flags_that_apply(half_models, tmp_path):
     config = tmp_path / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "tf1" base_path: "{half_models / "tf1"}" }} '
                       f'config {{ name: "tf2" base_path: "{half_models / "tf2"}" }} }}')
-    port, rest_port, sock = _free_port(), _free_port(), str(tmp_path / "grpc.sock")
+    port, rest_port, sock = free_port(), free_port(), str(tmp_path / "grpc.sock")
     ignored = ["--prefer_tflite_model=false", "--num_tflite_pools=2", "--enable_profiler",
                "--flush_filesystem_caches=true", "--skip_initialize_tpu", "--xla_cpu_compilation_enabled=true",
                "--thread_pool_factory_config_file=unused.config", "--remove_unused_fields_from_bundle_metagraph"]
@@ -558,7 +551,7 @@ def test_a_missing_base_path_is_reported_and_polled_until_a_version_appears(half
     import grpc
 
     base = tmp_path / "model"
-    port, rest_port = _free_port(), _free_port()
+    port, rest_port = free_port(), free_port()
     proc, lines = _start(f"--port={port}", f"--rest_api_port={rest_port}", f"--model_base_path={base}",
                          "--file_system_poll_wait_seconds=1")
     try:
@@ -588,7 +581,7 @@ def test_a_model_whose_loads_all_fail_is_retried_then_stops_the_start(tmp_path):
     version = tmp_path / "broken" / "1"
     version.mkdir(parents=True)
     (version / "saved_model.pb").write_bytes(b"not a SavedModel")
-    proc, lines = _start(f"--port={_free_port()}", f"--model_base_path={tmp_path / 'broken'}",
+    proc, lines = _start(f"--port={free_port()}", f"--model_base_path={tmp_path / 'broken'}",
                          "--max_num_load_retries=2", "--load_retry_interval_micros=100000")
     try:
         proc.wait(timeout=120)

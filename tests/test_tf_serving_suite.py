@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 RPC_TIMEOUT = 20.0
 REST_TIMEOUT_MS = 5000
@@ -89,12 +88,6 @@ REST_CONFIG = f"""model_config_list {{
            model_version_policy {{ specific {{ versions: 123 }} }} }}
 }}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -156,7 +149,7 @@ class Servers:
     def _start(self, model_name, model_path, model_config_file, monitoring_config_file, batching_parameters_file,
                grpc_channel_arguments, model_config_file_poll_period) -> Server:
         n = len(self.running)
-        port, rest_port = _free_port(), _free_port()
+        port, rest_port = free_port(), free_port()
         socket_path = os.path.join(self.tmp, "sockets", f"tf-serving-{n}.sock")
         command = f"{shlex.quote(sys.executable)} -m tfpipe.cli serve --host=127.0.0.1"
         command += " --port=" + str(port)
@@ -448,8 +441,8 @@ def test_good_model_config(servers, paths):
 
 def test_bad_model_config(paths, tmp_path):
     """testBadModelConfig: the server says what failed to parse, on stderr"""
-    command = [sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", f"--port={_free_port()}",
-               f"--rest_api_port={_free_port()}", f"--rest_api_timeout_in_ms={REST_TIMEOUT_MS}",
+    command = [sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", f"--port={free_port()}",
+               f"--rest_api_port={free_port()}", f"--rest_api_timeout_in_ms={REST_TIMEOUT_MS}",
                f"--grpc_socket_path={tmp_path / 'tf-serving.sock'}", f"--model_config_file={paths.bad_config}",
                "--grpc_channel_arguments=grpc.so_reuseaddr=1"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
