@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -31,10 +32,12 @@ def chromium() -> str:
 
 def render(path: str, timeout: float = 60) -> dict:
     """Load file://path; returns {'errors': [...], 'title', 'svgs', 'tables', 'text', 'height'}."""
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helpers (renderer, crashpad) write to the profile after the browser process dies,
+    # so the whole process group is killed and the profile removed only once the group is gone.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([chromium(), *FLAGS, f"--user-data-dir={profile}", "about:blank"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, start_new_session=True)
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
         try:
@@ -45,8 +48,21 @@ def render(path: str, timeout: float = 60) -> dict:
                 port = int(m[1]) if m else None
             return asyncio.run(asyncio.wait_for(_inspect(port, os.path.abspath(path)), timeout))
         finally:
-            proc.kill()
-            proc.wait()
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for _ in range(50):  # until every member of the group has exited
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        threading.Event().wait(0.1)
 
 
 async def _inspect(port: int, path: str) -> dict:
