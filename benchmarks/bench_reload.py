@@ -102,12 +102,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reloads", type=int, default=20)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--batching", choices=("off", "on", "both"), default="both")
     args = ap.parse_args()
     source = bench_serve.model_dir()
     bodies = [bench_serve.rest_body(r) for r in bench_serve.payloads(source)]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for batching in (False, True):
+        for batching in {"off": (False,), "on": (True,), "both": (False, True)}[args.batching]:
             print(f"batching {'on' if batching else 'off'}: {args.reloads} hot reloads under {args.clients} REST clients")
             results[batching] = run(source, bodies, batching, args.reloads, args.clients, tmp)
     print(f"\nRSS across {args.reloads} hot reloads of the Chicago taxi model ({os.path.basename(source)}), "

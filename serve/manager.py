@@ -146,11 +146,11 @@ def wanted_versions(policy, on_disk: dict, failed: set[int]) -> list[int]:
     return sorted((v for v in on_disk if v not in failed), reverse=True)[:n]
 
 
-def release_memory(gone: Callable[[], object] | None = None, wait: float = 30.0) -> None:
+def release_memory(alive: Callable[[], bool] | None = None, wait: float = 30.0) -> None:
     """Hand an unloaded model's memory back to the OS:
-      * wait until the requests still holding it let go (`gone()` is None; a model is all
-        reference cycles, so only a collection frees it) — a model freed later by an
-        automatic collection would stay in the heap;
+      * wait until the requests still holding any part of it let go (`alive()` is false; a
+        model is all reference cycles, so only a collection frees it) — a model freed later by
+        an automatic collection would stay in the heap;
       * clear TensorFlow's eager kernel cache, which keeps every thread's instantiated copy of
         each function it ran, removed functions included (the serving version's kernels are
         instantiated again on their next call);
@@ -158,10 +158,10 @@ def release_memory(gone: Callable[[], object] | None = None, wait: float = 30.0)
     Without the last two, RSS grew ~1 MiB with every hot reload of a 12 MiB model."""
     deadline = time.monotonic() + wait
     gc.collect()
-    while gone is not None and gone() is not None and time.monotonic() < deadline:
+    while alive is not None and alive() and time.monotonic() < deadline:
         time.sleep(0.05)
         gc.collect()
-    if gone is None or gone() is None:
+    if alive is None or not alive():
         from tensorflow.python.eager import context
 
         context.context().clear_kernel_cache()
@@ -389,14 +389,20 @@ class ModelManager:
         servable = held.pop()
         if self.on_unload:
             self.on_unload(servable)
-        gone = weakref.ref(servable)
-        del servable  # in-flight requests keep their own reference
+        # In-flight requests may hold the servable, or only a signature's function (a request
+        # that resolved its signature before the swap): the version is gone once all are.
+        parts = [weakref.ref(servable), *map(weakref.ref, servable.functions())]
+        del servable
+
+        def alive() -> bool:
+            return any(r() is not None for r in parts)
+
         t0 = time.monotonic()
-        release_memory(gone)
+        release_memory(alive)
         with self._lock:
             s.state = END
             self._changed.notify_all()
-        self.log(f"unloaded {model.name} version {s.version} ({time.monotonic() - t0:.2f}s, freed: {gone() is None})")
+        self.log(f"unloaded {model.name} version {s.version} ({time.monotonic() - t0:.2f}s, freed: {not alive()})")
 
     def _load(self, model: Model, s: VersionState, path: str) -> None:
         attempts = 1 + max(0, self.options.max_load_retries)

@@ -137,6 +137,11 @@ class Servable:
             return None
         return read_text_proto(path, BatchingParameters(), "per-model batching parameters")
 
+    def functions(self) -> list:
+        """The TensorFlow functions the signatures run (every call path holds one of them)."""
+        return [f for s in self.signatures.values()
+                if (f := getattr(s.function, "_inference_function", None)) is not None]
+
     def signature(self, name: str) -> Signature:
         key = name or DEFAULT_SIGNATURE
         if key not in self.signatures:
