@@ -477,13 +477,14 @@ def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     assert states["2"]["state"] == "AVAILABLE" and states["1"]["state"] == "END"
 
 
-def _start_cli_server(*flags: str) -> tuple[subprocess.Popen, int, int]:
+def _start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
     """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
     import queue
 
     proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", "--port=-1",
                              "--rest_api_port=-1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     ports, seen = {}, []
@@ -639,8 +640,8 @@ def _metric(text: str, name: str) -> list[float]:
 
 
 def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
-    """20 versions published one after another while clients call REST and gRPC, batching on:
-    no request fails; after each reload one version is left in memory and the old version's
+    """20 versions published one after another while clients call REST and gRPC, batching on,
+    two malloc arenas (MALLOC_ARENA_MAX=2, as the README advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
     batch queue is gone; resident memory after the 20th reload is within one model's size (the
     growth the server measured while a version loaded) of what it was after the first."""
     import grpc
@@ -656,7 +657,8 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     proc, grpc_port, rest_port = _start_cli_server(
         "--model_name=penguins", f"--model_base_path={base}", "--file_system_poll_wait_seconds=1",
         "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
-        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--max_num_load_retries=0")
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--max_num_load_retries=0",
+        env={"MALLOC_ARENA_MAX": "2"})  # the README's setting for flat memory across reloads
     url = f"http://127.0.0.1:{rest_port}"
     row = {"island": "Biscoe", "bill_length_mm": 48.0, "bill_depth_mm": 15.0, "flipper_length_mm": 220,
            "body_mass_g": 5400, "sex": "male", "year": 2008}
