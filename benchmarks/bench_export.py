@@ -35,7 +35,7 @@ def main() -> None:
     from train.job import run as train
 
     work = os.path.join(ROOT, ".bench", "export")
-    csv = os.path.join(os.path.dirname(ROOT), "shared", "data", "chicago_taxi", "data.csv")
+    csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
     d = data(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=os.path.join(work, "data")),
              log=lambda _: None)
     t = train(TrainConfig(data=d, out=os.path.join(work, f"train-{args.hidden}"), hidden=parse_int_list(args.hidden),

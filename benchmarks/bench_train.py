@@ -2,7 +2,7 @@
 
     python benchmarks/bench_train.py [--data DATA_DIR] [--steps 200]
 
-Without --data it runs `tfpipe data` on ../shared/data/chicago_taxi/data.csv first. Prints:
+Without --data it runs `tfpipe data` on examples/data/chicago_taxi/data.csv first. Prints:
   * input pipeline alone (examples/s) against the training step's consumption, and the
     measured input-wait fraction of a real `tfpipe train` run, with and without the
     in-memory feature cache;
@@ -44,7 +44,7 @@ def ensure_data(path: str | None) -> str:
     from pipeline.config import DataConfig
     from pipeline.job import run
 
-    csv = os.path.join(os.path.dirname(ROOT), "shared", "data", "chicago_taxi", "data.csv")
+    csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
     out = os.path.join(ROOT, ".bench", "chicago-data")
     return run(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=out), log=lambda _: None)
 

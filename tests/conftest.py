@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHICAGO = os.path.join(os.path.dirname(ROOT), "shared", "data", "chicago_taxi", "data.csv")
+CHICAGO = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")  # shipped with the project
 
 
 @pytest.fixture(scope="session")
@@ -23,8 +23,7 @@ def penguins_csv() -> str:
 
 @pytest.fixture(scope="session")
 def chicago_csv() -> str:
-    if not os.path.exists(CHICAGO):
-        pytest.skip(f"Chicago taxi sample not found at {CHICAGO} (it lives in ../shared beside the repo)")
+    assert os.path.exists(CHICAGO), f"the Chicago taxi sample ships with the project at {CHICAGO}"
     return CHICAGO
 
 

@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
             "its SLO, 2 on a user error."
         ),
         epilog=("examples: tfpipe run\n"
-                "          tfpipe run --config examples/chicago_taxi.toml --input ../shared/data/chicago_taxi/data.csv\n"
+                "          tfpipe run --config examples/chicago_taxi.toml\n"
                 "          tfpipe run --set train.learning_rate=0.003        (reruns train and what follows)\n"
                 "          tfpipe run --from export --serve-after"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
