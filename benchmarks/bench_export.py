@@ -27,12 +27,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", default="256,128")
     args = ap.parse_args()
-    from export.config import ExportConfig
-    from export.job import run as export
-    from pipeline.config import DataConfig
-    from pipeline.job import run as data
-    from train.config import TrainConfig, parse_int_list
-    from train.job import run as train
+    from tfpipe.export.config import ExportConfig
+    from tfpipe.export.job import run as export
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run as data
+    from tfpipe.train.config import TrainConfig, parse_int_list
+    from tfpipe.train.job import run as train
 
     work = os.path.join(ROOT, ".bench", "export")
     csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")

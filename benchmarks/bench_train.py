@@ -30,10 +30,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from train.config import TrainConfig  # noqa: E402
-from train.data import load_data_dir, make_dataset  # noqa: E402
-from train.job import compile_trainer, run as train_run  # noqa: E402
-from train.model import build_models  # noqa: E402
+from tfpipe.train.config import TrainConfig  # noqa: E402
+from tfpipe.train.data import load_data_dir, make_dataset  # noqa: E402
+from tfpipe.train.job import compile_trainer, run as train_run  # noqa: E402
+from tfpipe.train.model import build_models  # noqa: E402
 
 BATCH = 256
 
@@ -41,8 +41,8 @@ BATCH = 256
 def ensure_data(path: str | None) -> str:
     if path:
         return path
-    from pipeline.config import DataConfig
-    from pipeline.job import run
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
 
     csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
     out = os.path.join(ROOT, ".bench", "chicago-data")

@@ -20,14 +20,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from export.config import ExportConfig
-from export.errors import ExportError
-from export.signatures import TF_DTYPES, ServingModule, set_method_names
-from pipeline import __version__
-from train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
-from train.data import load_data_dir, make_dataset
-from train.errors import TrainError
-from train.job import read_json
+from tfpipe.export.config import ExportConfig
+from tfpipe.export.errors import ExportError
+from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
+from tfpipe import __version__
+from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
+from tfpipe.train.data import load_data_dir, make_dataset
+from tfpipe.train.errors import TrainError
+from tfpipe.train.job import read_json
 
 HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is reused
 
@@ -194,7 +194,7 @@ def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, n
 def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
                      labels: np.ndarray, config: ExportConfig, log) -> list[dict[str, Any]]:
     """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
-    from export.tflite import convert_all, device_inputs, device_model, litert_runner, measure
+    from tfpipe.export.tflite import convert_all, device_inputs, device_model, litert_runner, measure
 
     train_raw, _ = _labelled_rows(data, "train", limit=1000)
     lite_model, vocabularies = device_model(model, data.schema)

@@ -17,8 +17,8 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from pipeline.schema import Schema
-from train.data import parse_spec, raw_inputs
+from tfpipe.pipeline.schema import Schema
+from tfpipe.train.data import parse_spec, raw_inputs
 
 TF_DTYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
 

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
-from pipeline.schema import Schema
+from tfpipe.pipeline.schema import Schema
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
 NUMERIC_BLOCK = "numeric_block"

@@ -28,8 +28,8 @@ import psutil  # noqa: E402
 from locust import User, constant, task  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
-from loadtest.histogram import LatencyHistogram  # noqa: E402
-from loadtest.http_client import HttpError, TimedConnection, build_request  # noqa: E402
+from tfpipe.loadtest.histogram import LatencyHistogram  # noqa: E402
+from tfpipe.loadtest.http_client import HttpError, TimedConnection, build_request  # noqa: E402
 
 
 class Schedule:
@@ -275,7 +275,7 @@ class Master:
         self.runner.register_message("tfpipe_ready", lambda msg, **_: self.ready.add(msg.data))
         env.events.worker_report.add_listener(self._on_report)
         local_host = "127.0.0.1" if bind in ("0.0.0.0", "*", "") else bind
-        self.procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker",
+        self.procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "--worker",
                                         f"{local_host}:{port}", "--once"]) for _ in range(local)]
 
     def _on_report(self, client_id: str, data: dict) -> None:

@@ -17,12 +17,12 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from loadtest.config import LoadtestConfig, parse_duration
-from loadtest.errors import LoadtestError
-from loadtest.histogram import LatencyHistogram
-from loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model, rest_bodies,
+from tfpipe.loadtest.config import LoadtestConfig, parse_duration
+from tfpipe.loadtest.errors import LoadtestError
+from tfpipe.loadtest.histogram import LatencyHistogram
+from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model, rest_bodies,
                                rows_from_data, rows_from_payload, saved_model_feeds, signature_inputs)
-from loadtest.slo import check, parse_slo
+from tfpipe.loadtest.slo import check, parse_slo
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
            "p99.9_ms", "max_ms", "mean_ms", "overhead_p50_ms", "generator_cpu", "slo_ok"]
@@ -126,7 +126,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(steps)
-    from loadtest.report import write_report
+    from tfpipe.loadtest.report import write_report
 
     write_report(results, os.path.join(config.out, "report.html"))
     for line in table(steps):
@@ -198,7 +198,7 @@ def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        proc = subprocess.Popen([sys.executable, "-m", "loadtest.generate", spec_path, result_path],
+        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", spec_path, result_path],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_generator_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         bar = ProgressBar(label, spec["warmup"] + spec["duration"])
@@ -245,17 +245,15 @@ WORKER_WAIT_S = 600.0  # how long each step waits for workers from other machine
 
 
 def _generator_env() -> dict[str, str]:
-    """The environment of loadtest.generate processes: this checkout importable, TF quiet."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "TF_CPP_MIN_LOG_LEVEL": "3"}
+    """The environment of tfpipe.loadtest.generate processes: TensorFlow quiet."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
     """`tfpipe loadtest --worker`: locust worker processes for a master on another machine,
     step after step, until the master ends the run (0) or cannot be reached (2)."""
     log(f"{processes} locust worker process(es) for the master at {master}; Ctrl-C stops them")
-    procs = [subprocess.Popen([sys.executable, "-m", "loadtest.generate", "--worker", master], env=_generator_env(),
+    procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "--worker", master], env=_generator_env(),
                               stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(processes)]
     try:
         codes = [p.wait() for p in procs]

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from loadtest.errors import LoadtestError
+from tfpipe.loadtest.errors import LoadtestError
 
 MAX_PAYLOADS = 200
 _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT64": np.int64, "DT_INT32": np.int32,

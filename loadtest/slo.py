@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import re
 
-from loadtest.errors import LoadtestError
+from tfpipe.loadtest.errors import LoadtestError
 
 _METRICS = {"p50", "p90", "p95", "p99", "p99.9", "max", "mean", "errors", "rps"}
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}

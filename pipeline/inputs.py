@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.errors import DataError
+from tfpipe.pipeline.errors import DataError
 
 BLOCK = 8 << 20
 _EXTENSIONS = {

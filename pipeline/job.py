@@ -31,14 +31,14 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import __version__
-from pipeline.config import DataConfig
-from pipeline.errors import DataError, find_data_error
-from pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
-from pipeline.readers import Column, Validator, read_segment, sample_records
-from pipeline.schema import Schema, infer_schema, load_schema
-from pipeline.stats import QUANTILES, SplitStatsFn
-from pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter
+from tfpipe import __version__
+from tfpipe.pipeline.config import DataConfig
+from tfpipe.pipeline.errors import DataError, find_data_error
+from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
+from tfpipe.pipeline.readers import Column, Validator, read_segment, sample_records
+from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
+from tfpipe.pipeline.stats import QUANTILES, SplitStatsFn
+from tfpipe.pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter
 
 HASH_BUCKETS = 10000
 LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}

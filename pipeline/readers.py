@@ -20,9 +20,9 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.errors import DataError, worker_data_error
-from pipeline.inputs import Segment
-from pipeline.schema import Schema
+from tfpipe.pipeline.errors import DataError, worker_data_error
+from tfpipe.pipeline.inputs import Segment
+from tfpipe.pipeline.schema import Schema
 
 BLOCK = 1 << 20  # bytes of text per batch: ~10k rows of a typical table
 MAX_RECORD = 16 << 20  # a quoted CSV record longer than this is taken as broken quoting

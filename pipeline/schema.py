@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from pipeline.errors import DataError
+from tfpipe.pipeline.errors import DataError
 
 SCHEMA_VERSION = 1
 TYPES = ("int", "float", "string")

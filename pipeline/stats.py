@@ -14,8 +14,8 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from pipeline.readers import Column
-from pipeline.schema import Schema
+from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.schema import Schema
 
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 

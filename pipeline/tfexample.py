@@ -19,8 +19,8 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.readers import Column
-from pipeline.schema import Feature
+from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.schema import Feature
 
 _MEMO_LIMIT = 1 << 16  # distinct values remembered per column before the memo is reset
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serve.errors import invalid, precondition, unavailable
+from tfpipe.serve.errors import invalid, precondition, unavailable
 
 
 @dataclass

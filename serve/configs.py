@@ -11,9 +11,9 @@ from google.protobuf import text_format
 from tensorflow.core.protobuf import config_pb2
 from tensorflow_serving.config import model_server_config_pb2, platform_config_pb2
 
-from serve.errors import ServeError
-from serve.flags import ServeOptions
-from serve.protos import POOL, BatchingParameters, MonitoringConfig, SavedModelBundleSourceAdapterConfig, \
+from tfpipe.serve.errors import ServeError
+from tfpipe.serve.flags import ServeOptions
+from tfpipe.serve.protos import POOL, BatchingParameters, MonitoringConfig, SavedModelBundleSourceAdapterConfig, \
     SessionBundleConfig, SSLConfig
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"

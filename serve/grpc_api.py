@@ -24,10 +24,10 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serve.errors import ServingError, invalid
-from serve.inference import Inference
-from serve.metrics import Metrics
-from serve.requests import (
+from tfpipe.serve.errors import ServingError, invalid
+from tfpipe.serve.inference import Inference
+from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.requests import (
     classification_result,
     input_examples,
     model_spec,

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from serve.batcher import BatchOptions, BatchScheduler
-from serve.errors import invalid, unimplemented
-from serve.manager import ModelManager
-from serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
+from tfpipe.serve.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.errors import invalid, unimplemented
+from tfpipe.serve.manager import ModelManager
+from tfpipe.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 
 
 class Inference:

@@ -7,9 +7,9 @@ import os
 
 import yaml
 
-from serve.configs import model_server_config
-from serve.flags import ServeOptions
-from serve.tfserving import (
+from tfpipe.serve.configs import model_server_config
+from tfpipe.serve.flags import ServeOptions
+from tfpipe.serve.tfserving import (
     CONTAINER_CONFIG,
     CONTAINER_MODELS,
     container_base_paths,

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from serve.errors import ServingError, invalid, not_found, precondition, unknown
-from serve.metrics import rss_bytes
-from serve.servable import Servable
+from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, unknown
+from tfpipe.serve.metrics import rss_bytes
+from tfpipe.serve.servable import Servable
 
 START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
 FAILED = "UNKNOWN"  # the error code a failed load reports in status

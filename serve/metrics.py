@@ -54,7 +54,7 @@ class Metrics:
 
     def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0,
                load_bytes: dict[tuple[str, int], int] | None = None) -> str:
-        from serve.servable import LIVE
+        from tfpipe.serve.servable import LIVE
 
         out = []
         with self._lock:

@@ -18,7 +18,7 @@ from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import input_pb2, predict_pb2
 
-from serve.errors import ServingError, invalid
+from tfpipe.serve.errors import ServingError, invalid
 
 
 # TensorProto <-> numpy without tf.make_ndarray / tf.make_tensor_proto, which cost ~25 us

@@ -23,11 +23,11 @@ from aiohttp import web
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from serve.errors import ServingError, invalid, precondition
-from serve.grpc_api import metadata_response, status_response
-from serve.inference import Inference
-from serve.metrics import Metrics
-from serve.requests import (
+from tfpipe.serve.errors import ServingError, invalid, precondition
+from tfpipe.serve.grpc_api import metadata_response, status_response
+from tfpipe.serve.inference import Inference
+from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.requests import (
     classification_result,
     json_debug,
     json_examples,
@@ -35,7 +35,7 @@ from serve.requests import (
     json_outputs,
     regression_result,
 )
-from serve.servable import DEFAULT_SIGNATURE
+from tfpipe.serve.servable import DEFAULT_SIGNATURE
 
 _PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
                               r"(classify|regress|predict)", re.IGNORECASE)

@@ -25,7 +25,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 from tensorflow_serving.apis import prediction_log_pb2
 
-from serve.errors import invalid, precondition
+from tfpipe.serve.errors import invalid, precondition
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
@@ -129,8 +129,8 @@ class Servable:
     def _batching_params(self):
         """BASE/VERSION/batching_params.pbtxt, or None: with per-model batching parameters a
         version without the file is served unbatched, as in TF Serving."""
-        from serve.configs import read_text_proto
-        from serve.protos import BatchingParameters
+        from tfpipe.serve.configs import read_text_proto
+        from tfpipe.serve.protos import BatchingParameters
 
         path = os.path.join(self.path, BATCHING_PARAMS_FILE)
         if not os.path.exists(path):
@@ -246,7 +246,7 @@ class Servable:
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
         times); any failure fails the load. Returns the number of records."""
-        from serve.requests import input_examples, predict_inputs
+        from tfpipe.serve.requests import input_examples, predict_inputs
 
         path = os.path.join(self.path, WARMUP_FILE)
         if not os.path.exists(path):

@@ -22,17 +22,17 @@ import grpc
 from aiohttp import web
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from serve.batcher import BatchOptions, BatchScheduler
-from serve.configs import channel_arguments, model_server_config, monitoring_config, session_bundle_config, \
+from tfpipe.serve.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.configs import channel_arguments, model_server_config, monitoring_config, session_bundle_config, \
     ssl_config
-from serve.errors import ServeError, ServingError
-from serve.flags import ServeOptions, ignored_flag_notes
-from serve.grpc_api import ModelService, PredictionService
-from serve.inference import Inference
-from serve.manager import ManagerOptions, ModelManager
-from serve.metrics import Metrics
-from serve.rest_api import RestApi
-from serve.servable import Servable, ServableSettings
+from tfpipe.serve.errors import ServeError, ServingError
+from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
+from tfpipe.serve.grpc_api import ModelService, PredictionService
+from tfpipe.serve.inference import Inference
+from tfpipe.serve.manager import ManagerOptions, ModelManager
+from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.rest_api import RestApi
+from tfpipe.serve.servable import Servable, ServableSettings
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
 HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving reports SERVING
@@ -244,7 +244,7 @@ def tune_malloc(nbytes: int = 128 * 1024) -> None:
 
 def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     """Serve until SIGTERM or SIGINT, then drain and exit 0."""
-    from serve import runtime
+    from tfpipe.serve import runtime
 
     if opts.version:
         print(version_text())

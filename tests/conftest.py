@@ -82,8 +82,8 @@ def raw_records(out: str, split: str) -> list[bytes]:
 @pytest.fixture(scope="session")
 def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
     """(data dir, train dir) of a penguins model trained through the CLI; shared by stages' tests."""
-    from pipeline.config import DataConfig
-    from pipeline.job import run as run_data
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run as run_data
 
     root = tmp_path_factory.mktemp("trained")
     data = run_data(DataConfig(input=[penguins_csv], label="species", out=str(root / "data")), log=lambda _: None)

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
-from export.signatures import set_method_names
+from tfpipe.export.signatures import set_method_names
 
 
 class Half(tf.Module):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from conftest import run_cli
-from export.config import ExportConfig
-from pipeline.config import DataConfig
-from train.config import TrainConfig
+from tfpipe.export.config import ExportConfig
+from tfpipe.pipeline.config import DataConfig
+from tfpipe.train.config import TrainConfig
 from tfpipe.cli import build_parser
 
 

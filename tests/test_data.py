@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, raw_records, read_split, run_cli
-from pipeline.config import DataConfig
-from pipeline.errors import DataError
-from pipeline.job import run
+from tfpipe.pipeline.config import DataConfig
+from tfpipe.pipeline.errors import DataError
+from tfpipe.pipeline.job import run
 
 
 def run_stage(log=None, **kw) -> str:

@@ -130,9 +130,9 @@ def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):
 
     # int8 answers like float32 on every test row. (Two converter traps made it answer
     # otherwise: raw numbers quantized with one scale, and ONE_HOT's unscaled on/off values.)
-    from export.job import _labelled_rows
-    from export.tflite import device_inputs, litert_runner
-    from train.job import load_data_dir
+    from tfpipe.export.job import _labelled_rows
+    from tfpipe.export.tflite import device_inputs, litert_runner
+    from tfpipe.train.job import load_data_dir
 
     penguins = load_data_dir(data)
     raw, _ = _labelled_rows(penguins, "test")
@@ -188,8 +188,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_trained, case):
 def test_numeric_block_computes_exactly_what_each_feature_layer_does():
     """The TFLite numeric block runs every feature's normalisation as one vector chain; each
     column must equal its own layer: timestamps, tiny and huge spreads, NaN, clipping."""
-    from export.tflite import NumericBlock
-    from train.model import ImputeNormalize
+    from tfpipe.export.tflite import NumericBlock
+    from tfpipe.train.model import ImputeNormalize
 
     norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0), ImputeNormalize(11.8, 142.0, True, clip=5.0),
              ImputeNormalize(-87.65, 0.0009, True, clip=5.0), ImputeNormalize(0.0, 1.0, False)]  # last: saved unclipped

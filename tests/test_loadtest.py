@@ -14,8 +14,8 @@ from conftest import run_cli
 
 @pytest.fixture(scope="module")
 def half_server(tmp_path_factory):
-    from serve.flags import ServeOptions
-    from serve.server import ServerThread
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
     from serving_models import save_half
 
     root = tmp_path_factory.mktemp("loadtest")
@@ -130,7 +130,7 @@ def test_the_rest_users_http_client_reads_every_framing_and_times_the_answer():
     close-delimited answers, an error status, keep-alive across requests, a reconnect after
     the server closes, a malformed answer as an error; an answer held 30 ms is timed at
     30 ms and a bit, from the kernel's receive timestamps."""
-    from loadtest.http_client import HttpError, TimedConnection, build_request
+    from tfpipe.loadtest.http_client import HttpError, TimedConnection, build_request
 
     answers = {
         b"/length": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",

@@ -24,7 +24,7 @@ from conftest import ROOT, run_cli
 
 
 def _opts(**kw):
-    from serve.flags import ServeOptions
+    from tfpipe.serve.flags import ServeOptions
 
     return ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, **kw)
 
@@ -35,8 +35,8 @@ def models(tmp_path_factory, penguins_trained):
     as exported by tfpipe export."""
     from serving_models import save_half, save_multi
 
-    from export.config import ExportConfig
-    from export.job import run as export
+    from tfpipe.export.config import ExportConfig
+    from tfpipe.export.job import run as export
 
     root = tmp_path_factory.mktemp("serve")
     save_half(str(root / "half" / "1"), b=2.0, warmup=3)
@@ -59,7 +59,7 @@ model_config_list {{
 
 @pytest.fixture(scope="module")
 def server(models):
-    from serve.server import ServerThread
+    from tfpipe.serve.server import ServerThread
 
     opts = _opts(model_config_file=str(models / "models.config"), file_system_poll_wait_seconds=0,
                  monitoring_config_file=str(models / "monitoring.config"), max_request_bytes=256 * 1024)
@@ -297,8 +297,8 @@ def test_the_servers_signature_call_answers_like_the_public_call(models):
     """The server calls a signature with same-dtype inputs packed into one tensor and no
     Python argument binding (Servable._flat_caller); it answers exactly as the public
     `signatures[key](**tensors)` does, and inputs with different row counts are a clear 400."""
-    from serve.errors import ServingError
-    from serve.servable import Servable, _keyword_caller
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.servable import Servable, _keyword_caller
 
     version = next((models / "penguins").iterdir())
     servable = Servable("penguins", int(version.name), str(version))
@@ -360,7 +360,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
 def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path):
     from serving_models import save_half, save_slow
 
-    from serve.server import ServerThread
+    from tfpipe.serve.server import ServerThread
 
     save_half(str(tmp_path / "half" / "1"))
     save_slow(str(tmp_path / "slow" / "1"), steps=10000)
@@ -424,7 +424,7 @@ def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path
 def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     from serving_models import save_half
 
-    from serve.server import ServerThread
+    from tfpipe.serve.server import ServerThread
 
     base = tmp_path / "half"
     save_half(str(base / "1"), b=2.0)
@@ -532,7 +532,7 @@ def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    from serve.protos import BatchingParameters, MonitoringConfig
+    from tfpipe.serve.protos import BatchingParameters, MonitoringConfig
 
     base = tmp_path / "models" / "taxi"
     (base / "1").mkdir(parents=True)

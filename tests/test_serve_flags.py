@@ -41,7 +41,7 @@ MAIN_CC_FLAGS = [
 
 
 def _parse(*argv: str):
-    from serve.flags import options_from_args
+    from tfpipe.serve.flags import options_from_args
 
     from tfpipe.cli import build_parser
 
@@ -52,7 +52,7 @@ def _parse(*argv: str):
 # ---- the flag table ------------------------------------------------------------------------
 
 def test_every_tensorflow_model_server_flag_is_taken_and_listed_in_help():
-    from serve.flags import TF_SERVING_FLAGS, _bool
+    from tfpipe.serve.flags import TF_SERVING_FLAGS, _bool
 
     from tfpipe.cli import build_parser
 
@@ -98,7 +98,7 @@ def test_flags_parse_as_tensorflow_model_server_parses_them(argv, name, value):
 
 
 def test_ignored_flags_are_named_with_the_reason_only_when_given():
-    from serve.flags import ignored_flag_notes
+    from tfpipe.serve.flags import ignored_flag_notes
 
     opts, _ = _parse("--prefer_tflite_model=true", "--enable_profiler", "--port=9000")
     notes = ignored_flag_notes(opts)
@@ -118,14 +118,14 @@ def test_ignored_flags_are_named_with_the_reason_only_when_given():
     ("big=4294967296", [("big", "4294967296")]),  # beyond int32: passed as a string, as TF Serving does
 ])
 def test_channel_arguments(text, expected):
-    from serve.configs import channel_arguments
+    from tfpipe.serve.configs import channel_arguments
 
     assert channel_arguments(text) == expected
 
 
 def test_channel_arguments_refuse_what_is_not_key_value():
-    from serve.configs import channel_arguments
-    from serve.errors import ServeError
+    from tfpipe.serve.configs import channel_arguments
+    from tfpipe.serve.errors import ServeError
 
     with pytest.raises(ServeError, match="not KEY=VALUE"):
         channel_arguments("grpc.so_reuseaddr")
@@ -136,13 +136,13 @@ def test_channel_arguments_refuse_what_is_not_key_value():
     ("9223372036854775808", None), ("1_000", None), ("1.0", None), ("v1", None), ("", None), ("assets", None),
 ])
 def test_version_directory_names_read_as_tf_serving_reads_them(name, version):
-    from serve.manager import version_number
+    from tfpipe.serve.manager import version_number
 
     assert version_number(name) == version
 
 
 def test_version_directories_on_disk(tmp_path):
-    from serve.manager import versions_on_disk
+    from tfpipe.serve.manager import versions_on_disk
 
     for d in ("00000123", "7", "tmp", "00000124.partial"):
         (tmp_path / d).mkdir()
@@ -151,7 +151,7 @@ def test_version_directories_on_disk(tmp_path):
 
 
 def test_base_path_findings_say_what_is_wrong(tmp_path):
-    from serve.manager import base_path_finding
+    from tfpipe.serve.manager import base_path_finding
 
     assert "Could not find base path" in base_path_finding("m", str(tmp_path / "nope"), {}, None)
     (tmp_path / "file").write_text("x")
@@ -166,8 +166,8 @@ def test_base_path_findings_say_what_is_wrong(tmp_path):
 
 
 def test_session_bundle_config_follows_tensorflow_model_server(tmp_path):
-    from serve.configs import session_bundle_config
-    from serve.errors import ServeError
+    from tfpipe.serve.configs import session_bundle_config
+    from tfpipe.serve.errors import ServeError
 
     cfg = session_bundle_config(_parse("--model_base_path=x", "--enable_batching",
                                        "--tensorflow_session_parallelism=3", "--saved_model_tags=serve,gpu",
@@ -219,8 +219,8 @@ PLATFORM_CONFIG = """platform_configs {
     (b"[1, 2]", "JSON Value: [1,2] Is not object"),
 ])
 def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
-    from serve.errors import ServingError
-    from serve.rest_api import parse_json
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.rest_api import parse_json
 
     with pytest.raises(ServingError) as e:
         parse_json(raw)
@@ -228,7 +228,7 @@ def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
 
 
 def test_json_parsing_stops_after_the_first_value():
-    from serve.rest_api import parse_json
+    from tfpipe.serve.rest_api import parse_json
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
 
@@ -245,7 +245,7 @@ def test_json_parsing_stops_after_the_first_value():
     ("PUT", "/v1/models/m", None),
 ])
 def test_rest_paths(method, path, expected):
-    from serve.rest_api import parse_path
+    from tfpipe.serve.rest_api import parse_path
 
     assert parse_path(method, path) == expected
 
@@ -263,7 +263,7 @@ def test_rest_paths(method, path, expected):
 def test_json_inputs(body, dtypes, expected):
     import tensorflow as tf
 
-    from serve.requests import json_inputs
+    from tfpipe.serve.requests import json_inputs
 
     got, _ = json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
     assert set(got) == set(expected)
@@ -292,8 +292,8 @@ def test_json_inputs(body, dtypes, expected):
 def test_json_inputs_refused_with_tf_servings_words(body, dtypes, message):
     import tensorflow as tf
 
-    from serve.errors import ServingError
-    from serve.requests import json_inputs
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.requests import json_inputs
 
     with pytest.raises(ServingError) as e:
         json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
@@ -309,8 +309,8 @@ def test_json_inputs_refused_with_tf_servings_words(body, dtypes, message):
     ({}, "When method is classify, key 'examples' is expected and was not found"),
 ])
 def test_json_examples_refused_with_tf_servings_words(body, message):
-    from serve.errors import ServingError
-    from serve.requests import json_examples
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.requests import json_examples
 
     with pytest.raises(ServingError) as e:
         json_examples(body)
@@ -320,7 +320,7 @@ def test_json_examples_refused_with_tf_servings_words(body, message):
 def test_json_examples_merge_context_with_the_example_winning():
     from tensorflow.core.example import example_pb2
 
-    from serve.requests import json_examples
+    from tfpipe.serve.requests import json_examples
 
     (raw,) = json_examples({"context": {"c": "ctx", "x": 1.0}, "examples": [{"x": 2.0, "flag": True}]})
     ex = example_pb2.Example.FromString(raw)
@@ -329,7 +329,7 @@ def test_json_examples_merge_context_with_the_example_winning():
 
 
 def test_large_batches_are_split_and_put_back_together():
-    from serve.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.batcher import BatchOptions, BatchScheduler
 
     sizes = []
 
@@ -347,7 +347,7 @@ def test_large_batches_are_split_and_put_back_together():
 
 
 def test_an_unloaded_versions_queue_runs_what_it_holds_then_goes():
-    from serve.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.batcher import BatchOptions, BatchScheduler
 
     release = threading.Event()
 
@@ -612,8 +612,8 @@ def test_version_labels_may_only_name_available_versions(half_models, tmp_path, 
     existing label is never moved to one that is not AVAILABLE."""
     import grpc
 
-    from serve.flags import ServeOptions
-    from serve.server import ServerThread
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
 
     base = half_models / "tf1"
 
@@ -655,8 +655,8 @@ def _concurrent_predicts(url: str, n: int) -> list[float]:
 
 def test_platform_config_file_turns_batching_on(half_models, tmp_path):
     """--platform_config_file's SessionBundleConfig replaces the batching flags."""
-    from serve.flags import ServeOptions
-    from serve.server import ServerThread
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
 
     platform = tmp_path / "platform.config"
     platform.write_text(PLATFORM_CONFIG)
@@ -673,8 +673,8 @@ def test_platform_config_file_turns_batching_on(half_models, tmp_path):
 def test_per_model_batching_parameters(half_models, tmp_path):
     """--enable_per_model_batching_parameters: a version's batching_params.pbtxt sets its batching;
     a version without one is served unbatched."""
-    from serve.flags import ServeOptions
-    from serve.server import ServerThread
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
 
     batched = tmp_path / "batched"
     shutil.copytree(half_models / "tf2", batched)

@@ -658,7 +658,7 @@ def _process(server: Server, method: str, path: str, body: str | None = None) ->
 
 def test_rest_path_regex():
     """kPathRegex: /v1/... is the REST API's, other paths are not"""
-    from serve.rest_api import _API_PATH
+    from tfpipe.serve.rest_api import _API_PATH
 
     assert _API_PATH.fullmatch("/v1/models")
     assert not _API_PATH.fullmatch("/statuspage") and not _API_PATH.fullmatch("/index")

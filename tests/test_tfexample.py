@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.readers import Column
-from pipeline.schema import Feature
-from pipeline.tfexample import ExampleEncoder
+from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.schema import Feature
+from tfpipe.pipeline.tfexample import ExampleEncoder
 
 
 def test_encoded_examples_parse_exactly():

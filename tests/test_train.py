@@ -18,8 +18,8 @@ from conftest import ROOT, run_cli
 
 @pytest.fixture(scope="session")
 def penguins_data(tmp_path_factory, penguins_csv) -> str:
-    from pipeline.config import DataConfig
-    from pipeline.job import run
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
 
     out = str(tmp_path_factory.mktemp("penguins") / "data")
     return run(DataConfig(input=[penguins_csv], label="species", out=out, shards=2), log=lambda _: None)
@@ -51,8 +51,8 @@ def test_penguins_trains_and_the_saved_model_takes_raw_features(tmp_path, pengui
     assert len(glob.glob(str(out / "checkpoints" / "epoch-*.weights.h5"))) == m["epochs_run"]
 
     # The saved model: raw features in (NaN for a missing number), class probabilities out.
-    from train.model import numpy_batch
-    from pipeline.schema import load_schema
+    from tfpipe.train.model import numpy_batch
+    from tfpipe.pipeline.schema import load_schema
 
     model = keras.models.load_model(out / "model.keras")
     schema = load_schema(os.path.join(penguins_data, "schema.json"))
@@ -82,8 +82,8 @@ def test_penguins_trains_and_the_saved_model_takes_raw_features(tmp_path, pengui
 
 
 def test_chicago_taxi_quality(tmp_path, chicago_csv):
-    from pipeline.config import DataConfig
-    from pipeline.job import run
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
 
     data = run(DataConfig(input=[chicago_csv], label="big_tipper", exclude=["tips"], out=str(tmp_path / "d")),
                log=lambda _: None)
@@ -163,9 +163,9 @@ def test_gradient_accumulation_matches_one_big_batch(penguins_data):
     import keras
     import tensorflow as tf
 
-    from train.data import load_data_dir, make_dataset
-    from train.job import compile_trainer
-    from train.model import build_models
+    from tfpipe.train.data import load_data_dir, make_dataset
+    from tfpipe.train.job import compile_trainer
+    from tfpipe.train.model import build_models
 
     data = load_data_dir(penguins_data)
     preprocessor, _, _ = build_models(data.schema, data.train_stats(), [16], 0.0, seed=0)

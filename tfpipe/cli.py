@@ -32,12 +32,12 @@ def _on_signal(signum, frame):
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors a user can fix: shown as one line, exit code 2."""
-    from export.errors import ExportError
-    from pipeline.errors import DataError
-    from loadtest.errors import LoadtestError
-    from serve.errors import ServeError
+    from tfpipe.export.errors import ExportError
+    from tfpipe.pipeline.errors import DataError
+    from tfpipe.loadtest.errors import LoadtestError
+    from tfpipe.serve.errors import ServeError
     from tfpipe.run import RunError
-    from train.errors import TrainError
+    from tfpipe.train.errors import TrainError
 
     return ConfigError, DataError, TrainError, ExportError, ServeError, LoadtestError, RunError
 
@@ -47,8 +47,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
 
     Flags default to 'not given', so only flags on the command line override the config file.
     """
-    from pipeline.config import parse_split
-    from train.config import parse_int_list
+    from tfpipe.pipeline.config import parse_split
+    from tfpipe.train.config import parse_int_list
 
     for name, field in model.model_fields.items():
         if name in skip:
@@ -102,8 +102,8 @@ def _section(args: argparse.Namespace, config: Config, section: str, model: type
 
 
 def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
-    from pipeline.config import DataConfig
-    from pipeline.job import run
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
 
     config = load_config(args.config)
     cfg = _section(args, config, "data", DataConfig)
@@ -141,46 +141,46 @@ def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[Ba
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from train.config import TrainConfig
+    from tfpipe.train.config import TrainConfig
 
-    return _run_tensorflow_stage(args, "train", TrainConfig, "train.job")
+    return _run_tensorflow_stage(args, "train", TrainConfig, "tfpipe.train.job")
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from export.config import ExportConfig
+    from tfpipe.export.config import ExportConfig
 
-    return _run_tensorflow_stage(args, "export", ExportConfig, "export.job")
+    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job")
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    from serve.flags import options_from_args
+    from tfpipe.serve.flags import options_from_args
 
     opts = options_from_args(args)
     log = lambda line: print(line, flush=True)  # noqa: E731
     for arg in extra:  # as tensorflow_model_server: named, then ignored
         print(f"unknown argument: {arg} (ignored; 'tfpipe serve --help' lists the flags)", file=sys.stderr)
     with _quiet_native_stderr(not args.debug):
-        import serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
+        import tfpipe.serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
     if opts.emit_k8s:
-        from serve.k8s import emit
+        from tfpipe.serve.k8s import emit
 
         emit(opts, opts.emit_k8s, log)
         return 0
     if opts.backend != "embedded":
-        from serve.tfserving import launch
+        from tfpipe.serve.tfserving import launch
 
         return launch(opts, log)
     with _quiet_native_stderr(not args.debug):
-        from serve.server import run_embedded
+        from tfpipe.serve.server import run_embedded
     return run_embedded(opts, log)
 
 
 def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
-    from loadtest.config import LoadtestConfig
+    from tfpipe.loadtest.config import LoadtestConfig
 
     cfg = _section(args, load_config(args.config), "loadtest", LoadtestConfig)
     with _quiet_native_stderr(not args.debug):  # TensorFlow builds the gRPC requests
-        from loadtest.job import run
+        from tfpipe.loadtest.job import run
 
         return run(cfg, log=lambda line: print(line, flush=True))
 
@@ -208,8 +208,8 @@ def cmd_show(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline.config import DataConfig
-    from train.config import TrainConfig
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.train.config import TrainConfig
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="TOML", help="tfpipe.toml to read; flags override its keys")
@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(train, TrainConfig)
     train.set_defaults(handler=cmd_train)
 
-    from export.config import ExportConfig
+    from tfpipe.export.config import ExportConfig
 
     export = sub.add_parser(
         "export", parents=[common],
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(export, ExportConfig)
     export.set_defaults(handler=cmd_export)
 
-    from serve.flags import add_serve_flags
+    from tfpipe.serve.flags import add_serve_flags
 
     debug_only = argparse.ArgumentParser(add_help=False)
     debug_only.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's logs")
@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     serve.set_defaults(handler=cmd_serve, accepts_extra=True)
 
-    from loadtest.config import LoadtestConfig
+    from tfpipe.loadtest.config import LoadtestConfig
 
     loadtest = sub.add_parser(
         "loadtest", parents=[common],

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.config import DataConfig
-from export.config import ExportConfig
-from loadtest.config import LoadtestConfig
-from train.config import TrainConfig
+from tfpipe.pipeline.config import DataConfig
+from tfpipe.export.config import ExportConfig
+from tfpipe.loadtest.config import LoadtestConfig
+from tfpipe.train.config import TrainConfig
 
 
 class ConfigError(Exception):

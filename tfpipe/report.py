@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
+from tfpipe.loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 

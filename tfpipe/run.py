@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from pipeline import __version__
+from tfpipe import __version__
 from tfpipe.config import Config, ConfigError
 
 STEPS = ("data", "train", "export", "serve", "loadtest")
@@ -205,7 +205,7 @@ class Run:
 
     def input_part(self, step: str) -> dict[str, Any]:
         if step == "data":
-            from pipeline.inputs import resolve_inputs
+            from tfpipe.pipeline.inputs import resolve_inputs
 
             return {"files": [{"path": p, "size": size, "mtime": mtime}
                               for p, _, _, size, mtime in resolve_inputs(self.cfg.data.input, self.cfg.data.format)]}
@@ -257,7 +257,7 @@ class Run:
         """The embedded server on the generated configs, started once per run when a step needs it."""
         if self.server is not None:
             return self.server
-        from serve.server import ServerThread
+        from tfpipe.serve.server import ServerThread
 
         log_path = self.path("logs", "server.log")
         self._server_log = open(log_path, "a", buffering=1)
@@ -267,7 +267,7 @@ class Run:
         return self.server
 
     def serve_options(self):
-        from serve.flags import ServeOptions
+        from tfpipe.serve.flags import ServeOptions
 
         s = self.cfg.serve
         paths = {k: self.path("serve", f"{k}.config") for k in ("models", "batching", "monitoring")}
@@ -369,7 +369,7 @@ class Run:
         raise StepFailed(step, e) from e
 
     def step_data(self, forced: bool, log: Callable[[str], None]):
-        from pipeline.job import run
+        from tfpipe.pipeline.job import run
 
         cfg = self.cfg.data.model_copy(update={"out": self.path("data"), "force": forced})
         run(cfg, log=log)
@@ -381,7 +381,7 @@ class Run:
                              fingerprint=m["fingerprint"]), summary, 0
 
     def step_train(self, forced: bool, log: Callable[[str], None]):
-        from train.job import run
+        from tfpipe.train.job import run
 
         cfg = self.cfg.train.model_copy(update={"data": self.path("data"), "out": self.path("train"),
                                                 "force": forced})
@@ -398,7 +398,7 @@ class Run:
                              fingerprint=m["fingerprint"]), summary, 0
 
     def step_export(self, forced: bool, log: Callable[[str], None]):
-        from export.job import run
+        from tfpipe.export.job import run
 
         cfg = self.cfg.export.model_copy(update={"model": self.path("train"), "data": self.path("data"),
                                                  "base": self.path("export", "models")})
@@ -413,7 +413,7 @@ class Run:
                              version=m["version"]), summary, 0
 
     def step_serve(self, forced: bool, log: Callable[[str], None]):
-        from serve.tfserving import server_flags, write_configs
+        from tfpipe.serve.tfserving import server_flags, write_configs
 
         export = self.manifest["steps"]["export"]["outputs"]
         serve_dir = self.path("serve")
@@ -424,7 +424,7 @@ class Run:
             _write_batching(os.path.join(serve_dir, "batching.config"), s)
         elif os.path.exists(os.path.join(serve_dir, "batching.config")):
             os.remove(os.path.join(serve_dir, "batching.config"))
-        from serve.flags import ServeOptions
+        from tfpipe.serve.flags import ServeOptions
 
         # models.config names the exported model; written by the same code `tfpipe serve --backend
         # tfserving` uses, so tensorflow_model_server can run these exact files.
@@ -452,7 +452,7 @@ class Run:
         return self._outputs(os.path.join(serve_dir, "serve.json"), path=serve_dir), summary, 0
 
     def step_loadtest(self, forced: bool, log: Callable[[str], None]):
-        from loadtest.job import run
+        from tfpipe.loadtest.job import run
 
         export = self.manifest["steps"]["export"]["outputs"]
         server = self.ensure_server()
@@ -487,8 +487,8 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def _write_batching(path: str, s) -> None:
-    from serve.configs import write_text_proto
-    from serve.protos import BatchingParameters
+    from tfpipe.serve.configs import write_text_proto
+    from tfpipe.serve.protos import BatchingParameters
 
     p = BatchingParameters()
     p.max_batch_size.value = s.max_batch_size
@@ -509,8 +509,8 @@ def check_served(server, model_path: str, name: str, data_dir: str, rows_wanted:
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from loadtest.payloads import grpc_requests, rows_from_data, saved_model_feeds, signature_inputs
-    from serve.requests import tensor_to_numpy
+    from tfpipe.loadtest.payloads import grpc_requests, rows_from_data, saved_model_feeds, signature_inputs
+    from tfpipe.serve.requests import tensor_to_numpy
 
     rest = f"http://127.0.0.1:{server.rest_port}"
     inputs = signature_inputs("rest", rest, name, None, None, "serving_default")

@@ -10,8 +10,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from pipeline.schema import Schema
-from train.errors import TrainError
+from tfpipe.pipeline.schema import Schema
+from tfpipe.train.errors import TrainError
 
 AUTOTUNE = tf.data.AUTOTUNE
 

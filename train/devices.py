@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from train.errors import TrainError
+from tfpipe.train.errors import TrainError
 
 
 def setup_gpus(log_placement: bool) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def _gpu_memory_gb(gpu) -> float | None:
     try:
         import pynvml
 
-        from train.gpu_monitor import nvml_handles
+        from tfpipe.train.gpu_monitor import nvml_handles
 
         handle = nvml_handles([{"device": gpu.name}])[0]
         return round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 1)

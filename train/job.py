@@ -20,12 +20,12 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from pipeline import __version__
-from train.config import TrainConfig
-from train.data import DataDir, load_data_dir, make_dataset
-from train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
-from train.errors import DivergedError, TrainError
-from train.model import build_models, loss_and_metrics
+from tfpipe import __version__
+from tfpipe.train.config import TrainConfig
+from tfpipe.train.data import DataDir, load_data_dir, make_dataset
+from tfpipe.train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
+from tfpipe.train.errors import DivergedError, TrainError
+from tfpipe.train.model import build_models, loss_and_metrics
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
@@ -163,7 +163,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     ]
     sampler = None
     if gpus:
-        from train.gpu_monitor import GpuSampler
+        from tfpipe.train.gpu_monitor import GpuSampler
 
         try:
             sampler = GpuSampler(gpus, os.path.join(work, "logs"))
@@ -178,7 +178,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         + (f"; preprocessed features cached in memory ({feature_mb:.1f} MB)" if cache else ""))
     try:
         if workers > 1:
-            from train.multiworker import fit_multiworker
+            from tfpipe.train.multiworker import fit_multiworker
 
             if sampler is not None:
                 sampler.on_train_begin()  # the custom loop runs no Keras callbacks
@@ -204,7 +204,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
 
     results = {}
     if workers > 1:
-        from train.multiworker import DistributedEval
+        from tfpipe.train.multiworker import DistributedEval
 
         evaluate = DistributedEval(strategy, trainer, data.schema.label.task)
     for split in ("eval", "test"):

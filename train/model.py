@@ -18,8 +18,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from pipeline.schema import Schema
-from train.errors import TrainError
+from tfpipe.pipeline.schema import Schema
+from tfpipe.train.errors import TrainError
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations

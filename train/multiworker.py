@@ -20,8 +20,8 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from train.errors import DivergedError
-from train.model import loss_and_metrics, make_loss
+from tfpipe.train.errors import DivergedError
+from tfpipe.train.model import loss_and_metrics, make_loss
 
 BACKUP_WEIGHTS = "latest.weights.h5"  # BackupAndRestore's names, so resume reads either
 BACKUP_META = "training_metadata.json"
