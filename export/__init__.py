@@ -1,1 +1,1 @@
-"""Export stage: versioned SavedModel, warmup records and TFLite variants (issue #5)."""
+"""Export stage: versioned SavedModel, warmup records and measured TFLite variants."""

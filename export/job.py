@@ -24,10 +24,10 @@ from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
 from tfpipe import __version__
+from tfpipe.files import pid_alive, read_json, sync_tree
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import load_data_dir, make_dataset
 from tfpipe.train.errors import TrainError
-from tfpipe.train.job import read_json
 
 HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is reused
 
@@ -83,7 +83,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, "assets.extra", "export.json"), "w") as f:
             json.dump(manifest, f, indent=2)
-        _sync_tree(tmp)
+        sync_tree(tmp)
         os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,18 +114,8 @@ def _clear_stale(model_dir: str) -> None:
     """Remove what killed exports left behind (non-numeric, so never served)."""
     for name in os.listdir(model_dir):
         parts = name.split("-")
-        if name.startswith(".tmp-") and len(parts) == 4 and parts[2].isdigit() and not _alive(int(parts[2])):
+        if name.startswith(".tmp-") and len(parts) == 4 and parts[2].isdigit() and not pid_alive(int(parts[2])):
             shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _versions(model_dir: str) -> list[int]:
@@ -271,18 +261,6 @@ def _serving_rows(raw: dict[str, np.ndarray], schema) -> dict[str, np.ndarray]:
 def _serialized(data, split: str) -> list[bytes]:
     files = data.files(split)
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
-
-
-def _sync_tree(path: str) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb+") as f:
-                os.fsync(f.fileno())
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _prune(model_dir: str, removed: list[int]) -> list[int]:

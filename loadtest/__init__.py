@@ -1,1 +1,1 @@
-"""Load-test stage: locust users, payloads, sweeps and reports (issue #7)."""
+"""Load-test stage: locust users, payloads, sweeps, SLO gate and reports."""

@@ -3,9 +3,9 @@ and each answer timed from the moment its request is handed to the kernel to the
 the kernel received the answer's last bytes (SO_TIMESTAMPNS), so that the time a
 greenlet waits for the gevent hub to wake it is not counted as the server's.
 
-On this machine locust's FastHttpSession timed a server that holds every request 5 ms
-0.5 ms slower than a blocking socket client did; this client reads within 0.03 ms of it
-(benchmarks/bench_loadtest.py). Plain `http://` gets kernel timestamps; `https://`, or a
+Against a server that holds every request 5 ms, locust's FastHttpSession reads about 0.5 ms
+above a blocking socket client; this client reads within 0.1 ms of it (the comparison is
+benchmarks/bench_loadtest.py). Plain `http://` gets kernel timestamps; `https://`, or a
 system without them, is timed with perf_counter around the same calls.
 """
 

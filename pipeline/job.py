@@ -14,7 +14,6 @@ data is shuffled and memory stays flat however large the input.
 from __future__ import annotations
 
 import argparse
-import glob as globlib
 import hashlib
 import json
 import math
@@ -32,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfpipe import __version__
+from tfpipe.files import digest, publish_dir, temp_dir
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
@@ -434,9 +434,7 @@ def _print_summary(manifest: dict, out: str, log) -> None:
 # ---- files, cache, atomic publish -------------------------------------------------------------
 
 def _fingerprint(settings: dict, files: list[InputFile]) -> str:
-    payload = {"settings": settings, "version": __version__,
-               "inputs": [[f.path, f.sha256] for f in files]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return digest({"settings": settings, "version": __version__, "inputs": [[f.path, f.sha256] for f in files]})
 
 
 def _read_manifest(out: str) -> dict | None:
@@ -459,27 +457,13 @@ def _same_inputs_quick(manifest: dict, found) -> bool:
 def _temp_dir(out: str) -> str:
     if is_remote(out):
         return f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
-    parent, name = os.path.split(out.rstrip(os.sep))
+    parent = os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
     os.makedirs(parent, exist_ok=True)
     if not os.access(parent, os.W_OK):
         raise DataError(f"cannot write to {parent}")
-    for stale in globlib.glob(os.path.join(parent, f".{name}.tmp-*")):
-        pid = stale.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
-    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temp_dir(out.rstrip(os.sep))  # those left by killed runs go first
     os.makedirs(os.path.join(tmp, "deadletter"))
     return tmp
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _publish(tmp: str, out: str, names: list[str]) -> None:
@@ -497,13 +481,7 @@ def _publish(tmp: str, out: str, names: list[str]) -> None:
             FileSystems.rename([FileSystems.join(tmp, name)], [FileSystems.join(out, name)])
         _remove(tmp)
         return
-    if os.path.exists(out):
-        old = f"{out}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
+    publish_dir(tmp, out)
 
 
 def _remove(tmp: str) -> None:

@@ -1,1 +1,1 @@
-"""Serving stage: TF Serving configs and launcher, embedded TF-Serving-compatible server (issue #6)."""
+"""Serving stage: TF Serving configs and launcher, and an embedded server with TF Serving's flags and APIs."""

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from tfpipe import __version__
-from tfpipe.config import Config, ConfigError, load_config, validate
+from tfpipe.config import Config, load_config, validate
+from tfpipe.errors import user_errors
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()
@@ -28,18 +29,6 @@ _interrupted = threading.Event()
 def _on_signal(signum, frame):
     _interrupted.set()
     raise KeyboardInterrupt
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors a user can fix: shown as one line, exit code 2."""
-    from tfpipe.export.errors import ExportError
-    from tfpipe.pipeline.errors import DataError
-    from tfpipe.loadtest.errors import LoadtestError
-    from tfpipe.serve.errors import ServeError
-    from tfpipe.run import RunError
-    from tfpipe.train.errors import TrainError
-
-    return ConfigError, DataError, TrainError, ExportError, ServeError, LoadtestError, RunError
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
@@ -320,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(loadtest, LoadtestConfig)
     loadtest.set_defaults(handler=cmd_loadtest)
 
-    from tfpipe.run import STEPS
+    from tfpipe.manifest import STEPS
 
     run = sub.add_parser(
         "run", parents=[common],

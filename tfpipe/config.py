@@ -12,10 +12,7 @@ from tfpipe.pipeline.config import DataConfig
 from tfpipe.export.config import ExportConfig
 from tfpipe.loadtest.config import LoadtestConfig
 from tfpipe.train.config import TrainConfig
-
-
-class ConfigError(Exception):
-    """A config file or flag that does not validate; the CLI shows it as one line, exit 2."""
+from tfpipe.errors import ConfigError
 
 
 class ServeSection(BaseModel):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -26,17 +25,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe import __version__
-from tfpipe.config import Config, ConfigError
+from tfpipe.config import Config
+from tfpipe.errors import ConfigError, RunError, user_errors
+from tfpipe.files import digest, file_sha256
+from tfpipe.manifest import STEPS, read_manifest
 
-STEPS = ("data", "train", "export", "serve", "loadtest")
 NEEDS = {"data": (), "train": ("data",), "export": ("data", "train"), "serve": ("data", "export"),
          "loadtest": ("data", "export", "serve")}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_CONFIG = os.path.join(REPO_ROOT, "examples", "penguins.toml")
-
-
-class RunError(Exception):
-    """A run that cannot start or continue for a reason the user can fix (exit 2)."""
 
 
 class StepFailed(Exception):
@@ -67,18 +64,6 @@ def default_workdir(config: Config, config_path: str | None) -> str:
     return os.path.join("runs", stem)
 
 
-def digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def file_sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
 def shown(path: str) -> str:
     """A path as the user would type it: relative under the current directory, else absolute."""
     rel = os.path.relpath(path)
@@ -87,16 +72,6 @@ def shown(path: str) -> str:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def read_manifest(workdir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(workdir, "manifest.json")) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise RunError(f"{workdir}/manifest.json is unreadable ({e}); move it away to start afresh") from None
 
 
 # ---- the terminal: one line per step ---------------------------------------------------------------
@@ -356,8 +331,6 @@ class Run:
         self.manifest["steps"][step] = entry
         self.states[step] = entry["status"]
         self.save_manifest()
-        from tfpipe.cli import user_errors
-
         with open(log_path, "a") as f:
             if isinstance(e, user_errors()):
                 f.write(f"error: {e}\n")
@@ -626,8 +599,6 @@ def _run_locked(r: Run, console: Console) -> int:
             return 130
         if req.debug:
             raise e.error from None
-        from tfpipe.cli import user_errors
-
         known = isinstance(e.error, user_errors())
         console.print(f"tfpipe run: {e.step} failed" + ("" if known else " (a bug: the traceback is in its log)")
                       + "; fix the cause and run the same command again to resume from this step")

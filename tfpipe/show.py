@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from tfpipe.run import STEPS, RunError, file_sha256, read_manifest
+from tfpipe.errors import RunError
+from tfpipe.files import file_sha256
+from tfpipe.manifest import STEPS, read_manifest
 
 
 def show(workdir: str, as_json: bool = False) -> int:

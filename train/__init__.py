@@ -1,1 +1,1 @@
-"""Training stage: tf.data input and the Keras 3 trainer (issue #4)."""
+"""Training stage: tf.data input and the Keras 3 trainer, with checkpoints and resume."""

@@ -7,7 +7,6 @@ success the directory is renamed to --out.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tfpipe import __version__
+from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.data import DataDir, load_data_dir, make_dataset
 from tfpipe.train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
@@ -103,7 +103,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if not config.out:
         raise TrainError("no output directory: pass --out DIR")
     out = os.path.abspath(config.out)
-    fingerprint = _digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
+    fingerprint = digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
                            "version": __version__})
     previous = read_json(os.path.join(out, "train.json"))
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
@@ -286,7 +286,7 @@ def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int) -> str:
     parent, name = os.path.split(out)
     os.makedirs(parent, exist_ok=True)
     work = os.path.join(parent, f".{name}.partial" + (f"-worker{worker}" if worker else ""))
-    key = _digest({"resume": config.resume_fields(), "data": data.manifest["fingerprint"]})
+    key = digest({"resume": config.resume_fields(), "data": data.manifest["fingerprint"]})
     marker = os.path.join(work, "resume.json")
     if read_json(marker) != {"key": key}:
         shutil.rmtree(work, ignore_errors=True)  # another model or data: nothing to resume
@@ -316,13 +316,7 @@ def _resumed_epoch(work: str) -> int | None:
 
 def _publish(work: str, out: str) -> None:
     os.remove(os.path.join(work, "resume.json"))
-    if os.path.exists(out):
-        old = f"{out}.old-{os.getpid()}"
-        os.rename(out, old)
-        os.rename(work, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(work, out)
+    publish_dir(work, out)
 
 
 def _print_summary(m: dict[str, Any], out: str, log) -> None:
@@ -332,16 +326,3 @@ def _print_summary(m: dict[str, Any], out: str, log) -> None:
         log(f"  {m['epochs_run']} epochs, {m['examples_per_s']:,.0f} examples/s, step {m['mean_step_s'] * 1000:.2f} ms "
             f"(input wait {m['input_wait_fraction']:.1%})")
     log(f"wrote {out} in {m['elapsed_s']:.1f} s")
-
-
-def _digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def read_json(path: str) -> Any:
-    """A JSON file's content, or None when it is missing or unreadable."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None

@@ -1,0 +1,161 @@
+"""The package's shape: one import name in the wheel, no import cycles, imports along the flow
+(docs/architecture.md, "What each room may import")."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# repository folder -> installed package (pyproject.toml's package-dir)
+FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.train",
+           "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest"}
+STAGES = ("pipeline", "train", "export", "serve", "loadtest")
+DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
+           "tfpipe.manifest")
+
+
+def modules() -> dict[str, str]:
+    """Installed module name -> source file, for every module of the package."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if name.endswith(".py"):
+                stem = name[:-3]
+                found[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(ROOT, folder, name)
+    return found
+
+
+def imports_of(path: str, module: str) -> set[str]:
+    """Every tfpipe module `path` imports, at any depth of the code (in functions, under
+    TYPE_CHECKING): a lazy import is still a dependency."""
+    tree = ast.parse(open(path).read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    known = modules()
+    return {name for name in found if name in known and name != module}
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: imports_of(p, m) for m, p in modules().items()}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else module
+
+
+def allowed(importer: str, imported: str) -> bool:
+    """docs/architecture.md's rules for one import edge."""
+    src, dst = room(importer), room(imported)
+    if imported in ("tfpipe", "tfpipe.files") or src == dst:  # the leaves every room may use; a room's own
+        return True
+    if src in STAGES and imported in DRIVERS:
+        return False  # no stage imports the CLI or the orchestrator
+    if src in ("pipeline", "serve", "loadtest"):
+        return dst not in STAGES
+    if src in ("train", "export"):
+        if dst == "pipeline":
+            return imported == "tfpipe.pipeline.schema"
+        if dst == "train":
+            return src == "export"
+        return dst not in STAGES
+    return True  # the CLI, the orchestrator and the report drive every stage
+
+
+@pytest.mark.parametrize("importer,imported,ok", [
+    ("tfpipe.pipeline.job", "tfpipe.pipeline.schema", True),
+    ("tfpipe.pipeline.job", "tfpipe.train.data", False),
+    ("tfpipe.train.data", "tfpipe.pipeline.schema", True),
+    ("tfpipe.train.job", "tfpipe.pipeline.job", False),
+    ("tfpipe.export.job", "tfpipe.train.data", True),
+    ("tfpipe.train.job", "tfpipe.export.job", False),
+    ("tfpipe.serve.server", "tfpipe", True),
+    ("tfpipe.pipeline.job", "tfpipe.files", True),
+    ("tfpipe.pipeline.job", "tfpipe.errors", False),
+    ("tfpipe.serve.server", "tfpipe.pipeline.schema", False),
+    ("tfpipe.loadtest.job", "tfpipe.serve.configs", False),
+    ("tfpipe.serve.manager", "tfpipe.run", False),
+    ("tfpipe.run", "tfpipe.serve.server", True),
+])
+def test_the_rules_themselves(importer, imported, ok):
+    assert allowed(importer, imported) is ok
+
+
+def test_imports_follow_the_flow():
+    wrong = sorted(f"{a} imports {b}" for a, targets in graph().items() for b in targets if not allowed(a, b))
+    assert not wrong, "imports against docs/architecture.md's rules:\n" + "\n".join(wrong)
+
+
+def find_cycles(edges: dict[str, set[str]]) -> list[str]:
+    """One line per back edge of a depth-first walk: every cycle shows up in at least one."""
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join((path + [node])[(path + [node]).index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+@pytest.mark.parametrize("edges,expected", [
+    ({"a": {"b"}, "b": set()}, []),
+    ({"a": {"b"}, "b": {"a"}}, ["a -> b -> a"]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a -> b -> c -> a"]),
+    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, []),  # a diamond is not a cycle
+    ({"a": {"a"}}, ["a -> a"]),
+])
+def test_the_cycle_finder_itself(edges, expected):
+    assert find_cycles(edges) == expected
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_wheel_installs_one_import_name(tmp_path):
+    """Built as pip builds it for an install (from a copy of the sources, so that no build/
+    is left in the repository): its only top-level name is tfpipe, and every module of the
+    repository's package folders is inside it."""
+    import shutil
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", *FOLDERS):
+        copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy
+        copy(os.path.join(ROOT, name), src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                                       if copy is shutil.copytree else {}))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = [p for p in os.listdir(tmp_path / "dist") if p.endswith(".whl")]
+    names = zipfile.ZipFile(tmp_path / "dist" / wheel).namelist()
+    top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    assert top == {"tfpipe"}, top
+    packaged = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py")}
+    assert packaged == set(modules()), set(modules()) ^ packaged

@@ -1,0 +1,115 @@
+"""Files as every stage writes them: a directory published atomically and durably, stale
+temporary directories of killed runs cleaned up, hashes and JSON. A leaf: it imports only
+the standard library, so that every stage may import it (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from typing import Any
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def digest(payload: Any) -> str:
+    """sha256 of the payload as canonical JSON (sorted keys; non-JSON values as str)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_sha256(path: str) -> str | None:
+    """The file's sha256, or None when it cannot be read."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def read_json(path: str) -> Any:
+    """A JSON file's content, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write JSON (indented, keys in the given order) and flush it to disk."""
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def temp_dir(out: str) -> str:
+    """A new empty directory beside `out` (`.NAME.tmp-PID-RANDOM`) to build it in. Those left
+    by runs that were killed (their process is gone) are removed first."""
+    parent, name = os.path.split(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    clean_stale(parent, f".{name}.tmp-")
+    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    return tmp
+
+
+def clean_stale(parent: str, prefix: str) -> list[str]:
+    """Remove `parent/PREFIX<pid>-...` directories whose process is gone; returns them."""
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + "*")):
+        pid = os.path.basename(path)[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def sync_tree(path: str) -> None:
+    """fsync every file and directory under `path`, so that a rename after it publishes data
+    that is on disk (a crash cannot leave a published directory with empty files)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _sync_dir(root)
+
+
+def publish_dir(tmp: str, out: str) -> None:
+    """Put the finished directory `tmp` in place of `out`, durably: synced first, then
+    renamed, so a reader sees the old `out` or the new one, never a mix or a partial one."""
+    sync_tree(tmp)
+    if os.path.exists(out):
+        old = f"{out}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+    _sync_dir(os.path.dirname(os.path.abspath(out)))
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
