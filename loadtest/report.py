@@ -16,21 +16,42 @@ def _scale(values, lo_zero=True):
     return lo, hi if hi > lo else lo + 1.0
 
 
-def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list[tuple[float, float]]]],
-               log_x: bool = False) -> str:
-    """Lines with points, one per (name, colour, points) series, axes scaled to the data."""
-    xs = [x for _, _, pts in series for x, _ in pts]
-    ys = [y for _, _, pts in series for _, y in pts]
+def plain(v: float) -> str:
+    """A tick label as people write numbers: 1,024 and 20.5 and 0.0012, never 1.02e+03."""
+    if v != 0 and abs(v) >= 1000:
+        return f"{v:,.0f}"
+    text = f"{v:.3g}"
+    if "e" in text:  # tiny values: positional, trimmed
+        text = f"{v:.8f}".rstrip("0").rstrip(".")
+    return text
+
+
+def _ticks(lo: float, hi: float, integer: bool) -> list[float]:
+    """Three ticks over [lo, hi]; whole numbers only on an integer axis (epochs, steps)."""
+    ticks = [lo + f * (hi - lo) for f in (0, 0.5, 1)]
+    return sorted({float(round(t)) for t in ticks if lo - 1e-9 <= round(t) <= hi + 1e-9}) if integer else ticks
+
+
+def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x: bool = False,
+               integer_x: bool = False, right_label: str | None = None) -> str:
+    """Lines with points, axes scaled to the data. Each series is (name, colour, points) or
+    (name, colour, points, "right") for one drawn against a second y axis on the right,
+    labelled `right_label` (quantities of another unit: req/s beside p99 ms). A point is
+    (x, y) or (x, y, label), the label written beside it."""
+    xs = [p[0] for _, _, pts, *_ in series for p in pts]
     if not xs:
         return f"<p>{html.escape(title)}: no data</p>"
     fx = (lambda v: math.log10(max(v, 1e-9))) if log_x else (lambda v: v)
     x0, x1 = _scale([fx(x) for x in xs], lo_zero=False)
-    y0, y1 = _scale(ys)
+    left = [p[1] for _, _, pts, *side in series if not side for p in pts]
+    right = [p[1] for _, _, pts, *side in series if side for p in pts]
+    scales = {"left": _scale(left), "right": _scale(right)}
 
     def px(x):
         return PAD + (fx(x) - x0) / (x1 - x0) * (W - 2 * PAD)
 
-    def py(y):
+    def py(y, side="left"):
+        y0, y1 = scales[side]
         return H - PAD + 10 - (y - y0) / (y1 - y0) * (H - 2 * PAD)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
@@ -41,19 +62,30 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, str
              f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle">{html.escape(xlabel)}</text>',
              f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
              f'{html.escape(ylabel)}</text>']
-    for frac in (0, 0.5, 1):
-        yv = y0 + frac * (y1 - y0)
-        parts.append(f'<text x="{PAD - 4}" y="{py(yv) + 4:.1f}" text-anchor="end" font-size="10">{yv:.3g}</text>')
-        xv = x0 + frac * (x1 - x0)
+    sides = ["left"] + (["right"] if right else [])
+    if right:
+        parts += [f'<line x1="{W - PAD}" y1="{PAD - 10}" x2="{W - PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
+                  f'<text x="{W - 10}" y="{H / 2}" transform="rotate(90 {W - 10} {H / 2})" text-anchor="middle">'
+                  f'{html.escape(right_label or "")}</text>']
+    for side in sides:
+        lo, hi = scales[side]
+        x, anchor = (PAD - 4, "end") if side == "left" else (W - PAD + 4, "start")
+        for yv in _ticks(lo, hi, integer=False):
+            parts.append(f'<text x="{x}" y="{py(yv, side) + 4:.1f}" text-anchor="{anchor}" font-size="10">'
+                         f'{plain(yv)}</text>')
+    for xv in _ticks(x0, x1, integer=integer_x and not log_x):
         label = 10 ** xv if log_x else xv
-        parts.append(f'<text x="{PAD + frac * (W - 2 * PAD):.1f}" y="{H - PAD + 24}" text-anchor="middle" '
-                     f'font-size="10">{label:.3g}</text>')
-    for i, (name, color, pts) in enumerate(series):
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        parts.append(f'<text x="{PAD + (xv - x0) / (x1 - x0) * (W - 2 * PAD):.1f}" y="{H - PAD + 24}" '
+                     f'text-anchor="middle" font-size="10">{plain(label)}</text>')
+    for i, (name, color, pts, *side) in enumerate(series):
+        side = "right" if side else "left"
+        coords = " ".join(f"{px(p[0]):.1f},{py(p[1], side):.1f}" for p in pts)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
-        parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>' for x, y in pts]
+        parts += [f'<circle cx="{px(p[0]):.1f}" cy="{py(p[1], side):.1f}" r="3" fill="{color}"/>' for p in pts]
+        parts += [f'<text x="{px(p[0]) + 5:.1f}" y="{py(p[1], side) - 5:.1f}" font-size="9" fill="{color}">'
+                  f'{html.escape(str(p[2]))}</text>' for p in pts if len(p) > 2]
         parts.append(f'<text x="{W - PAD}" y="{PAD - 10 + 14 * i}" text-anchor="end" fill="{color}" '
-                     f'font-size="11">{html.escape(name)}</text>')
+                     f'font-size="11">{html.escape(name)}{" (right axis)" if side == "right" else ""}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -107,8 +139,9 @@ def loadtest_section(results: dict) -> str:
              f"{s['p99.9_ms']:.3f}", f"{s['max_ms']:.3f}",
              "-" if s["slo_ok"] is None else ("ok" if s["slo_ok"] else "missed: " + "; ".join(s["slo_failures"])),
              s["generator_note"] or ""] for s in steps]
-    curve = line_chart("Latency vs throughput", "requests/s", "ms",
-                       [(f"p{p}", c, [(s["rps"], s[f"p{p}_ms"]) for s in steps])
+    by_rps = sorted(steps, key=lambda s: s["rps"])  # a line along the throughput axis; points name their step
+    curve = line_chart("Latency vs throughput (points: step)", "requests/s", "ms",
+                       [(f"p{p}", c, [(s["rps"], s[f"p{p}_ms"], s["step"]) for s in by_rps])
                         for p, c in (("50", "#1f77b4"), ("99", "#d62728"), ("99.9", "#9467bd"))])
     last = steps[-1]
     hist = last["histogram"]
@@ -119,10 +152,11 @@ def loadtest_section(results: dict) -> str:
         pts.append((us / 1000, cumulative / total * 100))
     distribution = line_chart(f"Latency distribution, step {last['step']} (cumulative)", "ms (log)",
                               "% of requests", [("answered", "#2ca02c", pts)], log_x=True)
-    series = [line_chart(f"Step {s['step']} over time", "second", "req/s and p99 ms",
+    series = [line_chart(f"Step {s['step']} over time", "second", "req/s",
                          [("req/s", "#1f77b4", [(p["second"], p["answered"]) for p in s["series"]]),
                           ("p99 ms", "#d62728", [(p["second"], p["p99_ms"]) for p in s["series"]
-                                                 if p["p99_ms"] is not None])])
+                                                 if p["p99_ms"] is not None], "right")],
+                         integer_x=True, right_label="p99 ms")
               for s in steps if s.get("series")]
     verdict = ("" if results["slo_passed"] is None else
                f'<p class="{"ok" if results["slo_passed"] else "bad"}"><b>SLO {html.escape(results["slo"])}: '

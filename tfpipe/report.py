@@ -102,15 +102,15 @@ def train_section(entry: dict, t: dict) -> str:
         pass
     charts = [line_chart("Loss per epoch", "epoch", "loss",
                          [(k, COLORS[i], [(e["epoch"], e[k]) for e in epochs if k in e])
-                          for i, k in enumerate(("loss", "val_loss"))])]
+                          for i, k in enumerate(("loss", "val_loss"))], integer_x=True)]
     skip = {"epoch", "loss", "seconds", "steps", "step_seconds", "examples_per_s"}
     for metric in [k for k in (epochs[0] if epochs else {}) if k not in skip and not k.startswith("val_")]:
         charts.append(line_chart(f"{metric} per epoch", "epoch", metric,
                                  [(k, COLORS[i], [(e["epoch"], e[k]) for e in epochs if k in e])
-                                  for i, k in enumerate((metric, f"val_{metric}"))]))
+                                  for i, k in enumerate((metric, f"val_{metric}"))], integer_x=True))
     charts.append(line_chart("Throughput per epoch", "epoch", "examples/s",
                              [("examples/s", COLORS[2], [(e["epoch"], e["examples_per_s"]) for e in epochs
-                                                         if "examples_per_s" in e])]))
+                                                         if "examples_per_s" in e])], integer_x=True))
     gpus = t["devices"]["gpus"]
     device = (", ".join(f"{g['name']}" for g in gpus) if gpus else f"CPU only ({t['devices']['cpus']} cores)")
     facts = [["device", device], ["precision", f"{t['precision']['policy']} ({t['precision']['why']})"],
