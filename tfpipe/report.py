@@ -9,17 +9,10 @@ import json
 import os
 from typing import Any
 
+from tfpipe.files import read_json
 from tfpipe.loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
-
-
-def _json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _esc(v: Any) -> str:
@@ -52,8 +45,8 @@ def lineage_section(manifest: dict) -> str:
     export, train, data = (_done(manifest, s) for s in ("export", "train", "data"))
     if not (export and train and data):
         return "<p>No exported model yet.</p>"
-    e = _json(export["outputs"]["manifest"]) or {}
-    d = _json(data["outputs"]["manifest"]) or {}
+    e = read_json(export["outputs"]["manifest"]) or {}
+    d = read_json(data["outputs"]["manifest"]) or {}
     inputs = "".join(f"<li><code>{_esc(i['path'])}</code>, {i['size']:,} bytes, sha256 {_esc(i['sha256'][:16])}</li>"
                      for i in d.get("inputs", []))
     return (f"<p>Model <b>{_esc(e.get('name'))}</b> version <b>{_esc(e.get('version'))}</b> "
@@ -64,8 +57,8 @@ def lineage_section(manifest: dict) -> str:
 
 
 def data_section(entry: dict, d: dict) -> str:
-    stats = _json(os.path.join(entry["outputs"]["path"], "stats.json")) or {}
-    schema = _json(os.path.join(entry["outputs"]["path"], "schema.json")) or {}
+    stats = read_json(os.path.join(entry["outputs"]["path"], "stats.json")) or {}
+    schema = read_json(os.path.join(entry["outputs"]["path"], "schema.json")) or {}
     c = d["counts"]
     bars = bar_chart("Rows per split", "rows", [*c["splits"].items(), ("dead-letter", c["bad"])])
     dead = d["outputs"].get("deadletter") or []
@@ -166,7 +159,7 @@ def write_run_report(workdir: str, manifest: dict, path: str) -> None:
     body = ""
     for title, step, fn in sections:
         entry = _done(manifest, step)
-        doc = _json(entry["outputs"]["manifest"]) if entry else None
+        doc = read_json(entry["outputs"]["manifest"]) if entry else None
         body += f"<h2>{title}</h2>" + (fn(entry, doc) if doc else "<p>Not run.</p>")
     run = manifest.get("last_run", {})
     doc = f"""<!DOCTYPE html>
