@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+from tfpipe.files import publish_dir, temp_dir, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
@@ -67,7 +69,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     log(f"target {config.target}, model {config.model}, signature {config.signature}: "
         f"{len(spec.get('bodies') or spec.get('requests'))} distinct requests of {config.batch_size} row(s)")
 
-    os.makedirs(config.out, exist_ok=True)
+    _check_out(config.out)
     baseline = None
     if config.model_path:
         if not rows:
@@ -120,15 +122,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
                "slo": config.slo, "slo_passed": passed if terms else None,
                "knee": {"step": knee["step"], "rps": knee["rps"], "p99_ms": knee["p99_ms"]} if knee else None,
                "steps": steps}
-    with open(os.path.join(config.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(config.out, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(steps)
-    from tfpipe.loadtest.report import write_report
-
-    write_report(results, os.path.join(config.out, "report.html"))
+    _publish(results, steps, config.out)
     for line in table(steps):
         log(line)
     if knee is not None and len(steps) > 1:
@@ -143,6 +137,34 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if interrupted:
         return 130
     return 0 if passed else 1
+
+
+def _check_out(out: str) -> None:
+    """--out is replaced whole at the end: refuse a directory that is not a load test's."""
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "results.json")):
+        raise LoadtestError(f"{out} exists and is not a tfpipe loadtest output (no results.json); "
+                            "choose another --out or remove it")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise LoadtestError(f"--out {out} is a file, not a directory")
+
+
+def _publish(results: dict, steps: list[dict], out: str) -> None:
+    """results.json, results.csv and report.html, built beside `out` and put in its place at
+    once, as every stage publishes: a reader sees the previous results or these."""
+    from tfpipe.loadtest.report import write_report
+
+    tmp = temp_dir(out)
+    try:
+        write_report(results, os.path.join(tmp, "report.html"))
+        with open(os.path.join(tmp, "results.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(steps)
+        write_json(os.path.join(tmp, "results.json"), results)  # last: its presence marks a whole output
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: str, seconds: float = 2.0,

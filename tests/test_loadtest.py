@@ -203,11 +203,15 @@ def test_the_rest_users_http_client_reads_every_framing_and_times_the_answer():
     (["--model", "half", "--expect-workers", "2"], "--expect-workers needs --master-bind"),
     (["--model", "half", "--workers", "0"], "--workers 0 leaves nobody"),
     (["--model", "half", "--master-bind", "0.0.0.0"], "--master-bind takes HOST:PORT"),
+    (["--model", "half", "--out-holds-other-files"], "is not a tfpipe loadtest output"),
 ])
 def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message):
     server, _ = half_server
     body = {"instances": ["not a number"]} if "--bad-body" in args else {"instances": [1.0]}
-    args = [a for a in args if a != "--bad-body"]
+    if "--out-holds-other-files" in args:  # --out is replaced whole: a stranger's directory is refused
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "notes.txt").write_text("mine")
+    args = [a for a in args if a not in ("--bad-body", "--out-holds-other-files")]
     (tmp_path / "body.json").write_text(json.dumps(body))
     if "--target" not in args:
         args = ["--target", f"http://127.0.0.1:{server.rest_port}", *args]
@@ -215,6 +219,7 @@ def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message)
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "results.json").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")] == []
 
 
 def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, half_server):

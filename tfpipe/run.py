@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -154,6 +153,11 @@ class Run:
         self.server = None
         self._server_ctx = None
         self._server_log = None
+        # each step: (forced, log) -> (outputs for the manifest, summary line, exit code)
+        self.steps: dict[str, Callable[[bool, Callable[[str], None]], tuple[dict[str, Any], str, int]]] = {
+            "data": self.step_data, "train": self.step_train, "export": self.step_export,
+            "serve": self.step_serve, "loadtest": self.step_loadtest}
+        assert tuple(self.steps) == STEPS
 
     # paths -------------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -310,8 +314,7 @@ class Run:
         forced = why.startswith("--")
         try:
             with console.running(step, why), output_into(log_path, not self.req.debug):
-                outputs, summary, code = getattr(self, f"step_{step}")(forced,
-                                                                      lambda line: print(line, flush=True))
+                outputs, summary, code = self.steps[step](forced, lambda line: print(line, flush=True))
         except BaseException as e:
             self.fail(step, entry, started, e, console)
         entry.update(status="done", ended=now(), elapsed_s=round(time.monotonic() - started, 2),
@@ -432,16 +435,13 @@ class Run:
         s = self.cfg.serve
         target = (f"http://127.0.0.1:{server.rest_port}" if s.protocol == "rest"
                   else f"grpc://127.0.0.1:{server.grpc_port}")
-        out, partial = self.path("loadtest"), self.path(".loadtest.partial")
-        shutil.rmtree(partial, ignore_errors=True)
+        out = self.path("loadtest")
         cfg = self.cfg.loadtest.model_copy(update={"target": target, "model": export["name"],
-                                                   "data": self.path("data"), "payload": None, "out": partial,
+                                                   "data": self.path("data"), "payload": None, "out": out,
                                                    "version": None, "label": None, "model_path": export["path"]})
-        code = run(cfg, log=log)
+        code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: 130)
         if code == 130:
             raise KeyboardInterrupt
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(partial, out)
         r = _load(os.path.join(out, "results.json"))
         best = max(r["steps"], key=lambda st: st["rps"])
         summary = (f"{len(r['steps'])} step(s) over {s.protocol.upper()}, up to {best['rps']:,.0f} req/s, "
