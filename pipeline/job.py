@@ -70,9 +70,9 @@ class ValidateSplitWrite(beam.DoFn):
     unit (counts, files, first bad rows) that the launcher reconciles after the run.
     """
 
-    def __init__(self, schema_json: dict, split: dict[str, int], shards: int, out_dir: str, level: int,
-                 na_values: list[str]):
-        self.schema_json = schema_json
+    def __init__(self, schema_json: dict, enforced: bool, split: dict[str, int], shards: int, out_dir: str,
+                 level: int, na_values: list[str]):
+        self.schema_json, self.enforced = schema_json, enforced
         self.na_values = na_values
         self.split = split
         self.shards = shards
@@ -80,8 +80,7 @@ class ValidateSplitWrite(beam.DoFn):
         self.level = level
 
     def setup(self) -> None:
-        self.schema = Schema.from_json(self.schema_json)
-        self.schema.enforced = self.schema_json.get("enforced", False)
+        self.schema = Schema.from_json(self.schema_json, enforced=self.enforced)
         self.validator = Validator(self.schema, self.na_values)
         self.encoder = ExampleEncoder(self.schema.columns)
         self.names = list(self.split)
@@ -145,13 +144,13 @@ def _write_split_stats(item: tuple[str, dict], out_dir: str) -> None:
 
 def build_pipeline(p: beam.Pipeline, units: list[WorkUnit], schema: Schema, config: DataConfig,
                    shards: int, out_dir: str) -> None:
-    schema_json = {**schema.to_json(), "enforced": schema.enforced}
+    schema_json = schema.to_json()
     (
         p
         | "WorkUnits" >> beam.Create(units)
         | "ValidateSplitWrite" >> beam.ParDo(
-            ValidateSplitWrite(schema_json, config.split, shards, out_dir, config.compression_level,
-                               config.na_values))
+            ValidateSplitWrite(schema_json, schema.enforced, config.split, shards, out_dir,
+                               config.compression_level, config.na_values))
         | "StatsPerSplit" >> beam.CombinePerKey(SplitStatsFn(schema_json, config.top_k))
         | "WriteStats" >> beam.Map(_write_split_stats, out_dir)
     )

@@ -66,8 +66,10 @@ class Schema:
         }
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "schema") -> "Schema":
-        """Parse and check a schema dict, raising DataError that names `source` on any problem."""
+    def from_json(cls, data: Any, source: str = "schema", enforced: bool = True) -> "Schema":
+        """Parse and check a schema dict, raising DataError that names `source` on any problem.
+        `enforced`: whether its types and nullability are the user's to enforce (a --schema
+        file, the default) or were inferred from the input."""
         try:
             if not isinstance(data, dict):
                 raise ValueError("top level must be a JSON object")
@@ -104,7 +106,7 @@ class Schema:
                 features=feats,
                 label=Label(str(label["name"]), label["type"], task, classes),
                 key=data.get("key"),
-                enforced=True,
+                enforced=enforced,
                 excluded=list(data.get("excluded", [])),
             )
         except KeyError as e:
