@@ -1,388 +1,45 @@
-"""One load step, run by locust as a library in its own process (locust's gevent
-monkey-patching stays out of the caller's process).
-
-    python -m loadtest.generate SPEC.json RESULT.json
-
-SPEC: target kind (rest/grpc), address, payloads, users, rate (open model) or none
-(closed model), warmup, duration, max_requests. RESULT: a microsecond histogram of every
-answered request, error counts by type, requests, elapsed time, the generator's CPU use.
-"""
+"""The load generator's entry point: `python -m tfpipe.loadtest.generate step SPEC RESULT` runs
+one step (a StepSpec as JSON, the result written as JSON); `... worker HOST:PORT [--once]` is
+a locust worker for a master on another machine. gevent's monkey-patching must come before
+locust and the socket modules are imported, so it happens here, in the generator's own
+process, and the generator module is imported only after it."""
 
 from __future__ import annotations
 
-from gevent import monkey
-
-monkey.patch_all()
-
-import base64  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-
-import gevent  # noqa: E402
-import psutil  # noqa: E402
-from locust import User, constant, task  # noqa: E402
-from locust.env import Environment  # noqa: E402
-
-from tfpipe.loadtest.histogram import LatencyHistogram  # noqa: E402
-from tfpipe.loadtest.http_client import HttpError, TimedConnection, build_request  # noqa: E402
+import argparse
+import json
+import sys
 
 
-class Schedule:
-    """Open model: request k is due at start + k / rate; latency counts from that time, so
-    a slow server cannot hide queueing by delaying the generator (coordinated omission)."""
-
-    def __init__(self, rate: float):
-        self.rate = rate
-        self.start: float | None = None  # set by the first request, so no backlog builds before
-        self.counter = itertools.count()
-
-    def next_slot(self) -> float:
-        if self.start is None:
-            self.start = time.perf_counter()
-        slot = self.start + next(self.counter) / self.rate
-        delay = slot - time.perf_counter()
-        if delay > 0:
-            gevent.sleep(delay)
-        return slot
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfpipe.loadtest.generate", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    step = commands.add_parser("step", help="run one load step")
+    step.add_argument("spec", help="the step's StepSpec, a JSON file")
+    step.add_argument("result", help="where the result goes (JSON)")
+    worker = commands.add_parser("worker", help="a locust worker for a tfpipe loadtest master")
+    worker.add_argument("master", metavar="HOST:PORT")
+    worker.add_argument("--once", action="store_true", help="stop after one step")
+    return parser.parse_args(argv)
 
 
-def rest_user(spec: dict, schedule: Schedule | None):
-    requests = [build_request(spec["address"], "POST", spec["path"], b.encode()) for b in spec["bodies"]]
-    counter = itertools.count()
-    name = "predict" if schedule is None else "predict(open)"
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from gevent import monkey
 
-    class RestUser(User):
-        """POSTs the payloads on one keep-alive connection (loadtest/http_client.py) and fires
-        locust's request event with each answer's time, as locust's own HTTP users do."""
-        wait_time = constant(0)
+    monkey.patch_all()
+    from tfpipe.loadtest import generator
+    from tfpipe.loadtest.protocol import StepSpec
 
-        def on_start(self):
-            self.conn = TimedConnection(spec["address"])
-
-        def on_stop(self):
-            self.conn.close()
-
-        @task
-        def predict(self):
-            raw = requests[next(counter) % len(requests)]
-            slot = schedule.next_slot() if schedule else None
-            error, length, start = None, 0, time.perf_counter()
-            try:
-                status, length, seconds, start = self.conn.request(raw)
-                if status != 200:
-                    error = Exception(f"HTTP {status}")
-            except (OSError, HttpError) as e:  # connection errors count, they do not stop the user
-                error, seconds = e, time.perf_counter() - start
-            if slot is not None:  # open model: from the time the request was due
-                seconds += start - slot
-            self.environment.events.request.fire(request_type="POST", name=name, response_time=seconds * 1000,
-                                                 response_length=length, exception=error, context={})
-
-    return RestUser
-
-
-def grpc_user(spec: dict, schedule: Schedule | None):
-    import grpc
-    import grpc.experimental.gevent as grpc_gevent
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    grpc_gevent.init_gevent()
-    requests = [predict_pb2.PredictRequest.FromString(base64.b64decode(r)) for r in spec["requests"]]
-    counter = itertools.count()
-
-    class GrpcUser(User):
-        wait_time = constant(0)
-
-        def on_start(self):
-            self.stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(spec["address"]))
-
-        @task
-        def predict(self):
-            req = requests[next(counter) % len(requests)]
-            start = schedule.next_slot() if schedule else time.perf_counter()
-            error = None
-            try:
-                self.stub.Predict(req, timeout=30)
-            except grpc.RpcError as e:
-                error = Exception(f"gRPC {e.code().name}")
-            self.environment.events.request.fire(request_type="grpc", name="Predict",
-                                                 response_time=(time.perf_counter() - start) * 1000,
-                                                 response_length=0, exception=error, context={})
-
-    return GrpcUser
-
-
-class Recorder:
-    """Every answer, by wall-clock second (whole seconds line up across worker processes)."""
-
-    def __init__(self):
-        self.seconds: dict[int, dict] = {}
-
-    def on_request(self, response_time, exception, **_):
-        now = time.time()
-        sec = self.seconds.setdefault(int(now), {"hist": LatencyHistogram(), "errors": {}, "requests": 0})
-        sec["requests"] += 1
-        if exception is None:
-            sec["hist"].add(response_time / 1000)
-        else:
-            kind = str(exception).splitlines()[0][:120] or type(exception).__name__
-            sec["errors"][kind] = sec["errors"].get(kind, 0) + 1
-
-    def pop_completed(self) -> dict[str, dict]:
-        """Finished seconds, serialisable (for the report a worker sends its master)."""
-        done = {}
-        for k in [k for k in self.seconds if k < int(time.time())]:
-            sec = self.seconds.pop(k)
-            done[str(k)] = {"hist": sec["hist"].to_json(), "errors": sec["errors"], "requests": sec["requests"]}
-        return done
-
-
-def _summarise_window(sources: list[dict[str, dict]], first: int, last: int) -> dict:
-    """Whole seconds [first, last) merged over every source (a process's finished seconds)."""
-    hist, errors, requests, series = LatencyHistogram(), {}, 0, []
-    for k in range(first, last):
-        h = LatencyHistogram()
-        for sec in [src[str(k)] for src in sources if str(k) in src]:
-            h.merge(LatencyHistogram.from_json(sec["hist"]))
-            for kind, c in sec["errors"].items():
-                errors[kind] = errors.get(kind, 0) + c
-            requests += sec["requests"]
-        hist.merge(h)
-        series.append({"second": k - first, "answered": h.n, "p99_ms": h.percentile(99) if h.n else None})
-    return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
-
-
-def _user_class(spec: dict, share: float):
-    rate = spec.get("rate")
-    schedule = Schedule(rate * share) if rate else None
-    return rest_user(spec, schedule) if spec["kind"] == "rest" else grpc_user(spec, schedule)
-
-
-def _tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += sum(p.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return total
-
-
-def run(spec: dict) -> dict:
-    """One step: load for warmup + duration; measure whole seconds after the warmup.
-
-    One process (workers 1, none expected from elsewhere) runs the users itself. Otherwise
-    this process is a locust master: `workers` local worker processes plus `expect_workers`
-    started on other machines (`tfpipe loadtest --worker`) connect to it, receive the spec
-    (target, payloads, their share of an open-model rate) as a custom message, say they are
-    ready, and report finished seconds that are merged here."""
-    local, remote = spec.get("workers", 1), spec.get("expect_workers", 0)
-    total = local + remote
-    me = psutil.Process()
-    if total <= 1 and not remote:
-        env = Environment(user_classes=[_user_class(spec, 1.0)])
-        recorder = Recorder()
-        env.events.request.add_listener(recorder.on_request)
-        runner = env.create_local_runner()
-        master = None
-    else:
-        env = Environment(user_classes=[_user_class(spec, 1.0 / total)])
-        master = Master(env, spec, local, remote)
-        runner = master.runner
-    if spec.get("web_port") is not None:
-        env.create_web_ui("127.0.0.1", spec["web_port"])
-    stop = []
-    gevent.signal_handler(signal.SIGINT, lambda: stop.append(True))  # stop early, keep whole seconds
-    if master:
-        master.wait_ready(stop)
-    users = spec["users"]
-    runner.start(users, spawn_rate=max(users, 1) * 10)
-    started = time.time()
-    first = math.ceil(started + spec["warmup"])
-    last = first + max(1, math.ceil(spec["duration"]))
-    cpu0, next_report = None, 0.0
-    while time.time() < last:
-        now = time.time()
-        if cpu0 is None and now >= first:
-            cpu0 = _tree_cpu(me)
-        if stop:
-            last = max(first, int(now))
-            break
-        # Answers in the window so far: this process's own, or the workers' reports.
-        sources = master.reports.values() if master else [recorder.seconds]
-        answered = [(int(k), v["requests"]) for src in sources for k, v in src.items()]
-        if sum(n for k, n in answered if first <= k < last) >= spec["max_requests"]:
-            last = int(now) + 1
-            break
-        if now >= next_report:  # for the parent's progress bar
-            print(f"PROGRESS {now - started:.1f} {sum(n for _, n in answered)}", flush=True)
-            next_report = now + 0.5
-        gevent.sleep(0.05)
-    gevent.sleep(max(0.0, last - time.time()))
-    if master:
-        gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
-        result = _summarise_window(list(master.reports.values()), first, last)
-        result["generator_cpu"] = master.cpu(first, last)
-        result["per_worker"] = {w: _summarise_window([r], first, last)["requests"] for w, r in master.reports.items()}
-        master.finish(more=not stop and not spec.get("last_step", True))
-    else:
-        cpu = (_tree_cpu(me) - cpu0) / (last - first) if cpu0 is not None and last > first else 0.0
-        result = _summarise_window([recorder.pop_completed()], first, last)
-        result["generator_cpu"] = cpu
-        runner.quit()
-    if env.web_ui is not None:
-        env.web_ui.stop()
-    result["workers"] = total
-    result["interrupted"] = bool(stop)
-    return result
-
-
-class Master:
-    """The master side of a distributed step: binds, starts the local workers, hands every
-    worker the spec, waits until all are ready, merges their reports per worker."""
-
-    def __init__(self, env: Environment, spec: dict, local: int, remote: int):
-        import socket
-        import subprocess
-
-        bind = spec.get("master_bind") or "127.0.0.1"
-        port = spec.get("master_port")
-        if not port:
-            with socket.socket() as sock:
-                sock.bind((bind, 0))
-                port = sock.getsockname()[1]
-        self.expected, self.remote, self.address = local + remote, remote, f"{bind}:{port}"
-        self.wait_s = spec.get("worker_wait_s", 120)
-        self.worker_spec = {k: v for k, v in spec.items()
-                            if k not in ("web_port", "master_bind", "master_port", "worker_wait_s")}
-        self.worker_spec["share"] = 1.0 / self.expected
-        self.worker_spec["token"] = self.token = uuid.uuid4().hex  # this step, as workers tell masters apart
-        self.ready: set[str] = set()
-        self.reports: dict[str, dict[str, dict]] = {}  # worker -> second -> its answers
-        self.cpu_reports: dict[str, list[tuple[float, float]]] = {}  # worker -> (time, its CPU seconds)
-        try:
-            self.runner = env.create_master_runner(bind, port)
-        except Exception as e:  # zmq's error for a port in use or an address not on this machine
-            raise SystemExit(f"cannot listen for workers on {self.address}: {e}") from None
-        # A worker asks once its handlers are in place (a spec sent on connect could arrive first).
-        self.runner.register_message(
-            "tfpipe_hello", lambda msg, **_: self.runner.send_message("tfpipe_spec", self.worker_spec, msg.data))
-        self.runner.register_message("tfpipe_ready", lambda msg, **_: self.ready.add(msg.data))
-        env.events.worker_report.add_listener(self._on_report)
-        local_host = "127.0.0.1" if bind in ("0.0.0.0", "*", "") else bind
-        self.procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "--worker",
-                                        f"{local_host}:{port}", "--once"]) for _ in range(local)]
-
-    def _on_report(self, client_id: str, data: dict) -> None:
-        self.reports.setdefault(client_id, {}).update(data.get("tfpipe", {}))
-        if "tfpipe_cpu" in data:
-            self.cpu_reports.setdefault(client_id, []).append((time.time(), data["tfpipe_cpu"]))
-
-    def wait_ready(self, stop: list) -> None:
-        timeout = self.wait_s
-        deadline, said = time.time() + timeout, -1
-        while len(self.ready) < self.expected and time.time() < deadline and not stop:
-            if self.remote and len(self.ready) != said:
-                said = len(self.ready)
-                print(f"WAITING {said} {self.expected} {self.address}", flush=True)
-            gevent.sleep(0.1)
-        if len(self.ready) < self.expected:
-            self.finish(more=False)
-            raise SystemExit(f"only {len(self.ready)} of {self.expected} locust workers connected to "
-                             f"{self.address} within {timeout:.0f}s")
-
-    def cpu(self, first: int, last: int) -> float:
-        """Cores the workers used in the window, from the CPU seconds each reported."""
-        total = 0.0
-        for points in self.cpu_reports.values():
-            inside = [(t, c) for t, c in points if first <= t <= last + WORKER_REPORT_INTERVAL * 2.5]
-            if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
-                total += (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-        return total
-
-    def finish(self, more: bool) -> None:
-        """Tell the workers whether another step follows (remote ones reconnect for it), stop."""
-        self.runner.send_message("tfpipe_bye", {"more": more, "token": self.token})
-        gevent.sleep(0.1)
-        self.runner.quit()
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except Exception:
-                p.kill()
-
-
-def worker(master: str, once: bool) -> int:
-    """A locust worker for a tfpipe master at HOST:PORT. It runs users for the master's steps,
-    reporting finished seconds every interval; after a step it reconnects for the next one,
-    unless `once` or the master said that was the last. 0 when the master ended the run."""
-    import locust.runners
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master decides when workers stop
-    locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL
-    host, _, port = master.rpartition(":")
-    me = psutil.Process()
-    finished: set[str] = set()  # steps done: a master still closing one must not be joined again
-    while True:
-        env = Environment(user_classes=[])
-        recorder = Recorder()
-        state: dict = {"more": None, "stale": False}
-        env.events.request.add_listener(recorder.on_request)
-
-        def report(client_id, data, recorder=recorder):
-            data.update({"tfpipe": recorder.pop_completed(), "tfpipe_cpu": sum(me.cpu_times()[:2])})
-
-        env.events.report_to_master.add_listener(report)
-        try:
-            runner = env.create_worker_runner(host, int(port))
-        except ConnectionError:
-            print(f"no tfpipe loadtest master answered at {master}", file=sys.stderr, flush=True)
-            return 1
-
-        def on_spec(msg, env=env, runner=runner, state=state, **_):
-            if msg.data["token"] in finished:  # the last step's master, not yet gone: try again shortly
-                state["stale"] = True
-                gevent.spawn(runner.greenlet.kill)
-                return
-            if not env.user_classes:
-                env.user_classes = [_user_class(msg.data, msg.data["share"])]
-            runner.send_message("tfpipe_ready", runner.client_id)
-
-        def on_bye(msg, state=state, **_):
-            finished.add(msg.data["token"])
-            state["more"] = msg.data["more"]
-
-        runner.register_message("tfpipe_spec", on_spec)
-        runner.register_message("tfpipe_bye", on_bye)
-        runner.send_message("tfpipe_hello", runner.client_id)
-        runner.greenlet.join()
-        runner.client.close(linger=0)
-        if state["stale"]:
-            gevent.sleep(0.5)
-            continue
-        if state["more"] is None:
-            print(f"lost the master at {master} during a step", file=sys.stderr, flush=True)
-            return 1
-        if once or not state["more"]:
-            return 0
-
-
-WORKER_REPORT_INTERVAL = 0.5
-
-
-def main() -> None:
-    if sys.argv[1] == "--worker":
-        sys.exit(worker(sys.argv[2], once="--once" in sys.argv[3:]))
-    spec = json.load(open(sys.argv[1]))
-    result = run(spec)
-    with open(sys.argv[2], "w") as f:
+    if args.command == "worker":
+        return generator.worker(args.master, once=args.once)
+    with open(args.spec) as f:
+        spec = StepSpec.from_json(json.load(f))
+    result = generator.run(spec)
+    with open(args.result, "w") as f:
         json.dump(result, f)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,14 +16,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from typing import Callable
 
 from tfpipe.files import publish_dir, temp_dir, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
-from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model, rest_bodies,
-                               rows_from_data, rows_from_payload, saved_model_feeds, signature_inputs)
+from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model,
+                                      rest_bodies, rows_from_data, rows_from_payload, saved_model_feeds,
+                                      signature_inputs)
+from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
@@ -50,24 +53,25 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         rows = body.get("instances") if isinstance(body.get("instances"), list) else None
         if kind == "grpc" and not (rows and all(isinstance(r, dict) for r in rows)):
             raise LoadtestError("for gRPC, --payload needs 'instances' as a list of objects (one per row)")
-    spec = {"kind": kind, "address": address, "max_requests": config.max_requests, "workers": config.workers,
-            "expect_workers": config.expect_workers, "warmup": warmup, "duration": duration,
-            "worker_wait_s": WORKER_WAIT_S if config.expect_workers else 120}
-    if config.master_bind:
-        spec["master_bind"], port = config.master_bind.rsplit(":", 1)
-        spec["master_port"] = int(port)
+    payloads: dict = {}
     if kind == "rest":
-        spec["path"] = model_path(config.model, config.version, config.label) + ":predict"
-        spec["bodies"] = (rest_bodies(rows, config.batch_size, config.signature) if config.data
-                          else [json.dumps(body)])
+        payloads["path"] = model_path(config.model, config.version, config.label) + ":predict"
+        payloads["bodies"] = (rest_bodies(rows, config.batch_size, config.signature) if config.data
+                              else [json.dumps(body)])
     else:
         import base64
 
-        spec["requests"] = [base64.b64encode(r).decode() for r in grpc_requests(
+        payloads["requests"] = [base64.b64encode(r).decode() for r in grpc_requests(
             rows, config.batch_size, inputs, config.model, config.version, config.label, config.signature)]
+    bind, _, port = (config.master_bind or "").rpartition(":")
+    spec = StepSpec(kind=kind, address=address, users=config.users, warmup=warmup, duration=duration,
+                    max_requests=config.max_requests, workers=config.workers, expect_workers=config.expect_workers,
+                    worker_wait_s=WORKER_WAIT_S if config.expect_workers else 120.0,
+                    master_bind=bind or None, master_port=int(port) if port else None,
+                    web_port=config.web_port if config.web else None, **payloads)
     _check_accepted(spec)
     log(f"target {config.target}, model {config.model}, signature {config.signature}: "
-        f"{len(spec.get('bodies') or spec.get('requests'))} distinct requests of {config.batch_size} row(s)")
+        f"{len(spec.bodies or spec.requests)} distinct requests of {config.batch_size} row(s)")
 
     _check_out(config.out)
     baseline = None
@@ -79,23 +83,21 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         log(f"in-process SavedModel baseline ({baseline['path']}): p50 {baseline['p50_ms']:.3f} ms, "
             f"p99 {baseline['p99_ms']:.3f} ms over {baseline['calls']} calls")
     if config.web:
-        spec["web_port"] = config.web_port
         log(f"locust web UI: http://127.0.0.1:{config.web_port} (while each step runs)")
     if config.expect_workers:
         log(f"each step waits for {config.expect_workers} worker(s) from other machines at {config.master_bind}: "
-            f"tfpipe loadtest --worker --master THIS_HOST:{spec['master_port']} --workers N")
+            f"tfpipe loadtest --worker --master THIS_HOST:{spec.master_port} --workers N")
     steps, interrupted = [], False
     for i, value in enumerate(config.steps()):
-        step_spec = dict(spec, last_step=i == len(config.steps()) - 1)
-        if config.rate:
-            step_spec["rate"] = value
-            step_spec["users"] = max(config.users, int(value * 0.05) + 4)  # enough in flight to keep the schedule
+        last = i == len(config.steps()) - 1
+        if config.rate:  # enough users in flight to keep the schedule
+            step_spec = replace(spec, last_step=last, rate=value, users=max(config.users, int(value * 0.05) + 4))
         else:
-            step_spec["users"] = int(value)
+            step_spec = replace(spec, last_step=last, users=int(value))
         log(f"step {i + 1}/{len(config.steps())}: "
             + (f"{value:g} requests/s (open model)" if config.rate else f"{int(value)} users (closed model)")
             + f", {warmup:g}s warmup + {duration:g}s")
-        wait = spec["worker_wait_s"] if config.expect_workers else 0  # local workers fit in the 120 s
+        wait = spec.worker_wait_s if config.expect_workers else 0  # local workers fit in the 120 s
         result, interrupted = _run_step(step_spec, timeout=warmup + duration + 120 + wait, label=f"step {i + 1}")
         if result is None or not result["requests"]:
             break  # interrupted before a whole second was measured
@@ -190,40 +192,40 @@ def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: st
 
 def _check_accepted(spec: dict) -> None:
     """One request before any load: a payload the server rejects is a user error."""
-    if spec["kind"] == "rest":
-        req = urllib.request.Request(spec["address"] + spec["path"], data=spec["bodies"][0].encode(),
+    if spec.kind == "rest":
+        req = urllib.request.Request(spec.address + spec.path, data=spec.bodies[0].encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:
             urllib.request.urlopen(req, timeout=30).read()
         except urllib.error.HTTPError as e:
             raise LoadtestError(f"the server rejects the payload: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError) as e:
-            raise LoadtestError(f"cannot reach {spec['address']}: {getattr(e, 'reason', e)}") from None
+            raise LoadtestError(f"cannot reach {spec.address}: {getattr(e, 'reason', e)}") from None
         return
     import base64
 
     import grpc
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    req = predict_pb2.PredictRequest.FromString(base64.b64decode(spec["requests"][0]))
+    req = predict_pb2.PredictRequest.FromString(base64.b64decode(spec.requests[0]))
     try:
-        with grpc.insecure_channel(spec["address"]) as channel:
+        with grpc.insecure_channel(spec.address) as channel:
             prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
     except grpc.RpcError as e:
         raise LoadtestError(f"the server rejects the payload: {e.code().name}: {e.details()}") from None
 
 
-def _run_step(spec: dict, timeout: float, label: str) -> tuple[dict | None, bool]:
+def _run_step(spec: StepSpec, timeout: float, label: str) -> tuple[dict | None, bool]:
     """Run one step's generator; (its result, whether Ctrl-C/SIGTERM cut it short). An interrupted
     generator still writes what it measured in whole seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", spec_path, result_path],
+            json.dump(spec.to_json(), f)
+        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "step", spec_path, result_path],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_generator_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        bar = ProgressBar(label, spec["warmup"] + spec["duration"])
+        bar = ProgressBar(label, spec.warmup + spec.duration)
         errors: list[str] = []
         progress: queue.Queue[str] = queue.Queue()
         readers = [threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True),
@@ -275,7 +277,7 @@ def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
     """`tfpipe loadtest --worker`: locust worker processes for a master on another machine,
     step after step, until the master ends the run (0) or cannot be reached (2)."""
     log(f"{processes} locust worker process(es) for the master at {master}; Ctrl-C stops them")
-    procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "--worker", master], env=_generator_env(),
+    procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "worker", master], env=_generator_env(),
                               stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(processes)]
     try:
         codes = [p.wait() for p in procs]
@@ -293,24 +295,24 @@ def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
 
 
 class ProgressBar:
-    """One line on a terminal, redrawn as the generator reports 'PROGRESS elapsed answered'; silent
-    when output is not a terminal (logs stay clean)."""
+    """One line on a terminal, redrawn as the generator reports its Progress; silent when output
+    is not a terminal (logs stay clean). A Waiting message is always shown."""
 
     def __init__(self, label: str, total: float):
         self.label, self.total, self.tty = label, max(total, 1e-9), sys.stdout.isatty()
 
     def update(self, line: str) -> None:
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "WAITING":  # a master waiting for other machines' workers
+        message = decode(line)
+        if isinstance(message, Waiting):  # a master waiting for other machines' workers
             self.close()
-            print(f"  {self.label}: {parts[1]} of {parts[2]} workers ready at {parts[3]}", flush=True)
+            print(f"  {self.label}: {message.ready} of {message.expected} workers ready at {message.address}",
+                  flush=True)
             return
-        if not self.tty or len(parts) != 3 or parts[0] != "PROGRESS":
+        if not self.tty or not isinstance(message, Progress):
             return
-        elapsed, answered = float(parts[1]), int(parts[2])
-        filled = int(30 * min(1.0, elapsed / self.total))
-        sys.stdout.write(f"\r  {self.label} [{'#' * filled}{'.' * (30 - filled)}] {elapsed:4.0f}/{self.total:.0f}s "
-                         f"{answered:,} answered")
+        filled = int(30 * min(1.0, message.elapsed_s / self.total))
+        sys.stdout.write(f"\r  {self.label} [{'#' * filled}{'.' * (30 - filled)}] {message.elapsed_s:4.0f}/"
+                         f"{self.total:.0f}s {message.answered:,} answered")
         sys.stdout.flush()
 
     def close(self) -> None:
@@ -319,11 +321,11 @@ class ProgressBar:
             sys.stdout.flush()
 
 
-def _summarise(index: int, spec: dict, result: dict) -> dict:
+def _summarise(index: int, spec: StepSpec, result: dict) -> dict:
     hist = LatencyHistogram.from_json(result["histogram"])
     errors = sum(result["errors"].values())
     requests = result["requests"]
-    step = {"step": index, "users": spec["users"], "rate": spec.get("rate"), "requests": requests,
+    step = {"step": index, "users": spec.users, "rate": spec.rate, "requests": requests,
             "errors": errors, "errors_by_type": result["errors"],
             "error_fraction": errors / requests if requests else 1.0,
             "rps": hist.n / result["elapsed_s"], "elapsed_s": result["elapsed_s"],
@@ -334,8 +336,8 @@ def _summarise(index: int, spec: dict, result: dict) -> dict:
     per_process = result["generator_cpu"] / max(1, result.get("workers", 1))
     if per_process > 0.9:
         notes.append(f"each generator process used {per_process:.0%} of a core")
-    if spec.get("rate") and requests / result["elapsed_s"] < 0.95 * spec["rate"]:
-        notes.append(f"it sent {requests / result['elapsed_s']:.0f} of {spec['rate']:g} requests/s")
+    if spec.rate and requests / result["elapsed_s"] < 0.95 * spec.rate:
+        notes.append(f"it sent {requests / result['elapsed_s']:.0f} of {spec.rate:g} requests/s")
     step["generator_bound"], step["generator_note"] = bool(notes), "; ".join(notes)
     return step
 
