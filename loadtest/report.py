@@ -107,7 +107,7 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
         h = value / top * (H - 2 * PAD)
         x = PAD + i * slot + slot * 0.15
         parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" fill="{color}"/>')
-        shown = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.3g}"
+        shown = f"{value:,.0f}" if float(value).is_integer() else plain(value)
         parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
                      f'font-size="11">{shown}</text>')
         parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{base + 16}" text-anchor="middle" '

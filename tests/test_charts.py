@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tfpipe.loadtest.report import _ticks, line_chart, plain
+from tfpipe.loadtest.report import _ticks, bar_chart, line_chart, plain
 
 
 @pytest.mark.parametrize("value,text", [
@@ -47,3 +47,8 @@ def test_points_carry_their_labels_in_the_given_order():
     xs = [float(x) for x in re.search(r'points="([^"]+)"', svg)[1].replace(",", " ").split()[::2]]
     assert xs[0] < xs[2] < xs[1]  # drawn in the order given: the caller sorts by throughput
     assert [t for t in re.findall(r'font-size="9" fill="#111">(\d+)<', svg)] == ["1", "3", "2"]
+
+
+def test_bar_values_are_plain_numbers():
+    svg = bar_chart("Size per variant", "KB", [("savedmodel", 1017.7), ("int8", 25.5), ("rows", 3.0)])
+    assert ">1,018<" in svg and ">25.5<" in svg and ">3<" in svg and "e+" not in svg
