@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from tfpipe import __version__
 from tfpipe.config import Config, load_config, validate
-from tfpipe.errors import user_errors
+from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, user_errors
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return EXIT_USER_ERROR
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.debug:
@@ -387,19 +387,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"tfpipe {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # a bug, not a user error: say so, keep the traceback for --debug
         if _interrupted.is_set():
             print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
         if args.debug:
             raise
         print(f"tfpipe {args.command}: internal error: {type(e).__name__}: {e} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ the orchestrator alike; it imports neither."""
 
 from __future__ import annotations
 
-EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 1, 2, 130  # a bug; a user error; Ctrl-C or SIGTERM
 
 
 class ConfigError(Exception):

@@ -25,7 +25,7 @@ from typing import Any
 
 from tfpipe import __version__
 from tfpipe.config import Config
-from tfpipe.errors import ConfigError, RunError, user_errors
+from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, user_errors
 from tfpipe.files import digest, file_sha256
 from tfpipe.manifest import STEPS, read_manifest
 
@@ -440,7 +440,7 @@ class Run:
                                                    "data": self.path("data"), "payload": None, "out": out,
                                                    "version": None, "label": None, "model_path": export["path"]})
         code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: 130)
-        if code == 130:
+        if code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
         r = _load(os.path.join(out, "results.json"))
         best = max(r["steps"], key=lambda st: st["rps"])
@@ -596,13 +596,13 @@ def _run_locked(r: Run, console: Console) -> int:
         _finish_report(r, console)
         if isinstance(e.error, KeyboardInterrupt):
             console.print("interrupted: run the same command again to resume from this step")
-            return 130
+            return EXIT_INTERRUPTED
         if req.debug:
             raise e.error from None
         known = isinstance(e.error, user_errors())
         console.print(f"tfpipe run: {e.step} failed" + ("" if known else " (a bug: the traceback is in its log)")
                       + "; fix the cause and run the same command again to resume from this step")
-        return 2 if known else 1
+        return EXIT_USER_ERROR if known else EXIT_FAILED
     except BaseException:
         r.stop_server()
         raise
