@@ -24,7 +24,7 @@ from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
 from tfpipe import __version__
-from tfpipe.files import pid_alive, read_json, sync_tree
+from tfpipe.files import clean_stale, read_json, sync_tree
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import load_data_dir, make_dataset
 from tfpipe.train.errors import TrainError
@@ -49,12 +49,12 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         raise ExportError(f"cannot create {model_dir}: {e.strerror}") from None
     if not os.access(model_dir, os.W_OK):
         raise ExportError(f"cannot write to {model_dir}")
-    _clear_stale(model_dir)
+    clean_stale(model_dir, ".tmp-")  # what killed exports left (non-numeric, so never served)
     version = _choose_version(model_dir, config.version)
     model = keras.models.load_model(os.path.join(train_dir, "model.keras"))
     log(f"exporting {config.name} version {version} to {model_dir}")
 
-    tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-{version}-{uuid.uuid4().hex[:8]}")  # see clean_stale
     try:
         module = ServingModule(model, data.schema)
         tf.saved_model.save(module, tmp, signatures=module.signatures())
@@ -108,14 +108,6 @@ def _check_train_dir(path: str | None) -> str:
         if not os.path.exists(os.path.join(path, name)):
             raise ExportError(f"{path} is not a complete tfpipe train output: {name} is missing")
     return os.path.abspath(path)
-
-
-def _clear_stale(model_dir: str) -> None:
-    """Remove what killed exports left behind (non-numeric, so never served)."""
-    for name in os.listdir(model_dir):
-        parts = name.split("-")
-        if name.startswith(".tmp-") and len(parts) == 4 and parts[2].isdigit() and not pid_alive(int(parts[2])):
-            shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
 
 
 def _versions(model_dir: str) -> list[int]:

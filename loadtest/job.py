@@ -190,7 +190,7 @@ def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: st
     return {"path": path, "calls": hist.n, "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "mean_ms": s["mean_ms"]}
 
 
-def _check_accepted(spec: dict) -> None:
+def _check_accepted(spec: StepSpec) -> None:
     """One request before any load: a payload the server rejects is a user error."""
     if spec.kind == "rest":
         req = urllib.request.Request(spec.address + spec.path, data=spec.bodies[0].encode(),
