@@ -33,6 +33,17 @@ _EXTENSIONS = {
 
 
 @dataclass(frozen=True)
+class FoundFile:
+    """An input file as listed, before it is read: where, which format, how big, when changed."""
+
+    path: str
+    format: str
+    compressed: bool
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
 class InputFile:
     path: str
     format: str
@@ -81,11 +92,11 @@ def package_path(path: str) -> str:
         raise DataError(f"input {path}: Python package '{package}' is not installed") from None
 
 
-def resolve_inputs(patterns: list[str], fmt: str) -> list[tuple[str, str, bool, int, float]]:
-    """Expand paths and globs into (path, format, gzip?, size, mtime), checking each exists."""
+def resolve_inputs(patterns: list[str], fmt: str) -> list[FoundFile]:
+    """Expand paths and globs into the files they name, checking that each exists and is not empty."""
     if not patterns:
         raise DataError("no input given: pass --input PATH_OR_GLOB")
-    found: list[tuple[str, str, bool, int, float]] = []
+    found: list[FoundFile] = []
     seen = set()
     for pattern in patterns:
         if pattern.startswith("pkg://"):
@@ -120,7 +131,7 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[tuple[str, str, bool, 
             file_fmt, compressed = detect_format(path, fmt)
             if size == 0:
                 raise DataError(f"input {path} is empty")
-            found.append((path, file_fmt, compressed, size, mtime))
+            found.append(FoundFile(path, file_fmt, compressed, size, mtime))
     return found
 
 
@@ -171,8 +182,9 @@ def read_csv_header(first_line: bytes, path: str) -> tuple[str, ...]:
     return tuple(header)
 
 
-def scan_file(path: str, fmt: str, compressed: bool, size: int, mtime: float, grain: int) -> InputFile:
+def scan_file(found: FoundFile, grain: int) -> InputFile:
     """Hash a file and note record-aligned cut points about every `grain` bytes."""
+    path, fmt, compressed, size, mtime = found.path, found.format, found.compressed, found.size, found.mtime
     sha = hashlib.sha256()
     if fmt == "parquet":
         with open_raw(path) as f:

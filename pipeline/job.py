@@ -22,6 +22,7 @@ import shutil
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -34,7 +35,7 @@ from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, temp_dir
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError, find_data_error
-from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
+from tfpipe.pipeline.inputs import FoundFile, InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.readers import Column, Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES, SplitStatsFn
@@ -142,14 +143,30 @@ def _write_split_stats(item: tuple[str, dict], out_dir: str) -> None:
         f.write(json.dumps(stats).encode())
 
 
-def build_pipeline(p: beam.Pipeline, units: list[WorkUnit], schema: Schema, config: DataConfig,
-                   shards: int, out_dir: str) -> None:
+@dataclass
+class Plan:
+    """What one data job does: decided before Beam runs, reconciled after it."""
+
+    config: DataConfig
+    schema: Schema
+    files: list[InputFile]
+    units: list[WorkUnit]
+    shards: int  # per split
+    settings: dict  # the options that decide the result (the cache key, with the inputs' hashes)
+    fingerprint: str
+    runner: str
+    workers: int
+    started: float  # time.time()
+
+
+def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
+    schema, config = plan.schema, plan.config
     schema_json = schema.to_json()
     (
         p
-        | "WorkUnits" >> beam.Create(units)
+        | "WorkUnits" >> beam.Create(plan.units)
         | "ValidateSplitWrite" >> beam.ParDo(
-            ValidateSplitWrite(schema_json, schema.enforced, config.split, shards, out_dir,
+            ValidateSplitWrite(schema_json, schema.enforced, config.split, plan.shards, out_dir,
                                config.compression_level, config.na_values))
         | "StatsPerSplit" >> beam.CombinePerKey(SplitStatsFn(schema_json, config.top_k))
         | "WriteStats" >> beam.Map(_write_split_stats, out_dir)
@@ -207,7 +224,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         raise DataError("no label column: pass --label COLUMN")
     out = config.out if is_remote(config.out) else os.path.abspath(config.out)
     found = resolve_inputs(config.input, config.format)
-    total = sum(f[3] for f in found)
+    total = sum(f.size for f in found)
     log(f"inputs: {len(found)} file(s), {human_bytes(total)}")
 
     schema_text = None
@@ -230,7 +247,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         shards = max(shards, workers)
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
     log("scanning: hashing inputs and finding record boundaries")
-    files = [scan_file(path, fmt, comp, size, mtime, grain) for path, fmt, comp, size, mtime in found]
+    files = [scan_file(f, grain) for f in found]
     fingerprint = _fingerprint(settings, files)
     if previous and not config.force and previous.get("fingerprint") == fingerprint:
         log(f"cache hit: {out} is up to date (inputs unchanged by content); nothing to do (--force reruns)")
@@ -240,25 +257,25 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         _check_schema_fits(schema, files, config)
     else:
         schema = _infer(files, config)
-    units = plan_units(files, shards)
+    plan = Plan(config, schema, files, plan_units(files, shards), shards, settings, fingerprint, runner, workers,
+                started)
     log(f"schema: {len(schema.features)} features, label '{schema.label.name}' "
         f"({schema.label.task}{', enforced' if schema.enforced else ', inferred'})")
     log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
-        f"{len(units)} work unit(s) -> {shards} shard(s) per split")
+        f"{len(plan.units)} work unit(s) -> {shards} shard(s) per split")
 
     tmp = _temp_dir(out)
     try:
-        with _progress(tmp, len(units), log):
+        with _progress(tmp, len(plan.units), log):
             try:
                 with beam.Pipeline(options=options) as p:
-                    build_pipeline(p, units, schema, config, shards, tmp)
+                    build_pipeline(p, plan, tmp)
             except Exception as e:
                 user_error = find_data_error(e)
                 if user_error:
                     raise user_error from None
                 raise
-        result = _finish(tmp, out, config, schema, files, units, shards, settings, fingerprint,
-                         runner, workers, started, log)
+        result = _finish(plan, tmp, out, log)
     except BaseException:
         _remove(tmp)
         raise
@@ -310,10 +327,11 @@ def _check_schema_fits(schema: Schema, files: list[InputFile], config: DataConfi
             raise DataError(f"label column '{schema.label.name}' not found in {f.path}")
 
 
-def _finish(tmp, out, config, schema, files, units, shards, settings, fingerprint, runner, workers,
-            started, log) -> str:
+def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
+    """Reconcile the work units' counts, settle the schema, write schema/stats/data.json, publish."""
+    config, schema, files = plan.config, plan.schema, plan.files
     summaries = []
-    for u in units:
+    for u in plan.units:
         path = FileSystems.join(tmp, "_units", f"unit-{u.index:05d}.json")
         try:
             with FileSystems.open(path) as f:
@@ -353,18 +371,18 @@ def _finish(tmp, out, config, schema, files, units, shards, settings, fingerprin
     for name in files_out:
         files_out[name].sort(key=lambda x: x["file"])
     dead_files = sorted(os.path.basename(m.path) for m in _match(FileSystems.join(tmp, "deadletter", "*.jsonl")))
-    elapsed = time.time() - started
+    elapsed = time.time() - plan.started
     manifest = {
         "stage": "data",
         "tfpipe_version": __version__,
-        "fingerprint": fingerprint,
+        "fingerprint": plan.fingerprint,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": config.model_dump(mode="json", by_alias=True),
-        "settings": settings,
+        "settings": plan.settings,
         "inputs": [{"path": f.path, "format": f.format, "compressed": f.compressed, "size": f.size,
                     "mtime": f.mtime, "sha256": f.sha256} for f in files],
-        "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args)},
-        "shards": shards,
+        "beam": {"runner": plan.runner, "workers": plan.workers, "args": list(config.beam_args)},
+        "shards": plan.shards,
         "counts": {"read": read, "written": written, "bad": bad, "splits": per_split},
         "bad_fraction": fraction,
         "outputs": {"schema": "schema.json", "stats": "stats.json", "splits": files_out,
@@ -448,9 +466,9 @@ def _read_manifest(out: str) -> dict | None:
         return None
 
 
-def _same_inputs_quick(manifest: dict, found) -> bool:
+def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:
     old = [(i["path"], i["size"], i["mtime"]) for i in manifest.get("inputs", [])]
-    return old == [(p, size, mtime) for p, _, _, size, mtime in found]
+    return old == [(f.path, f.size, f.mtime) for f in found]
 
 
 def _temp_dir(out: str) -> str:

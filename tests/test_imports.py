@@ -14,7 +14,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # repository folder -> installed package (pyproject.toml's package-dir)
 FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.train",
-           "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest"}
+           "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest",
+           "examples": "tfpipe.examples"}
 STAGES = ("pipeline", "train", "export", "serve", "loadtest")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
            "tfpipe.manifest")
@@ -139,8 +140,8 @@ def test_no_import_cycles():
 
 def test_the_wheel_installs_one_import_name(tmp_path):
     """Built as pip builds it for an install (from a copy of the sources, so that no build/
-    is left in the repository): its only top-level name is tfpipe, and every module of the
-    repository's package folders is inside it."""
+    is left in the repository): its only top-level name is tfpipe, every module of the
+    repository's package folders is inside it, and so is the demo config."""
     import shutil
 
     src = tmp_path / "src"
@@ -159,3 +160,6 @@ def test_the_wheel_installs_one_import_name(tmp_path):
     assert top == {"tfpipe"}, top
     packaged = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py")}
     assert packaged == set(modules()), set(modules()) ^ packaged
+    # the demo config `tfpipe run` falls back on, and no data: the taxi sample stays in the repository
+    assert "tfpipe/examples/penguins.toml" in names
+    assert not [n for n in names if n.endswith(".csv")]

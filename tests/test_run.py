@@ -1,6 +1,7 @@
 """`tfpipe run` end to end on penguins: every artifact's content, a rerun that is all cache hits,
 a changed learning rate that reruns train and what follows but not data, and a run killed during
-training that resumes there. The tests share one workdir and run in file order."""
+training that resumes there. One first run is shared and never changed: a test that runs again
+works on its own copy of it, so every test stands alone, in any order."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +63,14 @@ def first_run(tmp_path_factory, config) -> tuple[str, subprocess.CompletedProces
     res = run_cli("run", "--config", config, "--workdir", workdir, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     return workdir, res
+
+
+@pytest.fixture
+def run_copy(first_run, tmp_path) -> str:
+    """A copy of the first run's workdir for a test that runs again in it."""
+    workdir = str(tmp_path / "penguins")
+    shutil.copytree(first_run[0], workdir, symlinks=True)
+    return workdir
 
 
 def manifest(workdir: str) -> dict:
@@ -164,8 +174,8 @@ def test_show_prints_the_lineage_down_to_the_input_file(first_run, penguins_csv)
         assert f"\n{step:<9} done" in res.stdout
 
 
-def test_a_second_run_is_all_cache_hits(first_run, config):
-    workdir, _ = first_run
+def test_a_second_run_is_all_cache_hits(run_copy, config):
+    workdir = run_copy
     before = manifest(workdir)
     res = run_cli("run", "--config", config, "--workdir", workdir)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -176,8 +186,8 @@ def test_a_second_run_is_all_cache_hits(first_run, config):
     assert [v for v in os.listdir(os.path.join(workdir, "export", "models", "penguins")) if v.isdigit()] == ["1"]
 
 
-def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(first_run, config):
-    workdir, _ = first_run
+def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_copy, config):
+    workdir = run_copy
     data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]
     args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003"]
 

@@ -135,20 +135,39 @@ def test_rest_api_answers_as_tf_serving_documents(server):
     assert "tfpipe_serving_request_latency_seconds_bucket" in metrics
 
 
-def test_grpc_api_with_the_official_stubs(server):
-    import grpc
-    import tensorflow as tf
-    from tensorflow_serving.apis import (
-        classification_pb2,
-        get_model_metadata_pb2,
-        get_model_status_pb2,
-        inference_pb2,
-        model_management_pb2,
-        predict_pb2,
-        regression_pb2,
-    )
+@pytest.fixture(scope="module")
+def stubs(server):
+    """(PredictionService, ModelService) stubs on the shared server's gRPC port."""
+    return _stubs(server.grpc_port)
 
-    predict_stub, model_stub = _stubs(server.grpc_port)
+
+def _penguin_example():
+    import tensorflow as tf
+
+    penguin = tf.train.Example()
+    for k, v in {"island": b"Torgersen", "sex": b"female"}.items():
+        penguin.features.feature[k].bytes_list.value.append(v)
+    for k, v in {"bill_length_mm": 38.0, "bill_depth_mm": 19.0}.items():
+        penguin.features.feature[k].float_list.value.append(v)
+    for k, v in {"flipper_length_mm": 185, "body_mass_g": 3600, "year": 2007}.items():
+        penguin.features.feature[k].int64_list.value.append(v)
+    return penguin
+
+
+def _code(call, request):
+    """The gRPC status code `call` fails with."""
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=10)
+    return e.value.code()
+
+
+def test_grpc_predict_by_label_and_with_an_output_filter(stubs):
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    predict_stub, _ = stubs
     req = predict_pb2.PredictRequest()
     req.model_spec.name = "half"
     req.model_spec.version_label = "stable"
@@ -167,23 +186,30 @@ def test_grpc_api_with_the_official_stubs(server):
     resp = predict_stub.Predict(req, timeout=10)
     assert list(resp.outputs) == ["upper"] and tf.make_ndarray(resp.outputs["upper"]).tolist() == [b"P", b"Q"]
 
+
+def test_grpc_regress_on_tf_examples(stubs):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import regression_pb2
+
+    predict_stub, _ = stubs
     ex = tf.train.Example()
     ex.features.feature["x"].float_list.value.append(4.0)
     reg = regression_pb2.RegressionRequest()
     reg.model_spec.name, reg.model_spec.signature_name = "half", "regress_x"
     reg.input.example_list.examples.append(ex)
     assert [r.value for r in predict_stub.Regress(reg, timeout=10).result.regressions] == [5.0]
+    reg.model_spec.signature_name = "serving_default"  # a predict signature: not for Regress
+    assert _code(predict_stub.Regress, reg) == grpc.StatusCode.INVALID_ARGUMENT
 
-    penguin = tf.train.Example()
-    for k, v in {"island": b"Torgersen", "sex": b"female"}.items():
-        penguin.features.feature[k].bytes_list.value.append(v)
-    for k, v in {"bill_length_mm": 38.0, "bill_depth_mm": 19.0}.items():
-        penguin.features.feature[k].float_list.value.append(v)
-    for k, v in {"flipper_length_mm": 185, "body_mass_g": 3600, "year": 2007}.items():
-        penguin.features.feature[k].int64_list.value.append(v)
+
+def test_grpc_classify_and_multi_inference_on_the_exported_model(stubs):
+    from tensorflow_serving.apis import classification_pb2, inference_pb2
+
+    predict_stub, _ = stubs
     cls = classification_pb2.ClassificationRequest()
     cls.model_spec.name, cls.model_spec.signature_name = "penguins", "classification"
-    cls.input.example_list.examples.append(penguin)
+    cls.input.example_list.examples.append(_penguin_example())
     result = predict_stub.Classify(cls, timeout=10).result.classifications[0]
     assert max(result.classes, key=lambda c: c.score).label == "Adelie"
     assert abs(sum(c.score for c in result.classes) - 1.0) < 1e-5
@@ -196,6 +222,11 @@ def test_grpc_api_with_the_official_stubs(server):
     out = predict_stub.MultiInference(multi, timeout=10).results[0]
     assert out.model_spec.signature_name == "classification" and len(out.classification_result.classifications) == 1
 
+
+def test_grpc_metadata_and_model_status(stubs):
+    from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
+
+    predict_stub, model_stub = stubs
     meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     meta_req.model_spec.name = "penguins"
     meta = predict_stub.GetModelMetadata(meta_req, timeout=10)
@@ -207,41 +238,46 @@ def test_grpc_api_with_the_official_stubs(server):
     assert [(s.version, s.state) for s in status.model_version_status] == \
         [(7, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
 
-    # Errors carry TF Serving's gRPC codes.
-    def code(call, request):
-        with pytest.raises(grpc.RpcError) as e:
-            call(request, timeout=10)
-        return e.value.code()
 
+def test_grpc_errors_carry_tf_servings_codes(stubs):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    predict_stub, _ = stubs
     bad = predict_pb2.PredictRequest()
     bad.model_spec.name = "nope"
-    assert code(predict_stub.Predict, bad) == grpc.StatusCode.NOT_FOUND
+    assert _code(predict_stub.Predict, bad) == grpc.StatusCode.NOT_FOUND
     bad.model_spec.name = "half"
     bad.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(["a"], object)))
-    assert code(predict_stub.Predict, bad) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(predict_stub.Predict, bad) == grpc.StatusCode.INVALID_ARGUMENT
     bad.model_spec.signature_name = "missing"
-    assert code(predict_stub.Predict, bad) == grpc.StatusCode.FAILED_PRECONDITION
-    reg.model_spec.signature_name = "serving_default"
-    assert code(predict_stub.Regress, reg) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(predict_stub.Predict, bad) == grpc.StatusCode.FAILED_PRECONDITION
 
-    # HandleReloadConfigRequest: drop 'multi', keep the rest.
+
+def test_grpc_reload_config_request_drops_and_brings_back_a_model(server, stubs):
+    import grpc
+    import tensorflow as tf
     from google.protobuf import text_format
+    from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2, predict_pb2
     from tensorflow_serving.config import model_server_config_pb2
 
+    predict_stub, model_stub = stubs
     config = text_format.Parse(open(server.opts.model_config_file).read(), model_server_config_pb2.ModelServerConfig())
     for c in config.model_config_list.config:
         c.base_path = os.path.join(os.path.dirname(server.opts.model_config_file), c.base_path)
     smaller = model_server_config_pb2.ModelServerConfig()
     smaller.model_config_list.config.extend(c for c in config.model_config_list.config if c.name != "multi")
-    model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=smaller), timeout=60)
-    with pytest.raises(grpc.RpcError) as e:
-        model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    half = predict_pb2.PredictRequest(model_spec={"name": "half"})
-    half.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([0.0], np.float32)))
-    assert predict_stub.Predict(half, timeout=10).outputs["y"].float_val == [3.0]
-    # ...and back: 'multi' loads again.
-    model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    try:
+        model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=smaller), timeout=60)
+        with pytest.raises(grpc.RpcError) as e:
+            model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        half = predict_pb2.PredictRequest(model_spec={"name": "half"})
+        half.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([0.0], np.float32)))
+        assert predict_stub.Predict(half, timeout=10).outputs["y"].float_val == [3.0]
+    finally:  # ...and back, for the other tests on this server: 'multi' loads again
+        model_stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
     status = model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "multi"}))
     assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
 

@@ -4,38 +4,16 @@ from __future__ import annotations
 
 import difflib
 import tomllib
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.export.config import ExportConfig
 from tfpipe.loadtest.config import LoadtestConfig
+from tfpipe.serve.config import ServeConfig
 from tfpipe.train.config import TrainConfig
 from tfpipe.errors import ConfigError
-
-
-class ServeSection(BaseModel):
-    """`[serve]`: how `tfpipe run` serves the exported model (the embedded server). `tfpipe serve`
-    itself takes tensorflow_model_server's flags instead."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    host: Literal["127.0.0.1", "0.0.0.0"] = Field("127.0.0.1", description="address the server listens on")
-    port: int = Field(-1, ge=-1, le=65535, description="gRPC port (-1: a free port)")
-    rest_api_port: int = Field(-1, ge=-1, le=65535, description="REST port (-1: a free port)")
-    protocol: Literal["rest", "grpc"] = Field("rest", description="the API the load test calls")
-    enable_batching: bool = Field(False, description="batch concurrent requests (TF Serving's --enable_batching)")
-    max_batch_size: int = Field(32, ge=1, description="batching: most rows in one model call")
-    batch_timeout_micros: int = Field(1000, ge=0, description="batching: longest wait to fill a batch")
-    max_enqueued_batches: int = Field(100, ge=1, description="batching: queue length before 503/UNAVAILABLE")
-    num_batch_threads: int = Field(0, ge=0, description="batching: model calls in parallel (0: one per core)")
-    check_rows: int = Field(32, ge=1, le=1000, description="eval rows whose served predictions (REST and gRPC) "
-                            "must match the SavedModel run in-process")
-
-    def fingerprint_fields(self) -> dict:
-        """What decides the serve step's result; where it listens does not."""
-        return self.model_dump(exclude={"host", "port", "rest_api_port", "protocol"})
 
 
 class RunSection(BaseModel):
@@ -55,7 +33,7 @@ class Config(BaseModel):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
-    serve: ServeSection = Field(default_factory=ServeSection)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
 
 

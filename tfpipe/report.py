@@ -139,7 +139,9 @@ def export_section(entry: dict, e: dict) -> str:
 
 def serve_section(entry: dict, s: dict) -> str:
     c = s["check"]
-    configs = ", ".join(f"<code>{_esc(p)}</code>" for p in s["configs"].values())
+    # shown as serve/models.config, ...: where they sit in the workdir
+    configs = ", ".join(f"<code>{_esc(os.path.relpath(p, os.path.dirname(os.path.dirname(p))))}</code>"
+                        for p in s["configs"].values())
     return (f"<p>{_esc(s['model'])} version {s['version']} served by the embedded server. The same "
             f"{c['rows']} eval rows sent over {' and '.join(c['apis'])} got the SavedModel's own answers "
             f"(outputs {_esc(', '.join(c['outputs']))}; largest difference {c['max_abs_diff']:.1e}, "

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.resources
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -31,8 +31,8 @@ from tfpipe.manifest import STEPS, read_manifest
 
 NEEDS = {"data": (), "train": ("data",), "export": ("data", "train"), "serve": ("data", "export"),
          "loadtest": ("data", "export", "serve")}
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO_CONFIG = os.path.join(REPO_ROOT, "examples", "penguins.toml")
+# the demo `tfpipe run` runs without --config: examples/penguins.toml, installed with the package
+DEMO_CONFIG = str(importlib.resources.files("tfpipe.examples") / "penguins.toml")
 
 
 class StepFailed(Exception):
@@ -150,11 +150,9 @@ class Run:
         self.workdir = os.path.abspath(req.workdir)
         self.manifest: dict[str, Any] = {}
         self.states: dict[str, str] = {}
-        self.server = None
-        self._server_ctx = None
-        self._server_log = None
-        # each step: (forced, log) -> (outputs for the manifest, summary line, exit code)
-        self.steps: dict[str, Callable[[bool, Callable[[str], None]], tuple[dict[str, Any], str, int]]] = {
+        self.deployment = None  # the embedded server, once the serve or loadtest step needs it
+        # each step: log -> (outputs for the manifest, summary line, exit code)
+        self.steps: dict[str, Callable[[Callable[[str], None]], tuple[dict[str, Any], str, int]]] = {
             "data": self.step_data, "train": self.step_train, "export": self.step_export,
             "serve": self.step_serve, "loadtest": self.step_loadtest}
         assert tuple(self.steps) == STEPS
@@ -186,8 +184,8 @@ class Run:
         if step == "data":
             from tfpipe.pipeline.inputs import resolve_inputs
 
-            return {"files": [{"path": p, "size": size, "mtime": mtime}
-                              for p, _, _, size, mtime in resolve_inputs(self.cfg.data.input, self.cfg.data.format)]}
+            return {"files": [{"path": f.path, "size": f.size, "mtime": f.mtime}
+                              for f in resolve_inputs(self.cfg.data.input, self.cfg.data.format)]}
         return {need: self.manifest["steps"][need]["outputs"]["sha256"] for need in NEEDS[step]}
 
     def fingerprint(self, step: str) -> tuple[str, dict[str, Any]]:
@@ -232,37 +230,22 @@ class Run:
         os.replace(tmp, self.path("manifest.json"))
 
     # the server --------------------------------------------------------------------------------
+    def serving(self):
+        """The serve stage's Deployment on this workdir's configs (its server not started yet)."""
+        if self.deployment is None:
+            from tfpipe.serve.stage import Deployment
+
+            self.deployment = Deployment(self.cfg.serve, self.path("serve"), self.path("logs", "server.log"))
+        return self.deployment
+
     def ensure_server(self):
         """The embedded server on the generated configs, started once per run when a step needs it."""
-        if self.server is not None:
-            return self.server
-        from tfpipe.serve.server import ServerThread
-
-        log_path = self.path("logs", "server.log")
-        self._server_log = open(log_path, "a", buffering=1)
-        self._server_ctx = ServerThread(self.serve_options(), log=lambda line: self._server_log.write(line + "\n"))
-        with output_into(log_path, not self.req.debug):  # TensorFlow's import chatter
-            self.server = self._server_ctx.__enter__()
-        return self.server
-
-    def serve_options(self):
-        from tfpipe.serve.flags import ServeOptions
-
-        s = self.cfg.serve
-        paths = {k: self.path("serve", f"{k}.config") for k in ("models", "batching", "monitoring")}
-        return ServeOptions(port=s.port, rest_api_port=s.rest_api_port, host=s.host,
-                            model_config_file=paths["models"], monitoring_config_file=paths["monitoring"],
-                            enable_batching=s.enable_batching,
-                            batching_parameters_file=paths["batching"] if s.enable_batching else "",
-                            file_system_poll_wait_seconds=1, drain_seconds=5.0, config_dir=self.path("serve"))
+        with output_into(self.path("logs", "server.log"), not self.req.debug):  # TensorFlow's import chatter
+            return self.serving().start()
 
     def stop_server(self) -> None:
-        if self._server_ctx is not None:
-            self._server_ctx.__exit__(None, None, None)
-            self._server_ctx = self.server = None
-        if self._server_log is not None:
-            self._server_log.close()
-            self._server_log = None
+        if self.deployment is not None:
+            self.deployment.stop()
 
     # the steps ---------------------------------------------------------------------------------
     def execute(self, console: Console) -> int:
@@ -311,10 +294,9 @@ class Run:
         started = time.monotonic()
         with open(log_path, "a") as f:
             f.write(f"\n=== {step} {entry['started']} ({why}) ===\n")
-        forced = why.startswith("--")
         try:
             with console.running(step, why), output_into(log_path, not self.req.debug):
-                outputs, summary, code = self.steps[step](forced, lambda line: print(line, flush=True))
+                outputs, summary, code = self.steps[step](lambda line: print(line, flush=True))
         except BaseException as e:
             self.fail(step, entry, started, e, console)
         entry.update(status="done", ended=now(), elapsed_s=round(time.monotonic() - started, 2),
@@ -344,10 +326,12 @@ class Run:
         console.print(f"  log: {shown(log_path)}")
         raise StepFailed(step, e) from e
 
-    def step_data(self, forced: bool, log: Callable[[str], None]):
+    def step_data(self, log: Callable[[str], None]):
         from tfpipe.pipeline.job import run
 
-        cfg = self.cfg.data.model_copy(update={"out": self.path("data"), "force": forced})
+        # The run owns the cache (why_run decided this step runs): the stage's own cache, for
+        # `tfpipe data` on its own, is bypassed.
+        cfg = self.cfg.data.model_copy(update={"out": self.path("data"), "force": True})
         run(cfg, log=log)
         m = _load(self.path("data", "data.json"))
         c = m["counts"]
@@ -356,11 +340,11 @@ class Run:
         return self._outputs(self.path("data", "data.json"), path=self.path("data"),
                              fingerprint=m["fingerprint"]), summary, 0
 
-    def step_train(self, forced: bool, log: Callable[[str], None]):
+    def step_train(self, log: Callable[[str], None]):
         from tfpipe.train.job import run
 
         cfg = self.cfg.train.model_copy(update={"data": self.path("data"), "out": self.path("train"),
-                                                "force": forced})
+                                                "force": True})  # the run owns the cache
         run(cfg, log=log)
         m = _load(self.path("train", "train.json"))
         split = "eval" if "eval" in m["metrics"] else next(iter(m["metrics"]), None)
@@ -373,7 +357,7 @@ class Run:
         return self._outputs(self.path("train", "train.json"), path=self.path("train"),
                              fingerprint=m["fingerprint"]), summary, 0
 
-    def step_export(self, forced: bool, log: Callable[[str], None]):
+    def step_export(self, log: Callable[[str], None]):
         from tfpipe.export.job import run
 
         cfg = self.cfg.export.model_copy(update={"model": self.path("train"), "data": self.path("data"),
@@ -388,46 +372,20 @@ class Run:
         return self._outputs(os.path.join(final, "assets.extra", "export.json"), path=final, name=m["name"],
                              version=m["version"]), summary, 0
 
-    def step_serve(self, forced: bool, log: Callable[[str], None]):
-        from tfpipe.serve.tfserving import server_flags, write_configs
+    def step_serve(self, log: Callable[[str], None]):
+        from tfpipe.loadtest.payloads import rows_from_data
 
         export = self.manifest["steps"]["export"]["outputs"]
-        serve_dir = self.path("serve")
-        os.makedirs(serve_dir, exist_ok=True)
-        self.stop_server()  # a new model version or new settings: start afresh on the new configs
-        s = self.cfg.serve
-        if s.enable_batching:
-            _write_batching(os.path.join(serve_dir, "batching.config"), s)
-        elif os.path.exists(os.path.join(serve_dir, "batching.config")):
-            os.remove(os.path.join(serve_dir, "batching.config"))
-        from tfpipe.serve.flags import ServeOptions
-
-        # models.config names the exported model; written by the same code `tfpipe serve --backend
-        # tfserving` uses, so tensorflow_model_server can run these exact files.
-        seed = ServeOptions(model_name=export["name"], model_base_path=self.model_base,
-                            enable_batching=s.enable_batching,
-                            batching_parameters_file=os.path.join(serve_dir, "batching.config")
-                            if s.enable_batching else "")
-        paths = write_configs(seed, serve_dir)
-        opts = self.serve_options()
-        server = self.ensure_server()
-        log(f"embedded server: gRPC {s.host}:{server.grpc_port}, REST {s.host}:{server.rest_port}")
-        check = check_served(server, export["path"], export["name"], self.path("data"), s.check_rows,
-                             self.cfg.export.tolerance, log)
-        result = {
-            "model": export["name"], "version": export["version"], "model_path": export["path"],
-            "configs": {k: os.path.relpath(v, self.workdir) for k, v in paths.items()},
-            "tensorflow_model_server": ["tensorflow_model_server", "--port=8500", "--rest_api_port=8501",
-                                        *server_flags(opts, paths, ports=False)],
-            "check": check, "created": now(),
-        }
-        with open(os.path.join(serve_dir, "serve.json"), "w") as f:
-            json.dump(result, f, indent=2)
+        data = self.path("data")
+        result = self.serving().deploy(export["name"], self.model_base, export["version"],
+                                       lambda inputs, n: rows_from_data(data, inputs, n),
+                                       self.cfg.export.tolerance, log)
+        check = result["check"]
         summary = (f"{export['name']} version {export['version']} on the embedded server: REST and gRPC answers "
                    f"match the SavedModel on {check['rows']} rows (max diff {check['max_abs_diff']:.1e})")
-        return self._outputs(os.path.join(serve_dir, "serve.json"), path=serve_dir), summary, 0
+        return self._outputs(self.path("serve", "serve.json"), path=self.path("serve")), summary, 0
 
-    def step_loadtest(self, forced: bool, log: Callable[[str], None]):
+    def step_loadtest(self, log: Callable[[str], None]):
         from tfpipe.loadtest.job import run
 
         export = self.manifest["steps"]["export"]["outputs"]
@@ -457,93 +415,6 @@ class Run:
 def _load(path: str) -> dict[str, Any]:
     with open(path) as f:
         return json.load(f)
-
-
-def _write_batching(path: str, s) -> None:
-    from tfpipe.serve.configs import write_text_proto
-    from tfpipe.serve.protos import BatchingParameters
-
-    p = BatchingParameters()
-    p.max_batch_size.value = s.max_batch_size
-    p.batch_timeout_micros.value = s.batch_timeout_micros
-    p.max_enqueued_batches.value = s.max_enqueued_batches
-    p.num_batch_threads.value = s.num_batch_threads or (os.cpu_count() or 1)
-    write_text_proto(path, p)
-
-
-def check_served(server, model_path: str, name: str, data_dir: str, rows_wanted: int, tolerance: float,
-                 log: Callable[[str], None]) -> dict[str, Any]:
-    """Predict the same eval rows in-process with the SavedModel and through the server's REST and
-    gRPC APIs; the answers must agree within `tolerance` (classes exactly)."""
-    import urllib.request
-
-    import grpc
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from tfpipe.loadtest.payloads import grpc_requests, rows_from_data, saved_model_feeds, signature_inputs
-    from tfpipe.serve.requests import tensor_to_numpy
-
-    rest = f"http://127.0.0.1:{server.rest_port}"
-    inputs = signature_inputs("rest", rest, name, None, None, "serving_default")
-    rows = rows_from_data(data_dir, inputs, limit=rows_wanted)
-
-    fn = tf.saved_model.load(model_path).signatures["serving_default"]
-    local = {k: v.numpy() for k, v in fn(**saved_model_feeds(fn, rows)).items()}
-
-    body = json.dumps({"instances": rows}).encode()
-    req = urllib.request.Request(f"{rest}/v1/models/{name}:predict", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        predictions = json.load(r)["predictions"]
-    if len(local) == 1 and not isinstance(predictions[0], dict):  # one output: bare values per row
-        predictions = [{next(iter(local)): p} for p in predictions]
-    rest_out = {k: np.array([p[k] for p in predictions]) for k in local}
-
-    request = predict_pb2.PredictRequest.FromString(
-        grpc_requests(rows, len(rows), inputs, name, None, None, "serving_default")[0])
-    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
-    grpc_out = {k: tensor_to_numpy(v, k) for k, v in response.outputs.items()}
-
-    worst = 0.0
-    for api, served in (("REST", rest_out), ("gRPC", grpc_out)):
-        for key, want in local.items():
-            got = served[key]
-            if want.dtype.kind in "SO":
-                want_text = [w.decode() if isinstance(w, bytes) else str(w) for w in want.ravel()]
-                got_text = [g.decode() if isinstance(g, bytes) else str(g) for g in np.asarray(got).ravel()]
-                if want_text != got_text:
-                    raise RunError(f"{api} answered {key}={got_text[:3]}... where the SavedModel gives "
-                                   f"{want_text[:3]}...")
-                continue
-            diff = float(np.max(np.abs(np.asarray(got, np.float64).reshape(want.shape) - want))) if want.size else 0.0
-            worst = max(worst, diff)
-            if not diff <= tolerance:
-                raise RunError(f"{api} output {key} differs from the SavedModel by {diff:.3g} (tolerance {tolerance})")
-        log(f"{api}: {len(rows)} rows agree with the in-process SavedModel")
-    # 7 significant digits name the same float32 as the row's value, and read better in a curl line.
-    instance = {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in rows[0].items()}
-    return {"rows": len(rows), "outputs": sorted(local), "max_abs_diff": worst, "tolerance": tolerance,
-            "apis": ["REST", "gRPC"], "input_dtypes": inputs,
-            "example": {"instance": instance, "prediction": {k: _plain(v[0]) for k, v in local.items()}},
-            "served": predictions[0]}
-
-
-def _tf_dtype_names(dtypes: dict[str, str]) -> dict[str, str]:
-    """{'x': 'DT_INT64'} -> {'x': 'int64'}: what tf.make_tensor_proto takes as dtype."""
-    return {k: v.removeprefix("DT_").lower() for k, v in dtypes.items()}
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 @contextlib.contextmanager
@@ -611,7 +482,11 @@ def _run_locked(r: Run, console: Console) -> int:
         console.print(f"done in {time.monotonic() - started:.0f}s"
                       + ("; the load test MISSED its SLO" if code == 1 else ""))
         if req.serve_after:
-            serve_forever(r, console)
+            serve = r.manifest["steps"].get("serve", {})
+            if serve.get("status") != "done":
+                raise RunError("--serve-after needs a done serve step")
+            r.ensure_server()
+            r.serving().serve_forever(_load(serve["outputs"]["manifest"]), console.print)
     finally:
         r.stop_server()
     return code
@@ -623,36 +498,3 @@ def _finish_report(r: Run, console: Console) -> None:
     path = r.path("report.html")
     write_run_report(r.workdir, r.manifest, path)
     console.print(f"report: {shown(path)}")
-
-
-def serve_forever(r: Run, console: Console) -> None:
-    """Keep the embedded server up in the foreground until Ctrl-C or SIGTERM; say how to call it."""
-    serve = r.manifest["steps"].get("serve", {})
-    if serve.get("status") != "done":
-        raise RunError("--serve-after needs a done serve step")
-    info = _load(serve["outputs"]["manifest"])
-    server = r.ensure_server()
-    name, host = info["model"], "127.0.0.1"
-    instance = json.dumps({"instances": [info["check"]["example"]["instance"]]})
-    console.print(f"serving {name} (Ctrl-C to stop): gRPC {host}:{server.grpc_port}, REST {host}:{server.rest_port}")
-    console.print(f"  curl -s http://{host}:{server.rest_port}/v1/models/{name}")
-    console.print(f"  curl -s -X POST http://{host}:{server.rest_port}/v1/models/{name}:predict -d '{instance}'")
-    console.print("  python - <<'EOF'\n"
-                  "import grpc, tensorflow as tf\n"
-                  "from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc\n"
-                  f"req = predict_pb2.PredictRequest(); req.model_spec.name = {name!r}\n"
-                  f"row = {info['check']['example']['instance']!r}\n"
-                  f"dtypes = {_tf_dtype_names(info['check']['input_dtypes'])!r}\n"
-                  "for k, v in row.items(): req.inputs[k].CopyFrom(tf.make_tensor_proto([v], dtype=dtypes[k]))\n"
-                  f"stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel('{host}:{server.grpc_port}'))\n"
-                  "print(stub.Predict(req, timeout=10).outputs)\n"
-                  "EOF")
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    console.print("stopping: finishing in-flight requests")

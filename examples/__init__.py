@@ -1,0 +1,1 @@
+"""Example configs; penguins.toml is the demo `tfpipe run` uses without --config."""

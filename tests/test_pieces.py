@@ -1,0 +1,240 @@
+"""The pure pieces, each on its own table: they run in milliseconds, and a failure names the piece."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+# ---- the data stage's quantile sketch --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [
+    np.arange(1000, dtype=np.float64),                          # fits in one level: exact
+    np.random.default_rng(0).normal(size=200_000),              # many compactions
+    np.random.default_rng(1).exponential(size=100_000) ** 3,    # heavy tail
+    np.repeat([1.0, 2.0, 3.0], 50_000),                         # few distinct values
+])
+def test_quantile_sketch_ranks_within_one_percent_of_numpy(values):
+    from tfpipe.pipeline.stats import QUANTILES, QuantileSketch
+
+    sketch = QuantileSketch(k=512)
+    for chunk in np.array_split(values, 37):
+        sketch.add(chunk)
+    ordered = np.sort(values)
+    for q, got in zip(QUANTILES, sketch.quantiles(QUANTILES), strict=True):
+        # the rank of the answer in the true data, against the rank asked for
+        lo, hi = np.searchsorted(ordered, got, "left"), np.searchsorted(ordered, got, "right")
+        want = q * len(values)
+        error = 0.0 if lo <= want <= hi else min(abs(lo - want), abs(hi - want)) / len(values)
+        assert error <= 0.01, (q, got, error)
+
+
+def test_quantile_sketches_merge_as_if_fed_one_stream():
+    from tfpipe.pipeline.stats import QuantileSketch
+
+    values = np.random.default_rng(2).uniform(0, 100, size=60_000)
+    parts = [QuantileSketch(k=256) for _ in range(3)]
+    for part, chunk in zip(parts, np.array_split(values, 3), strict=True):
+        part.add(chunk)
+    merged = parts[0]
+    merged.merge(parts[1])
+    merged.merge(parts[2])
+    for q, got in zip((0.1, 0.5, 0.9), merged.quantiles((0.1, 0.5, 0.9)), strict=True):
+        assert abs(got - np.quantile(values, q)) <= 2.0, (q, got)  # 2% of the range
+    assert QuantileSketch().quantiles((0.5,)) == [None]  # empty: no value, not a crash
+
+
+# ---- tensors <-> TensorProto (the server's gRPC side) ----------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    np.array([1.5, -2.25], np.float32),
+    np.array([[1, 2, 3], [4, 5, 6]], np.int64),
+    np.array([True, False]),
+    np.array([0.1], np.float64),
+    np.array([b"a", b"\xff\x00"], dtype=object),
+    np.zeros((0, 3), np.float32),
+    np.array(7, np.int32),  # a scalar
+])
+@pytest.mark.parametrize("content", [False, True])
+def test_tensor_proto_round_trips(value, content):
+    from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
+
+    back = tensor_to_numpy(tensor_proto(value, content=content))
+    assert back.shape == value.shape
+    assert back.tolist() == value.tolist()
+    if value.dtype != object:
+        assert back.dtype == value.dtype
+
+
+def test_tensor_protos_follow_tfs_rules_for_short_values_and_open_shapes():
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.requests import tensor_to_numpy
+
+    short = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[1.0, 2.0])
+    short.tensor_shape.dim.add(size=4)
+    assert tensor_to_numpy(short).tolist() == [1.0, 2.0, 2.0, 2.0]  # the last value repeats
+    open_shape = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[1.0])
+    open_shape.tensor_shape.dim.add(size=-1)
+    with pytest.raises(ServingError, match="fully defined shape"):
+        tensor_to_numpy(open_shape, "x")
+
+
+# ---- model version policy ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy_text,on_disk,failed,expected", [
+    ("", {1, 2, 3}, set(), [3]),                                      # no policy: TF Serving's latest 1
+    ("latest { num_versions: 2 }", {1, 2, 3}, set(), [3, 2]),         # newest first
+    ("latest { num_versions: 2 }", {1, 2, 3}, {3}, [2, 1]),           # a failed load is passed over
+    ("all {}", {4, 1, 9}, {9}, [1, 4, 9]),
+    ("specific { versions: 2 versions: 7 }", {1, 2, 3}, set(), [2]),  # 7 is not on disk
+    ("latest {}", set(), set(), []),
+])
+def test_version_policy_picks_tf_servings_versions(policy_text, on_disk, failed, expected):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.serve.manager import wanted_versions
+
+    policy = None
+    if policy_text:  # as a models.config gives it
+        policy = text_format.Parse(f"model_version_policy {{ {policy_text} }}",
+                                   model_server_config_pb2.ModelConfig()).model_version_policy
+    assert wanted_versions(policy, dict.fromkeys(on_disk, "path"), failed) == expected
+
+
+# ---- load test: SLO terms and the latency histogram -------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("p99<20ms", [("p99", "<", 20.0)]),
+    ("p50<=500us, p99.9<1s", [("p50", "<=", 0.5), ("p99.9", "<", 1000.0)]),
+    ("errors<0.1%", [("errors", "<", 0.001)]),
+    ("errors<0.01", [("errors", "<", 0.01)]),
+    ("rps>=100,", [("rps", ">=", 100.0)]),
+    ("", []),
+])
+def test_slo_terms_parse(text, expected):
+    from tfpipe.loadtest.slo import parse_slo
+
+    got = parse_slo(text)
+    assert [t[:2] for t in got] == [t[:2] for t in expected]
+    assert [t[2] for t in got] == pytest.approx([t[2] for t in expected])
+
+
+@pytest.mark.parametrize("text,message", [
+    ("p99<20", "give a unit"),
+    ("p99<20%", "give a unit"),
+    ("errors<1ms", "errors take %"),
+    ("rps>100ms", "rps takes a plain number"),
+    ("p42<1ms", "cannot parse SLO term 'p42<1ms'"),
+    ("p99 = 1ms", "cannot parse"),
+])
+def test_slo_terms_refused_name_the_term(text, message):
+    from tfpipe.loadtest.errors import LoadtestError
+    from tfpipe.loadtest.slo import parse_slo
+
+    with pytest.raises(LoadtestError, match=message):
+        parse_slo(text)
+
+
+@pytest.mark.parametrize("slo,step,failed", [
+    ("p99<20ms", {"p99_ms": 19.9}, []),
+    ("p99<20ms", {"p99_ms": 20.0}, ["p99 20 not < 20"]),
+    ("errors<1%,rps>10", {"error_fraction": 0.02, "rps": 11.0}, ["errors 0.02 not < 0.01"]),
+    ("mean<=1ms,max<2ms", {"mean_ms": 1.0, "max_ms": 3.0}, ["max 3 not < 2"]),
+])
+def test_slo_check_names_each_broken_term(slo, step, failed):
+    from tfpipe.loadtest.slo import check, parse_slo
+
+    assert check(parse_slo(slo), step) == failed
+
+
+@pytest.mark.parametrize("seconds,p,expected_ms", [
+    ([0.001] * 99 + [0.5], 50, 1.0),
+    ([0.001] * 99 + [0.5], 99, 1.0),
+    ([0.001] * 99 + [0.5], 100, 500.0),
+    ([0.0001234], 50, 0.123),          # to the microsecond below 10 ms
+    ([0.0123456], 50, 12.35),          # 4 significant digits above
+    ([i / 1e4 for i in range(1, 1001)], 90, 90.0),
+])
+def test_latency_histogram_percentiles(seconds, p, expected_ms):
+    from tfpipe.loadtest.histogram import LatencyHistogram
+
+    h = LatencyHistogram()
+    for s in seconds:
+        h.add(s)
+    assert h.percentile(p) == pytest.approx(expected_ms, rel=5e-4, abs=1e-3)
+
+
+def test_latency_histograms_merge_and_survive_json():
+    from tfpipe.loadtest.histogram import LatencyHistogram
+
+    a, b, both = LatencyHistogram(), LatencyHistogram(), LatencyHistogram()
+    for i, s in enumerate(np.random.default_rng(3).exponential(0.002, size=5000)):
+        (a if i % 2 else b).add(s)
+        both.add(s)
+    a.merge(b)
+    assert a.summary() == pytest.approx(both.summary())
+    again = LatencyHistogram.from_json(a.to_json())
+    assert again.summary() == pytest.approx(both.summary()) and again.n == 5000
+    assert math.isnan(LatencyHistogram().percentile(50))
+
+
+# ---- TF Serving config files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_config_writers_write_what_tf_servings_protos_read(tmp_path, batching):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.serve.config import ServeConfig
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.protos import BatchingParameters, MonitoringConfig
+    from tfpipe.serve.stage import write_batching
+    from tfpipe.serve.tfserving import server_flags, write_configs
+
+    params = ""
+    if batching:
+        params = write_batching(str(tmp_path / "params.config"),
+                                ServeConfig(max_batch_size=16, batch_timeout_micros=500, num_batch_threads=3))
+    opts = ServeOptions(model_name="taxi", model_base_path="/m/taxi", enable_batching=batching,
+                        batching_parameters_file=params)
+    paths = write_configs(opts, str(tmp_path / "cfg"))
+    assert sorted(paths) == (["batching", "models", "monitoring"] if batching else ["models", "monitoring"])
+    models = text_format.Parse(open(paths["models"]).read(), model_server_config_pb2.ModelServerConfig())
+    (model,) = models.model_config_list.config
+    assert (model.name, model.base_path, model.model_platform) == ("taxi", "/m/taxi", "tensorflow")
+    monitoring = text_format.Parse(open(paths["monitoring"]).read(), MonitoringConfig())
+    assert monitoring.prometheus_config.enable
+    flags = server_flags(opts, paths, ports=False)
+    assert f"--model_config_file={paths['models']}" in flags
+    assert ("--enable_batching=true" in flags) == batching
+    if batching:
+        b = text_format.Parse(open(paths["batching"]).read(), BatchingParameters())
+        assert (b.max_batch_size.value, b.batch_timeout_micros.value, b.num_batch_threads.value) == (16, 500, 3)
+        assert f"--batching_parameters_file={paths['batching']}" in flags
+
+
+# ---- the serve step's check -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("got,tolerance,worst,message", [
+    ({"p": [[0.1, 0.9]], "c": [b"b"]}, 1e-6, 0.0, None),
+    ({"p": [[0.1000001, 0.9]], "c": ["b"]}, 1e-5, 1e-7, None),   # strings compare decoded
+    ({"p": [[0.2, 0.9]], "c": [b"b"]}, 1e-5, None, "output p differs from the SavedModel by 0.1"),
+    ({"p": [[0.1, 0.9]], "c": [b"a"]}, 1e-5, None, "answered c=\\['a'\\]"),
+    ({"c": [b"b"]}, 1e-5, None, "answered no output 'p'"),
+    ({"p": [[0.1]], "c": [b"b"]}, 1e-5, None, "has 1 values where the SavedModel gives 2"),
+])
+def test_served_answers_are_compared_output_by_output(got, tolerance, worst, message):
+    from tfpipe.serve.stage import CheckFailed, compare
+
+    want = {"p": np.array([[0.1, 0.9]], np.float32), "c": np.array([b"b"], dtype=object)}
+    got = {k: np.array(v, dtype=object if k == "c" else np.float64) for k, v in got.items()}
+    if message:
+        with pytest.raises(CheckFailed, match=message):
+            compare("REST", want, got, tolerance)
+    else:
+        assert compare("REST", want, got, tolerance) == pytest.approx(worst, abs=1e-7)
