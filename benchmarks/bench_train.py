@@ -31,7 +31,8 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfpipe.train.config import TrainConfig  # noqa: E402
-from tfpipe.train.data import load_data_dir, make_dataset  # noqa: E402
+from tfpipe.train.data import make_dataset  # noqa: E402
+from tfpipe.train.datadir import load_data_dir  # noqa: E402
 from tfpipe.train.job import compile_trainer, run as train_run  # noqa: E402
 from tfpipe.train.model import build_models  # noqa: E402
 

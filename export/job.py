@@ -22,35 +22,21 @@ import tensorflow as tf
 
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
+from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
 from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
 from tfpipe import __version__
 from tfpipe.files import clean_stale, read_json, sync_tree
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
-from tfpipe.train.data import load_data_dir, make_dataset
-from tfpipe.train.errors import TrainError
+from tfpipe.train.data import make_dataset
 
-HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is reused
 
 
 def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
     """Export; returns the published version directory."""
     started = time.time()
-    train_dir = _check_train_dir(config.model)
-    try:
-        data = load_data_dir(config.data)
-    except TrainError as e:
-        raise ExportError(str(e)) from None
-    if not config.base:
-        raise ExportError("no model base path: pass --base DIR (versions go to BASE/NAME/VERSION)")
-    model_dir = os.path.join(os.path.abspath(config.base), config.name)
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot create {model_dir}: {e.strerror}") from None
-    if not os.access(model_dir, os.W_OK):
-        raise ExportError(f"cannot write to {model_dir}")
+    train_dir, data, model_dir = check_inputs(config)
     clean_stale(model_dir, ".tmp-")  # what killed exports left (non-numeric, so never served)
-    version = _choose_version(model_dir, config.version)
+    version = choose_version(model_dir, config.version)
     model = keras.models.load_model(os.path.join(train_dir, "model.keras"))
     log(f"exporting {config.name} version {version} to {model_dir}")
 
@@ -67,7 +53,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         check = _check_reload(loaded, model, data, split, raw, config.tolerance)
         table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
         final = os.path.join(model_dir, str(version))
-        old = [v for v in _versions(model_dir) if v != version]
+        old = [v for v in versions(model_dir) if v != version]
         to_remove = old[: max(0, len(old) - (config.keep - 1))] if config.keep else []
         manifest = {
             "stage": "export", "tfpipe_version": __version__,
@@ -97,31 +83,6 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         log(f"  removed old version(s) {', '.join(map(str, removed))} (--keep {config.keep})")
     log(f"wrote {final}")
     return final
-
-
-def _check_train_dir(path: str | None) -> str:
-    if not path:
-        raise ExportError("no trained model: pass --model DIR (the output of tfpipe train)")
-    if not os.path.isdir(path):
-        raise ExportError(f"train directory {path} does not exist")
-    for name in ("model.keras", "train.json"):
-        if not os.path.exists(os.path.join(path, name)):
-            raise ExportError(f"{path} is not a complete tfpipe train output: {name} is missing")
-    return os.path.abspath(path)
-
-
-def _versions(model_dir: str) -> list[int]:
-    return sorted(int(d) for d in os.listdir(model_dir) if d.isdigit())
-
-
-def _choose_version(model_dir: str, requested: int | None) -> int:
-    present = _versions(model_dir)
-    high = read_json(os.path.join(model_dir, HIGH_WATER)) or 0
-    if requested is not None:
-        if requested in present:
-            raise ExportError(f"version {requested} already exists in {model_dir}; versions are never overwritten")
-        return requested
-    return max([high, *present]) + 1
 
 
 def _write_warmup(tmp: str, config: ExportConfig, data) -> int:

@@ -132,7 +132,7 @@ def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):
     # otherwise: raw numbers quantized with one scale, and ONE_HOT's unscaled on/off values.)
     from tfpipe.export.job import _labelled_rows
     from tfpipe.export.tflite import device_inputs, litert_runner
-    from tfpipe.train.job import load_data_dir
+    from tfpipe.train.datadir import load_data_dir
 
     penguins = load_data_dir(data)
     raw, _ = _labelled_rows(penguins, "test")

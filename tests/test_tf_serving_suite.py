@@ -33,6 +33,7 @@ import urllib.request
 
 import pytest
 from conftest import ROOT, free_port
+from serve_host import FAILED as FAILED_IN_HOST
 
 RPC_TIMEOUT = 20.0
 REST_TIMEOUT_MS = 5000
@@ -112,6 +113,8 @@ class Server:
             while time.time() < deadline:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"the server exited ({self.proc.returncode}):\n{self.output()}")
+                if FAILED_IN_HOST in self.output():
+                    raise AssertionError(f"the server did not start:\n{self.output()}")
                 try:
                     stub.Predict(request, 1.0)
                 except grpc.RpcError as error:
@@ -132,6 +135,7 @@ class Servers:
     def __init__(self, tmp: str):
         self.tmp = tmp
         self.running: dict[tuple, Server] = {}
+        self._count = 0  # servers made: names their logs and sockets
         os.makedirs(os.path.join(tmp, "sockets"), exist_ok=True)
 
     def run(self, model_name, model_path, model_config_file=None, monitoring_config_file=None,
@@ -146,12 +150,45 @@ class Servers:
             server.wait_ready()
         return server
 
-    def _start(self, model_name, model_path, model_config_file, monitoring_config_file, batching_parameters_file,
-               grpc_channel_arguments, model_config_file_poll_period) -> Server:
-        n = len(self.running)
+    def start_together(self, runs: list[dict]) -> None:
+        """Start these servers (RunServer's arguments each, not yet running) in one host process
+        (tests/serve_host.py): each is the `tfpipe serve` its command line makes, on its own ports,
+        and TensorFlow is imported once for all of them."""
+        runs = [r for r in runs if self._key(**r) not in self.running]
+        servers = [self._server(**r) for r in runs]
+        spec = os.path.join(self.tmp, f"host-{self._count}.json")
+        with open(spec, "w") as f:
+            json.dump([{"argv": argv, "log": server.log} for server, argv in servers], f)
+        with open(spec.removesuffix(".json") + ".log", "w") as out:
+            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "serve_host.py"), spec], cwd=ROOT,
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for r, (server, _) in zip(runs, servers, strict=True):
+            server.proc = proc
+            self.running[self._key(**r)] = server
+
+    @staticmethod
+    def _key(model_name=None, model_path=None, model_config_file=None, monitoring_config_file=None,
+             batching_parameters_file=None, grpc_channel_arguments="", model_config_file_poll_period=None,
+             **_) -> tuple:
+        return (model_name, model_path, model_config_file, monitoring_config_file, batching_parameters_file,
+                grpc_channel_arguments, model_config_file_poll_period)
+
+    def _start(self, *key) -> Server:
+        server, argv = self._server(*key)
+        with open(server.log, "w") as out:
+            server.proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", *argv], cwd=ROOT,
+                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return server
+
+    def _server(self, model_name=None, model_path=None, model_config_file=None, monitoring_config_file=None,
+                batching_parameters_file=None, grpc_channel_arguments="", model_config_file_poll_period=None,
+                **_) -> tuple[Server, list[str]]:
+        """A server (no process yet) and its `tfpipe serve` arguments, as RunServer builds them."""
+        n = self._count
+        self._count += 1
         port, rest_port = free_port(), free_port()
         socket_path = os.path.join(self.tmp, "sockets", f"tf-serving-{n}.sock")
-        command = f"{shlex.quote(sys.executable)} -m tfpipe.cli serve --host=127.0.0.1"
+        command = "--host=127.0.0.1"
         command += " --port=" + str(port)
         command += " --rest_api_port=" + str(rest_port)
         command += " --rest_api_timeout_in_ms=" + str(REST_TIMEOUT_MS)
@@ -173,20 +210,19 @@ class Servers:
         command += " --grpc_channel_arguments=" + ",".join(a for a in (grpc_channel_arguments, "grpc.so_reuseaddr=1")
                                                             if a)
         log = os.path.join(self.tmp, f"server-{n}.log")
-        with open(log, "w") as out:
-            proc = subprocess.Popen(shlex.split(command), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-        return Server(proc, port, rest_port, socket_path, log)
+        open(log, "w").close()
+        return Server(None, port, rest_port, socket_path, log), shlex.split(command)
 
     def stop_all(self) -> None:
-        for server in self.running.values():
-            if server.proc.poll() is None:
-                server.proc.send_signal(signal.SIGTERM)
-        for server in self.running.values():
+        procs = list({id(server.proc): server.proc for server in self.running.values()}.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
             try:
-                server.proc.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                server.proc.kill()
+                proc.kill()
 
 
 class Paths:
@@ -233,20 +269,22 @@ def paths(tmp_path_factory) -> Paths:
 
 @pytest.fixture(scope="module")
 def servers(paths, tmp_path_factory):
-    """Every server the cases use, started at once so that they load side by side."""
+    """Every long-lived server the cases use, started at once in one process so that they load
+    side by side and TensorFlow is imported once; a case that needs a server of its own (one
+    that must fail to start, or exit) gets a `tfpipe serve` process."""
     s = Servers(str(tmp_path_factory.mktemp("tf_serving_servers")))
-    s.run("default", paths.half_plus_two, wait_for_server_ready=False)
-    s.run("default", paths.half_plus_two_tf2, wait_for_server_ready=False)
-    s.run(None, None, model_config_file=paths.good_config, wait_for_server_ready=False)
-    s.run(None, None, model_config_file=paths.reload, model_config_file_poll_period=1, wait_for_server_ready=False)
-    s.run(None, None, model_config_file=paths.reload_zero, model_config_file_poll_period=0,
-          wait_for_server_ready=False)
-    s.run("default", paths.half_plus_two, grpc_channel_arguments=CHANNEL_ARGS, wait_for_server_ready=False)
-    s.run("default", paths.half_plus_two, monitoring_config_file=paths.monitoring, wait_for_server_ready=False)
-    s.run("default", paths.half_plus_two, batching_parameters_file=paths.batching, wait_for_server_ready=False)
-    for name in SAVED_MODEL_CASES:
-        s.run("default", paths.model(name), wait_for_server_ready=False)
-    s.run(None, None, model_config_file=paths.rest, wait_for_server_ready=False)
+    s.start_together([
+        dict(model_name="default", model_path=paths.half_plus_two),
+        dict(model_name="default", model_path=paths.half_plus_two_tf2),
+        dict(model_config_file=paths.good_config),
+        dict(model_config_file=paths.reload, model_config_file_poll_period=1),
+        dict(model_config_file=paths.reload_zero, model_config_file_poll_period=0),
+        dict(model_name="default", model_path=paths.half_plus_two, grpc_channel_arguments=CHANNEL_ARGS),
+        dict(model_name="default", model_path=paths.half_plus_two, monitoring_config_file=paths.monitoring),
+        dict(model_name="default", model_path=paths.half_plus_two, batching_parameters_file=paths.batching),
+        *(dict(model_name="default", model_path=paths.model(name)) for name in SAVED_MODEL_CASES),
+        dict(model_config_file=paths.rest),
+    ])
     yield s
     s.stop_all()
 

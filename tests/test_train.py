@@ -163,7 +163,8 @@ def test_gradient_accumulation_matches_one_big_batch(penguins_data):
     import keras
     import tensorflow as tf
 
-    from tfpipe.train.data import load_data_dir, make_dataset
+    from tfpipe.train.data import make_dataset
+    from tfpipe.train.datadir import load_data_dir
     from tfpipe.train.job import compile_trainer
     from tfpipe.train.model import build_models
 

@@ -14,6 +14,7 @@ import textwrap
 import threading
 import traceback
 import typing
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -120,10 +121,13 @@ def _quiet_native_stderr(quiet: bool):
         os.close(devnull)
 
 
-def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str) -> int:
-    """Import the stage (TensorFlow comes with it, only now) and run it. TensorFlow, the TFLite
-    converter and LiteRT write chatter to fd 2; errors still reach the user as exceptions."""
+def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str,
+                          check: Callable[[Any], Any]) -> int:
+    """Check the inputs, then import the stage (TensorFlow comes with it, only now) and run it.
+    TensorFlow, the TFLite converter and LiteRT write chatter to fd 2; errors still reach the
+    user as exceptions."""
     cfg = _section(args, load_config(args.config), section, model)
+    check(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
     with _quiet_native_stderr(not args.debug):
         importlib.import_module(module).run(cfg, log=lambda line: print(line, flush=True))
     return 0
@@ -131,14 +135,16 @@ def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[Ba
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.train.config import TrainConfig
+    from tfpipe.train.datadir import check_inputs
 
-    return _run_tensorflow_stage(args, "train", TrainConfig, "tfpipe.train.job")
+    return _run_tensorflow_stage(args, "train", TrainConfig, "tfpipe.train.job", check_inputs)
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.export.config import ExportConfig
+    from tfpipe.export.inputs import check_inputs
 
-    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job")
+    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job", check_inputs)
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:

@@ -22,7 +22,8 @@ import tensorflow as tf
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.train.config import TrainConfig
-from tfpipe.train.data import DataDir, load_data_dir, make_dataset
+from tfpipe.train.data import make_dataset
+from tfpipe.train.datadir import DataDir, load_data_dir
 from tfpipe.train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
 from tfpipe.train.errors import DivergedError, TrainError
 from tfpipe.train.model import build_models, loss_and_metrics
