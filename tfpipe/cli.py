@@ -93,12 +93,13 @@ def _section(args: argparse.Namespace, config: Config, section: str, model: type
 
 def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.pipeline.config import DataConfig
-    from tfpipe.pipeline.job import run
 
     config = load_config(args.config)
     cfg = _section(args, config, "data", DataConfig)
     if extra:
         cfg.beam_args = [*cfg.beam_args, *extra]
+    from tfpipe.pipeline.job import run  # Beam, a second to import: after the config is known good
+
     run(cfg, log=lambda line: print(line, flush=True))
     return 0
 
