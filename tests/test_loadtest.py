@@ -11,6 +11,9 @@ import pytest
 
 from conftest import run_cli
 
+# its module fixtures (servers, runs) are built once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("loadtest")
+
 
 @pytest.fixture(scope="module")
 def half_server(tmp_path_factory):

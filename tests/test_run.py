@@ -23,6 +23,9 @@ import pytest
 from browser import render
 from conftest import ROOT, run_cli
 
+# its module fixtures (servers, runs) are built once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("run")
+
 STEPS = ["data", "train", "export", "serve", "loadtest"]
 
 

@@ -22,6 +22,9 @@ import pytest
 import requests
 from conftest import ROOT, run_cli
 
+# its module fixtures (servers, runs) are built once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("serve")
+
 
 def _opts(**kw):
     from tfpipe.serve.flags import ServeOptions

@@ -21,6 +21,9 @@ import pytest
 import requests
 from conftest import ROOT, free_port
 
+# its module fixtures (servers, runs) are built once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("serve_flags")
+
 # tensorflow_model_server's flags, in the order tensorflow_serving/model_servers/main.cc defines them.
 MAIN_CC_FLAGS = [
     "port", "grpc_socket_path", "rest_api_port", "rest_api_num_threads", "rest_api_timeout_in_ms",

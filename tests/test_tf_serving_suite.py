@@ -35,6 +35,9 @@ import pytest
 from conftest import ROOT, free_port
 from serve_host import FAILED as FAILED_IN_HOST
 
+# its module fixtures (servers, runs) are built once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("tf_serving_suite")
+
 RPC_TIMEOUT = 20.0
 REST_TIMEOUT_MS = 5000
 

@@ -128,15 +128,15 @@ def test_kill_diverge_and_resume(tmp_path, penguins_data):
     assert _backup_epoch(out) == killed_at and not out.exists()
 
     # 3. Rerun with a sane rate: resumes from the kept epoch and ends like an uninterrupted run.
-    res = train(penguins_data, out, "--epochs", "30", "--patience", "30", *common)
+    res = train(penguins_data, out, "--epochs", "15", "--patience", "15", *common)
     assert res.returncode == 0, res.stderr
     assert f"resuming from the backup of epoch {killed_at}" in res.stdout
     resumed = load(out)
     assert resumed["resumed_from_epoch"] == killed_at
     epochs = [json.loads(line)["epoch"] for line in open(out / "metrics.jsonl")]
-    assert epochs == list(range(1, 31))
+    assert epochs == list(range(1, 16))
     ref = tmp_path / "reference"
-    res = train(penguins_data, ref, "--epochs", "30", "--patience", "30", *common)
+    res = train(penguins_data, ref, "--epochs", "15", "--patience", "15", *common)
     assert res.returncode == 0
     assert abs(resumed["metrics"]["eval"]["accuracy"] - load(ref)["metrics"]["eval"]["accuracy"]) <= 0.07
     assert resumed["metrics"]["eval"]["accuracy"] >= 0.9
@@ -273,7 +273,8 @@ def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "tfpipe.cli", "train", "--data", penguins_data, "--out", str(out),
-             "--strategy", "multiworker", "--batch-size", "32", "--epochs", "30", "--seed", "5"],
+             "--strategy", "multiworker", "--batch-size", "32", "--epochs", "8", "--learning-rate", "0.01",
+             "--seed", "5"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         results = [p.communicate(timeout=240) for p in procs]
