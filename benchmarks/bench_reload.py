@@ -17,23 +17,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import sys
 import tempfile
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the reload helpers the reload test uses
 
 import bench_serve  # noqa: E402
 import requests  # noqa: E402
-
-
-def _metric(text: str, name: str) -> list[float]:
-    return [float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+from reloading import metric, metrics_readings, publish_and_wait  # noqa: E402
 
 
 def run(source: str, bodies: list[str], batching: bool, reloads: int, clients: int, tmp: str) -> dict:
@@ -68,26 +64,12 @@ def run(source: str, bodies: list[str], batching: bool, reloads: int, clients: i
     rss, sizes = [], []
     try:
         for version in range(2, reloads + 2):
-            staging = os.path.join(tmp, "staging")
-            shutil.copytree(source, staging)
-            os.rename(staging, os.path.join(base, str(version)))
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                states = {int(s["version"]): s["state"] for s in
-                          requests.get(f"{url}/v1/models/taxi", timeout=30).json()["model_version_status"]}
-                if states.get(version) == "AVAILABLE" and all(s == "END" for v, s in states.items() if v != version):
-                    break
-                time.sleep(0.1)
-            else:
-                raise SystemExit(f"version {version} did not take over: {states}")
-            texts = []
-            for _ in range(5):
-                time.sleep(0.1)
-                texts.append(requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text)
-            rss.append(min(_metric(t, "process_resident_memory_bytes")[0] for t in texts))
-            sizes += _metric(texts[-1], "tfpipe_serving_model_load_rss_bytes")
+            publish_and_wait(source, base, version, url, "taxi", timeout=120)
+            texts = metrics_readings(url)
+            rss.append(min(metric(t, "process_resident_memory_bytes")[0] for t in texts))
+            sizes += metric(texts[-1], "tfpipe_serving_model_load_rss_bytes")
             print(f"  reload {version - 1:2d}: RSS {rss[-1] / 2**20:7.1f} MiB", flush=True)
-        live = _metric(requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text,
+        live = metric(requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text,
                        "tfpipe_serving_live_servables")[0]
     finally:
         stop.set()

@@ -11,11 +11,12 @@ import pytest
 
 from conftest import run_cli
 
-# its module fixtures (servers, runs) are built once, on one xdist worker
+# its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
+# worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("loadtest")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def half_server(tmp_path_factory):
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
@@ -29,7 +30,7 @@ def half_server(tmp_path_factory):
         yield s, root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def delayed_endpoint():
     """A TF-Serving-shaped REST endpoint that answers after exactly 20 ms."""
     from aiohttp import web

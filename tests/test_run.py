@@ -23,13 +23,14 @@ import pytest
 from browser import render
 from conftest import ROOT, run_cli
 
-# its module fixtures (servers, runs) are built once, on one xdist worker
+# its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
+# worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("run")
 
 STEPS = ["data", "train", "export", "serve", "loadtest"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def config(tmp_path_factory, penguins_csv) -> str:
     """The penguins demo, shortened for tests: one TFLite variant, a 2-second load test."""
     path = tmp_path_factory.mktemp("config") / "penguins.toml"
@@ -60,7 +61,7 @@ slo = "p99<2000ms,errors<1%"
     return str(path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def first_run(tmp_path_factory, config) -> tuple[str, subprocess.CompletedProcess]:
     workdir = str(tmp_path_factory.mktemp("run") / "penguins")
     res = run_cli("run", "--config", config, "--workdir", workdir, timeout=400)

@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 import requests
 from conftest import ROOT, run_cli
+from reloading import metric, metrics_readings, publish_and_wait
 
-# its module fixtures (servers, runs) are built once, on one xdist worker
+# its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
+# worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("serve")
 
 
@@ -32,7 +34,7 @@ def _opts(**kw):
     return ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, **kw)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def models(tmp_path_factory, penguins_trained):
     """A model_config_file serving three models: half (with a warmup file), multi, and penguins
     as exported by tfpipe export."""
@@ -60,7 +62,7 @@ model_config_list {{
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(models):
     from tfpipe.serve.server import ServerThread
 
@@ -138,7 +140,7 @@ def test_rest_api_answers_as_tf_serving_documents(server):
     assert "tfpipe_serving_request_latency_seconds_bucket" in metrics
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stubs(server):
     """(PredictionService, ModelService) stubs on the shared server's gRPC port."""
     return _stubs(server.grpc_port)
@@ -673,11 +675,6 @@ def test_emit_k8s_writes_deployment_service_and_autoscaler(tmp_path):
     assert config.model_config_list.config[0].base_path == "/models/taxi"
 
 
-def _metric(text: str, name: str) -> list[float]:
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ") or
-            line.startswith(name + "{")]
-
-
 def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     """20 versions published one after another while clients call REST and gRPC, batching on,
     two malloc arenas (MALLOC_ARENA_MAX=2, as the README advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
@@ -733,25 +730,12 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     samples = []  # per reload: (RSS, live servables, batch queues, load sizes)
     try:
         for version in range(2, 22):
-            shutil.copytree(source, tmp_path / "staging")
-            os.rename(tmp_path / "staging", base / str(version))
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                status = requests.get(f"{url}/v1/models/penguins", timeout=30).json()["model_version_status"]
-                states = {int(s["version"]): s["state"] for s in status}
-                if states.get(version) == "AVAILABLE" and all(s == "END" for v, s in states.items() if v != version):
-                    break
-                time.sleep(0.1)
-            else:
-                raise AssertionError(f"version {version} did not take over: {states}")
-            texts = []
-            for _ in range(5):  # RSS moves with the requests in flight: the least of five readings
-                time.sleep(0.1)
-                texts.append(requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text)
-            samples.append((min(_metric(t, "process_resident_memory_bytes")[0] for t in texts),
-                            max(_metric(t, "tfpipe_serving_live_servables")[0] for t in texts),
-                            max(_metric(t, "tfpipe_serving_batch_queues")[0] for t in texts),
-                            _metric(texts[-1], "tfpipe_serving_model_load_rss_bytes")))
+            publish_and_wait(str(source), str(base), version, url, "penguins")
+            texts = metrics_readings(url)
+            samples.append((min(metric(t, "process_resident_memory_bytes")[0] for t in texts),
+                            max(metric(t, "tfpipe_serving_live_servables")[0] for t in texts),
+                            max(metric(t, "tfpipe_serving_batch_queues")[0] for t in texts),
+                            metric(texts[-1], "tfpipe_serving_model_load_rss_bytes")))
     finally:
         stop.set()
         for t in clients:

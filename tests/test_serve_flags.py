@@ -21,7 +21,8 @@ import pytest
 import requests
 from conftest import ROOT, free_port
 
-# its module fixtures (servers, runs) are built once, on one xdist worker
+# its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
+# worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("serve_flags")
 
 # tensorflow_model_server's flags, in the order tensorflow_serving/model_servers/main.cc defines them.
@@ -448,7 +449,7 @@ def _stop(proc) -> None:
             proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def half_models(tmp_path_factory):
     """TF Serving's half_plus_two as a TF1 graph (classify method) and as native TF2 (predict
     method), in their own base paths, version 00000123."""

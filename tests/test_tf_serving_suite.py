@@ -35,7 +35,8 @@ import pytest
 from conftest import ROOT, free_port
 from serve_host import FAILED as FAILED_IN_HOST
 
-# its module fixtures (servers, runs) are built once, on one xdist worker
+# its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
+# worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("tf_serving_suite")
 
 RPC_TIMEOUT = 20.0
@@ -260,7 +261,7 @@ class Paths:
         return os.path.join(self.root, name)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def paths(tmp_path_factory) -> Paths:
     root = str(tmp_path_factory.mktemp("tf_serving_testdata"))
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
@@ -270,7 +271,7 @@ def paths(tmp_path_factory) -> Paths:
     return Paths(root)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def servers(paths, tmp_path_factory):
     """Every long-lived server the cases use, started at once in one process so that they load
     side by side and TensorFlow is imported once; a case that needs a server of its own (one
@@ -670,7 +671,7 @@ def test_every_upstream_case_is_ported_or_named_with_a_reason():
 
 # ---- http_rest_api_handler_test.cc ----------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rest_server(servers, paths):
     """The handler test's ServerCore: version 123 only, then a reload adding Version_Label."""
     import grpc
