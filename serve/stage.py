@@ -65,8 +65,14 @@ class Deployment:
 
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         self._log = open(self.log_path, "a", buffering=1)
-        self._ctx = ServerThread(self.options(), log=lambda line: self._log.write(line + "\n"))
-        self.server = self._ctx.__enter__()
+        ctx = ServerThread(self.options(), log=lambda line: self._log.write(line + "\n"))
+        try:
+            self.server = ctx.__enter__()
+        except BaseException:  # e.g. a port in use: nothing is left open for the next try
+            self._log.close()
+            self._log = None
+            raise
+        self._ctx = ctx
         return self.server
 
     def stop(self) -> None:
