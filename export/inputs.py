@@ -15,7 +15,8 @@ HIGH_WATER = ".tfpipe-last-version"  # highest version ever written, so none is 
 
 
 def check_inputs(config: ExportConfig) -> tuple[str, DataDir, str]:
-    """(train dir, data dir, model dir under the base path, created); ExportError on what is wrong."""
+    """(train dir, data dir, model dir) with the model dir under the base path created; ExportError
+    on what is wrong (a --version that already exists too)."""
     train_dir = check_train_dir(config.model)
     try:
         data = load_data_dir(config.data)

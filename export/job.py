@@ -25,10 +25,9 @@ from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
 from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
 from tfpipe import __version__
-from tfpipe.files import clean_stale, read_json, sync_tree
+from tfpipe.files import clean_stale, publish_dir, read_json
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import make_dataset
-
 
 
 def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
@@ -69,8 +68,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, "assets.extra", "export.json"), "w") as f:
             json.dump(manifest, f, indent=2)
-        sync_tree(tmp)
-        os.rename(tmp, final)  # the atomic step: before it TF Serving sees nothing
+        publish_dir(tmp, final)  # synced, then the atomic rename: before it TF Serving sees nothing
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from tfpipe.files import write_json
 from tfpipe.serve.config import ServeConfig
 from tfpipe.serve.errors import ServeError
 
@@ -112,8 +113,7 @@ class Deployment:
                                         *server_flags(self.options(), paths, ports=False)],
             "check": check, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        with open(os.path.join(self.config_dir, "serve.json"), "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(os.path.join(self.config_dir, "serve.json"), result)
         return result
 
     def serve_forever(self, info: dict[str, Any], say: Callable[[str], None]) -> None:

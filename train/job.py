@@ -23,7 +23,7 @@ from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.data import make_dataset
-from tfpipe.train.datadir import DataDir, load_data_dir
+from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
 from tfpipe.train.errors import DivergedError, TrainError
 from tfpipe.train.model import build_models, loss_and_metrics
@@ -100,9 +100,7 @@ class EpochLog(keras.callbacks.Callback):
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     """Train; returns the output directory (published atomically)."""
     started = time.time()
-    data = load_data_dir(config.data)
-    if not config.out:
-        raise TrainError("no output directory: pass --out DIR")
+    data = check_inputs(config)
     out = os.path.abspath(config.out)
     fingerprint = digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
                            "version": __version__})
