@@ -1,14 +1,9 @@
 """`tfpipe data`: raw rows to validated, split, sharded gzip TFRecords, schema and stats.
 
-The Beam pipeline is three named steps:
-
-    WorkUnits -> ValidateSplitWrite -> StatsPerSplit
-
-`ValidateSplitWrite` streams one record-aligned unit of input, validates each batch
-against the schema, sends bad rows to the dead-letter files, assigns each good row to a
-split by hash, and writes its shard files itself. Only per-batch columns for the stats
-combiner (reduced to small accumulators in the same fused stage) leave it, so no bulk
-data is shuffled and memory stays flat however large the input.
+This module is the launcher: it resolves and scans the inputs, settles the schema, plans
+record-aligned work units, runs the Beam pipeline (`tfpipe.pipeline.transforms`: read and
+validate, assign splits, encode, write shards, dead-letter, statistics), reconciles every
+unit's counts and publishes the output directory atomically.
 """
 
 from __future__ import annotations
@@ -27,7 +22,6 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -36,111 +30,13 @@ from tfpipe.files import digest, publish_dir, temp_dir
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import FoundFile, InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
-from tfpipe.pipeline.readers import Column, Validator, read_segment, sample_records
+from tfpipe.pipeline.readers import sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
-from tfpipe.pipeline.stats import QUANTILES, SplitStatsFn
-from tfpipe.pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter
+from tfpipe.pipeline.stats import QUANTILES
+from tfpipe.pipeline.transforms import TFRecordsFromUnits
 
-HASH_BUCKETS = 10000
 LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
-
-
-# ---- the Beam transforms ----------------------------------------------------------------------
-
-def split_by_hash(texts: list[str], bounds: np.ndarray) -> np.ndarray:
-    """Split index of each text: a stable hash bucket looked up in cumulative split bounds."""
-    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
-    buckets = np.frombuffer(digests, dtype="<u8") % HASH_BUCKETS
-    return np.searchsorted(bounds, buckets, side="right")
-
-
-def split_bounds(split: dict[str, int]) -> np.ndarray:
-    weights = np.array(list(split.values()), dtype=np.float64)
-    return np.round(np.cumsum(weights) / weights.sum() * HASH_BUCKETS).astype(np.int64)
-
-
-def shard_name(split: str, shard: int, shards: int) -> str:
-    return f"{split}-{shard:05d}-of-{shards:05d}.tfrecord.gz"
-
-
-class ValidateSplitWrite(beam.DoFn):
-    """Reads a work unit; writes its good rows to shard files and bad rows to dead-letter.
-
-    Emits (split, columns) per batch for the statistics, and leaves a summary file per
-    unit (counts, files, first bad rows) that the launcher reconciles after the run.
-    """
-
-    def __init__(self, schema_json: dict, enforced: bool, split: dict[str, int], shards: int, out_dir: str,
-                 level: int, na_values: list[str]):
-        self.schema_json, self.enforced = schema_json, enforced
-        self.na_values = na_values
-        self.split = split
-        self.shards = shards
-        self.out_dir = out_dir
-        self.level = level
-
-    def setup(self) -> None:
-        self.schema = Schema.from_json(self.schema_json, enforced=self.enforced)
-        self.validator = Validator(self.schema, self.na_values)
-        self.encoder = ExampleEncoder(self.schema.columns)
-        self.names = list(self.split)
-        self.bounds = split_bounds(self.split)
-
-    def process(self, unit: WorkUnit):
-        writers = {
-            (name, shard): GzipTFRecordWriter(
-                FileSystems.join(self.out_dir, shard_name(name, shard, self.shards)), self.level)
-            for name in self.names for shard in unit.shards
-        }
-        dead = None
-        read = bad = 0
-        first_bad: list[dict] = []
-        dealt = dict.fromkeys(self.names, 0)  # rows dealt round-robin to this unit's shards
-        owned = len(unit.shards)
-        for seg in unit.segments:
-            for batch in read_segment(seg, self.validator):
-                read += len(batch) + len(batch.bad)
-                if batch.bad:
-                    if dead is None:
-                        dead = FileSystems.create(
-                            FileSystems.join(self.out_dir, "deadletter", f"part-{unit.index:05d}.jsonl"))
-                    dead.write("".join(json.dumps(b, ensure_ascii=False) + "\n" for b in batch.bad).encode())
-                    bad += len(batch.bad)
-                    first_bad.extend(batch.bad[: max(0, 5 - len(first_bad))])
-                if not len(batch):
-                    continue
-                texts = batch.raws
-                if batch.keys is not None:
-                    texts = [k if k != "" else r for k, r in zip(batch.keys, batch.raws)]
-                which = split_by_hash(texts, self.bounds)
-                for s, name in enumerate(self.names):
-                    rows = np.flatnonzero(which == s)
-                    if not len(rows):
-                        continue
-                    columns = {k: Column(c.values[rows], c.present[rows]) for k, c in batch.columns.items()}
-                    records = self.encoder.encode(columns)
-                    start = dealt[name]
-                    for j in range(min(owned, len(records))):
-                        writers[(name, unit.shards[(start + j) % owned])].write(records[j::owned])
-                    dealt[name] += len(records)
-                    yield name, columns
-        files = {}
-        for (name, _), w in writers.items():
-            w.close()
-            files[os.path.basename(w.path)] = {"split": name, "records": w.records, "bytes": w.bytes_written}
-        if dead is not None:
-            dead.close()
-        summary = {"unit": unit.index, "read": read, "bad": bad, "splits": dealt, "files": files,
-                   "first_bad": first_bad}
-        with FileSystems.create(FileSystems.join(self.out_dir, "_units", f"unit-{unit.index:05d}.json")) as f:
-            f.write(json.dumps(summary).encode())
-
-
-def _write_split_stats(item: tuple[str, dict], out_dir: str) -> None:
-    split, stats = item
-    with FileSystems.create(FileSystems.join(out_dir, "_stats", f"{split}.json")) as f:
-        f.write(json.dumps(stats).encode())
 
 
 @dataclass
@@ -160,16 +56,13 @@ class Plan:
 
 
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
-    schema, config = plan.schema, plan.config
-    schema_json = schema.to_json()
-    (
+    config = plan.config
+    _ = (
         p
         | "WorkUnits" >> beam.Create(plan.units)
-        | "ValidateSplitWrite" >> beam.ParDo(
-            ValidateSplitWrite(schema_json, schema.enforced, config.split, plan.shards, out_dir,
-                               config.compression_level, config.na_values))
-        | "StatsPerSplit" >> beam.CombinePerKey(SplitStatsFn(schema_json, config.top_k))
-        | "WriteStats" >> beam.Map(_write_split_stats, out_dir)
+        | "ToTFRecords" >> TFRecordsFromUnits(
+            plan.schema, config.split, plan.shards, {u.index: u.shards for u in plan.units}, out_dir,
+            config.compression_level, config.na_values, config.top_k)
     )
 
 
