@@ -3,6 +3,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -90,3 +91,24 @@ def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
     res = run_cli("train", "--data", data, "--out", str(root / "train"), "--epochs", "20")
     assert res.returncode == 0, res.stderr
     return data, str(root / "train")
+
+
+
+def pytest_configure(config) -> None:
+    """Refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a grouped test's
+    node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer takes
+    (pytest-dev/pytest-xdist#1386) and every test is dealt out on its own. The grouped files'
+    session fixtures (servers, whole runs) are then built once per worker: the suite passes, a
+    minute slower, and nobody notices."""
+    from importlib.metadata import version
+
+    def release(name: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", version(name))[:2])
+
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    if release("pytest") >= (9, 2) and release("pytest-xdist") <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} ignores --dist loadgroup "
+            "(pytest-dev/pytest-xdist#1386): install the dev extras' pytest (pip install -e '.[dev]'), "
+            "or run with -n 0")
