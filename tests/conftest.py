@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+import atexit
+import fcntl
 import glob
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -35,10 +43,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `tfpipe` as a user would, in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "tfpipe.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+def run_cli(*args: str, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run `tfpipe ARGS` as a user would, in a new process, and collect its exit code and output.
+
+    The process is forked from this worker's CLI host (`tests/cli_host.py`), which has imported
+    TensorFlow once; `fresh=True` starts `python -m tfpipe.cli` from nothing instead."""
+    command = [sys.executable, "-m", "tfpipe.cli", *args]
+    if fresh:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              stdin=subprocess.DEVNULL)
+    host = _cli_host()
+    folder = tempfile.mkdtemp(dir=host.folder)
+    out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+    request = {"argv": list(args), "cwd": ROOT, "env": dict(os.environ), "stdout": out, "stderr": err}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(host.path)
+            with conn.makefile("rwb") as stream:
+                stream.write(json.dumps(request).encode() + b"\n")
+                stream.flush()
+                pid = json.loads(stream.readline())["pid"]
+                try:
+                    answer = stream.readline()
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(command, timeout) from None
+        if not answer:
+            raise RuntimeError(f"the CLI host died while running {args}: see {host.log}")
+        returncode = json.loads(answer)["returncode"]
+        read = lambda path: open(path, encoding="utf-8", errors="replace").read()  # noqa: E731
+        return subprocess.CompletedProcess(command, returncode, read(out), read(err))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class _Host:
+    proc: subprocess.Popen
+    folder: str
+    path: str
+    log: str
+
+
+_host: _Host | None = None
+
+
+def _cli_host() -> _Host:
+    """This process's CLI host, started on first use and stopped when the process exits."""
+    global _host
+    if _host is None or _host.proc.poll() is not None:
+        folder = tempfile.mkdtemp(prefix="tfpipe-cli-host-")
+        path, log = os.path.join(folder, "host.sock"), os.path.join(folder, "host.log")
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "cli_host.py"), path], cwd=ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        if proc.stdout.readline().strip() != "ready":
+            proc.kill()
+            raise RuntimeError(f"the CLI host did not start:\n{open(log).read()[-3000:]}")
+        _host = _Host(proc, folder, path, log)
+        atexit.register(_stop_host, _host)
+    return _host
+
+
+def _stop_host(host: _Host) -> None:
+    host.proc.terminate()
+    try:
+        host.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        host.proc.kill()
+    shutil.rmtree(host.folder, ignore_errors=True)
 
 
 def read_split(out: str, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -80,18 +154,48 @@ def raw_records(out: str, split: str) -> list[bytes]:
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]) -> Any:
+    """`build(folder)`'s result, built by whichever xdist worker asks first; the other workers wait
+    for it and reuse the same files (session fixtures are otherwise built once per worker).
+    The result must be JSON: it is kept beside the folder."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's temporary root, shared by the workers
+    folder, done = root / f"built-{name}", root / f"built-{name}.json"
+    with open(root / f"built-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return json.loads(done.read_text())
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        result = build(folder)
+        done.write_text(json.dumps(result))
+        return result
+
+
 @pytest.fixture(scope="session")
-def penguins_trained(tmp_path_factory, penguins_csv) -> tuple[str, str]:
+def penguins_data(tmp_path_factory, penguins_csv) -> str:
+    """The penguins CSV through the data stage, 2 shards per split (the multi-worker test reads
+    one shard per worker)."""
+    def build(folder: Path) -> str:
+        from tfpipe.pipeline.config import DataConfig
+        from tfpipe.pipeline.job import run
+
+        return run(DataConfig(input=[penguins_csv], label="species", out=str(folder / "data"), shards=2),
+                   log=lambda _: None)
+
+    return built_once(tmp_path_factory, "penguins-data", build)
+
+
+@pytest.fixture(scope="session")
+def penguins_trained(tmp_path_factory, penguins_data) -> tuple[str, str]:
     """(data dir, train dir) of a penguins model trained through the CLI; shared by stages' tests."""
-    from tfpipe.pipeline.config import DataConfig
-    from tfpipe.pipeline.job import run as run_data
+    def build(folder: Path) -> list[str]:
+        res = run_cli("train", "--data", penguins_data, "--out", str(folder / "train"), "--epochs", "20")
+        assert res.returncode == 0, res.stderr
+        return [penguins_data, str(folder / "train")]
 
-    root = tmp_path_factory.mktemp("trained")
-    data = run_data(DataConfig(input=[penguins_csv], label="species", out=str(root / "data")), log=lambda _: None)
-    res = run_cli("train", "--data", data, "--out", str(root / "train"), "--epochs", "20")
-    assert res.returncode == 0, res.stderr
-    return data, str(root / "train")
-
+    return tuple(built_once(tmp_path_factory, "penguins-trained", build))
 
 
 def pytest_configure(config) -> None:

@@ -99,5 +99,5 @@ def test_missing_required_options(tmp_path):
 
 
 def test_version():
-    res = run_cli("--version")
+    res = run_cli("--version", fresh=True)  # `python -m tfpipe.cli` from nothing, not forked from the host
     assert res.returncode == 0 and res.stdout.startswith("tfpipe ")

@@ -16,15 +16,6 @@ import pytest
 from conftest import ROOT, run_cli
 
 
-@pytest.fixture(scope="session")
-def penguins_data(tmp_path_factory, penguins_csv) -> str:
-    from tfpipe.pipeline.config import DataConfig
-    from tfpipe.pipeline.job import run
-
-    out = str(tmp_path_factory.mktemp("penguins") / "data")
-    return run(DataConfig(input=[penguins_csv], label="species", out=out, shards=2), log=lambda _: None)
-
-
 def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return run_cli("train", "--data", data, "--out", str(out), *args, timeout=timeout)
 
@@ -145,6 +136,8 @@ def test_kill_diverge_and_resume(tmp_path, penguins_data):
 def _weights(path) -> list[np.ndarray]:
     import keras
 
+    import tfpipe.train.model  # noqa: F401  (registers the model's layers, as a user loading model.keras must)
+
     return [np.asarray(w) for w in keras.models.load_model(path).weights]
 
 
@@ -198,6 +191,8 @@ def test_gradient_accumulation_matches_one_big_batch(penguins_data):
 def test_mixed_precision_on_cpu_keeps_a_float32_head(tmp_path, penguins_data):
     import keras
 
+    import tfpipe.train.model  # noqa: F401  (registers the model's layers)
+
     res = train(penguins_data, tmp_path / "mp", "--precision", "mixed_float16", "--epochs", "3", "--profile")
     assert res.returncode == 0, res.stderr
     assert "mixed_float16 (as requested (on a CPU: runs, but slower than float32))" in res.stdout
@@ -247,8 +242,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_data, case):
     assert expect in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 or case == "hidden", res.stderr
     assert not (tmp_path / "out").exists()
-
-
 
 
 def _free_ports(n: int) -> list[int]:
