@@ -18,12 +18,14 @@ Protocol, one JSON line each way per command over a Unix socket: the request
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
 import signal
 import socket
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1
 
@@ -32,12 +34,12 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _child(request: dict, listener: socket.socket, conn: socket.socket) -> None:
+def _child(request: dict, *inherited) -> None:
     """Become `python -m tfpipe.cli ARGV`; never returns."""
     code = 1
     try:
-        listener.close()
-        conn.close()
+        for end in inherited:  # the host's socket ends: its clients wait on the host, not on us
+            end.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(request["cwd"])
@@ -64,6 +66,11 @@ def _child(request: dict, listener: socket.socket, conn: socket.socket) -> None:
         traceback.print_exc()
     finally:
         try:
+            # What the interpreter does on its way out: wait for non-daemon threads, run atexit.
+            for thread in threading.enumerate():
+                if thread is not threading.main_thread() and not thread.daemon:
+                    thread.join()
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
@@ -92,7 +99,7 @@ def serve(path: str) -> None:
     assert "locust" not in sys.modules, "locust patches the standard library on import: not in the host"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(4)
+    listener.listen(4)  # one command at a time: a worker's tests run one after another
     print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
@@ -103,7 +110,7 @@ def serve(path: str) -> None:
             request = json.loads(line)
             pid = os.fork()
             if pid == 0:
-                _child(request, listener, conn)
+                _child(request, stream, conn, listener)
             try:
                 _answer(stream, {"pid": pid})
             finally:
