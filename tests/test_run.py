@@ -258,9 +258,10 @@ def test_bad_options_exit_2_with_one_line(tmp_path, config, args, message):
     assert message in res.stderr
 
 
-def test_chicago_taxi_config_with_the_input_on_the_command_line(tmp_path, chicago_csv):
+def test_chicago_taxi_config_reads_the_shipped_sample(tmp_path, chicago_csv):
+    """The example config as a clone has it: its input is the sample shipped in examples/data/."""
     workdir = str(tmp_path / "taxi")
-    res = run_cli("run", "--config", os.path.join(ROOT, "examples", "chicago_taxi.toml"), "--input", chicago_csv,
+    res = run_cli("run", "--config", os.path.join(ROOT, "examples", "chicago_taxi.toml"),
                   "--workdir", workdir, "--only", "data")
     assert res.returncode == 0, res.stdout + res.stderr
     assert states(res.stdout) == {"data": "done"}
