@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import glob
 import json
@@ -63,11 +64,14 @@ def run_cli(*args: str, timeout: float = 300, fresh: bool = False) -> subprocess
             with conn.makefile("rwb") as stream:
                 stream.write(json.dumps(request).encode() + b"\n")
                 stream.flush()
-                pid = json.loads(stream.readline())["pid"]
+                pid = None
                 try:
+                    pid = json.loads(stream.readline())["pid"]
                     answer = stream.readline()
                 except TimeoutError:
-                    os.kill(pid, signal.SIGKILL)
+                    if pid is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                     raise subprocess.TimeoutExpired(command, timeout) from None
         if not answer:
             raise RuntimeError(f"the CLI host died while running {args}: see {host.log}")
