@@ -16,12 +16,28 @@ class DataConfig(BaseModel):
 
     input: list[str] = Field(
         default_factory=list,
-        description="input file(s) or glob(s): .csv, .jsonl/.json, .parquet; .gz for compressed text",
+        description="input file(s) or glob(s): .csv, .jsonl/.json, .parquet; .gz for compressed text. With "
+                    "--format images: a folder with one subfolder per class, or a .csv/.jsonl manifest",
     )
     label: str | None = Field(None, description="the label column to predict")
     out: str | None = Field(None, description="output directory (written atomically)")
-    format: Literal["auto", "csv", "jsonl", "parquet"] = Field(
-        "auto", description="input format; auto picks it from each file's extension"
+    format: Literal["auto", "csv", "jsonl", "parquet", "images"] = Field(
+        "auto", description="input format; auto picks it from each file's extension; images reads labelled "
+                            "JPEG/PNG/BMP/GIF files"
+    )
+    image_column: str = Field(
+        "image", description="images: the manifest column with each image's path (relative to the manifest)"
+    )
+    classes: list[str] = Field(
+        default_factory=list,
+        description="images: the class names, in label-id order; other labels go to the dead-letter "
+                    "(default: the class folders, or every label the manifest names, sorted)",
+    )
+    min_size: str | None = Field(
+        None, description="images: smaller images (HEIGHTxWIDTH, e.g. 32x32) go to the dead-letter"
+    )
+    resize: str | None = Field(
+        None, description="images: resize to HEIGHTxWIDTH and re-encode (default: keep each file's bytes)"
     )
     exclude: list[str] = Field(default_factory=list, description="columns to drop from the features")
     key: str | None = Field(
@@ -75,6 +91,13 @@ class DataConfig(BaseModel):
             raise ValueError("split weights must add up to more than 0")
         return v
 
+    @field_validator("min_size", "resize")
+    @classmethod
+    def _check_size(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_size(v)
+        return v
+
     def result_fingerprint_fields(self) -> dict:
         """The fields that decide the stage's output (not where it goes or how it is run)."""
         return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path"})
@@ -92,3 +115,17 @@ def parse_split(text: str) -> dict[str, int]:
         except ValueError:
             raise ValueError(f"weight '{weight}' of split '{name}' is not an integer") from None
     return out
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'HxW' (or a single number N for NxN) as (height, width); ValueError names the problem."""
+    parts = text.lower().replace(" ", "").split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH, such as 224x224") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH with both above 0, such as 224x224")
+    return values[0], values[1]

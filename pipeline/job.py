@@ -8,34 +8,30 @@ unit's counts and publishes the output directory atomically.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
-import shutil
-import threading
 import time
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfpipe import __version__
-from tfpipe.files import digest, publish_dir, temp_dir
+from tfpipe.files import digest
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import FoundFile, InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.readers import sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
+from tfpipe.pipeline.launch import (beam_options, data_manifest, human_bytes, print_summary, progress, publish,
+                                    published_names, read_split_stats, read_unit_summaries, remove, tally,
+                                    temp_output_dir, write_outputs)
 from tfpipe.pipeline.transforms import TFRecordsFromUnits
 
-LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
 
 
@@ -66,50 +62,14 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
     )
 
 
-# ---- Beam options ------------------------------------------------------------------------------
-
-def _option_classes(cls=PipelineOptions):
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _option_classes(sub)
-
-
-def check_beam_args(args: list[str]) -> None:
-    """Reject arguments that are not Beam pipeline options, so a typo is not silently dropped."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for cls in set(_option_classes()):
-        try:
-            cls._add_argparse_args(parser)
-        except argparse.ArgumentError:
-            pass  # an option registered by two classes
-    _, unknown = parser.parse_known_args(args)
-    flags = [a for a in unknown if a.startswith("-")]
-    if flags:
-        raise DataError(f"unknown option {flags[0]}: not a `tfpipe data` option nor an Apache Beam pipeline option")
-
-
-def beam_options(args: list[str], input_bytes: int) -> tuple[PipelineOptions, str, int]:
-    """Pipeline options with tfpipe's local defaults; returns (options, runner, local workers)."""
-    check_beam_args(args)
-    given = PipelineOptions(args).get_all_options(drop_default=True)
-    extra = []
-    runner = given.get("runner") or "FnApiRunner"
-    if "runner" not in given:
-        extra.append("--runner=FnApiRunner")  # Beam's default would download Prism from the internet
-    workers = given.get("direct_num_workers") or 1
-    if runner in LOCAL_RUNNERS and "direct_num_workers" not in given and input_bytes > 16 << 20:
-        workers = os.cpu_count() or 1
-        if workers > 1:
-            extra += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    if "default_sdk_harness_log_level" not in given:
-        extra.append("--default_sdk_harness_log_level=WARNING")
-    return PipelineOptions(args + extra), runner, workers
-
-
 # ---- the stage -----------------------------------------------------------------------------------
 
 def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     """Run the data stage; returns the output directory (published atomically)."""
+    if config.format == "images":
+        from tfpipe.pipeline.image_job import run as run_images
+
+        return run_images(config, log)
     started = time.time()
     if not config.out:
         raise DataError("no output directory: pass --out DIR")
@@ -157,9 +117,9 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
         f"{len(plan.units)} work unit(s) -> {shards} shard(s) per split")
 
-    tmp = _temp_dir(out)
+    tmp = temp_output_dir(out)
     try:
-        with _progress(tmp, len(plan.units), log):
+        with progress(tmp, len(plan.units), log):
             try:
                 with beam.Pipeline(options=options) as p:
                     build_pipeline(p, plan, tmp)
@@ -170,7 +130,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
                 raise
         result = _finish(plan, tmp, out, log)
     except BaseException:
-        _remove(tmp)
+        remove(tmp)
         raise
     return result
 
@@ -223,18 +183,9 @@ def _check_schema_fits(schema: Schema, files: list[InputFile], config: DataConfi
 def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
     """Reconcile the work units' counts, settle the schema, write schema/stats/data.json, publish."""
     config, schema, files = plan.config, plan.schema, plan.files
-    summaries = []
-    for u in plan.units:
-        path = FileSystems.join(tmp, "_units", f"unit-{u.index:05d}.json")
-        try:
-            with FileSystems.open(path) as f:
-                summaries.append(json.loads(f.read()))
-        except Exception:
-            raise RuntimeError(f"work unit {u.index} finished without its summary ({path})") from None
-    read = sum(s["read"] for s in summaries)
-    bad = sum(s["bad"] for s in summaries)
-    per_split = {name: sum(s["splits"][name] for s in summaries) for name in config.split}
-    written = sum(per_split.values())
+    summaries = read_unit_summaries([u.index for u in plan.units], tmp)
+    counts = tally(summaries, list(config.split))
+    read, written, bad = counts["read"], counts["written"], counts["bad"]
     if read != written + bad:
         raise RuntimeError(f"row accounting failed: read {read} != written {written} + bad {bad}")
     if read == 0:
@@ -249,53 +200,17 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
 
     stats = {"quantiles": list(QUANTILES), "splits": {}}
     for name in config.split:
-        path = FileSystems.join(tmp, "_stats", f"{name}.json")
-        if FileSystems.exists(path):
-            with FileSystems.open(path) as f:
-                stats["splits"][name] = json.loads(f.read())
-        else:
-            stats["splits"][name] = {"rows": 0, "features": {}, "label": None}
+        stats["splits"][name] = read_split_stats(tmp, name) or {"rows": 0, "features": {}, "label": None}
     _settle_schema(schema, stats)
 
-    files_out: dict[str, list] = {name: [] for name in config.split}
-    for s in summaries:
-        for fname, info in s["files"].items():
-            files_out[info["split"]].append({"file": fname, "records": info["records"], "bytes": info["bytes"]})
-    for name in files_out:
-        files_out[name].sort(key=lambda x: x["file"])
-    dead_files = sorted(os.path.basename(m.path) for m in _match(FileSystems.join(tmp, "deadletter", "*.jsonl")))
-    elapsed = time.time() - plan.started
-    manifest = {
-        "stage": "data",
-        "tfpipe_version": __version__,
-        "fingerprint": plan.fingerprint,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config.model_dump(mode="json", by_alias=True),
-        "settings": plan.settings,
-        "inputs": [{"path": f.path, "format": f.format, "compressed": f.compressed, "size": f.size,
-                    "mtime": f.mtime, "sha256": f.sha256} for f in files],
-        "beam": {"runner": plan.runner, "workers": plan.workers, "args": list(config.beam_args)},
-        "shards": plan.shards,
-        "counts": {"read": read, "written": written, "bad": bad, "splits": per_split},
-        "bad_fraction": fraction,
-        "outputs": {"schema": "schema.json", "stats": "stats.json", "splits": files_out,
-                    "deadletter": [f"deadletter/{d}" for d in dead_files]},
-        "elapsed_s": round(elapsed, 3),
-        "rows_per_s": round(read / elapsed, 1) if elapsed > 0 else None,
-    }
-    for name, text in (("schema.json", schema.to_json()), ("stats.json", stats), ("data.json", manifest)):
-        with FileSystems.create(FileSystems.join(tmp, name)) as f:
-            f.write(json.dumps(text, indent=2, ensure_ascii=False).encode())
-    # Scratch files of the pipeline: deleted file by file, since object stores have no folders.
-    scratch = _match(FileSystems.join(tmp, "_units", "*")) + _match(FileSystems.join(tmp, "_stats", "*"))
-    FileSystems.delete([m.path for m in scratch])
-    if not is_remote(tmp):
-        for folder in ("_units", "_stats"):
-            shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
-    names = [f["file"] for files in files_out.values() for f in files]
-    names += manifest["outputs"]["deadletter"] + ["schema.json", "stats.json", "data.json"]
-    _publish(tmp, out, names)
-    _print_summary(manifest, out, log)
+    inputs = [{"path": f.path, "format": f.format, "compressed": f.compressed, "size": f.size, "mtime": f.mtime,
+               "sha256": f.sha256} for f in files]
+    manifest = data_manifest(config, summaries, counts, tmp, plan.started, fingerprint=plan.fingerprint,
+                             settings=plan.settings, inputs=inputs, runner=plan.runner, workers=plan.workers,
+                             shards=plan.shards)
+    write_outputs(tmp, {"schema.json": schema.to_json(), "stats.json": stats, "data.json": manifest})
+    publish(tmp, out, published_names(manifest))
+    print_summary(manifest, out, log)
     return out
 
 
@@ -313,32 +228,6 @@ def _settle_schema(schema: Schema, stats: dict) -> None:
         schema.label.classes = classes
         if len(classes) > 2 and schema.label.task == "binary":
             schema.label.task = "multiclass"
-
-
-def human_bytes(n: float) -> str:
-    unit = "B"
-    for bigger in ("KB", "MB", "GB"):
-        if n < 1000:
-            break
-        n, unit = n / 1000, bigger
-    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-
-
-def _print_summary(manifest: dict, out: str, log) -> None:
-    c = manifest["counts"]
-    by_split: dict[str, list[int]] = {}
-    for name, files in manifest["outputs"]["splits"].items():
-        by_split[name] = [len(files), sum(f["bytes"] for f in files)]
-    rows = [("split", "rows", "files", "MB")]
-    for name, n in c["splits"].items():
-        rows.append((name, f"{n:,}", str(by_split[name][0]), f"{by_split[name][1] / 1e6:.2f}"))
-    rows.append(("dead-letter", f"{c['bad']:,}", str(len(manifest["outputs"]["deadletter"])), ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        log("  " + "  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
-    log(f"rows read {c['read']:,} = written {c['written']:,} + dead-letter {c['bad']:,}; "
-        f"{manifest['elapsed_s']:.1f} s, {manifest['rows_per_s']:,.0f} rows/s")
-    log(f"wrote {out}")
 
 
 # ---- files, cache, atomic publish -------------------------------------------------------------
@@ -364,76 +253,3 @@ def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:
     return old == [(f.path, f.size, f.mtime) for f in found]
 
 
-def _temp_dir(out: str) -> str:
-    if is_remote(out):
-        return f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
-    parent = os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
-    os.makedirs(parent, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise DataError(f"cannot write to {parent}")
-    tmp = temp_dir(out.rstrip(os.sep))  # those left by killed runs go first
-    os.makedirs(os.path.join(tmp, "deadletter"))
-    return tmp
-
-
-def _publish(tmp: str, out: str, names: list[str]) -> None:
-    """Move the finished output into place; a reader sees the old or the new one, never half.
-
-    `names` lists every output file relative to `tmp`, data.json last."""
-    if is_remote(out):
-        # Object stores have no directory rename: the old output goes first, then the new
-        # files move one by one with data.json last, so a reader that trusts data.json
-        # never sees a partial output.
-        old = [m.path for m in _match(FileSystems.join(out, "*")) + _match(FileSystems.join(out, "deadletter", "*"))]
-        if old:
-            FileSystems.delete(old)
-        for name in names:
-            FileSystems.rename([FileSystems.join(tmp, name)], [FileSystems.join(out, name)])
-        _remove(tmp)
-        return
-    publish_dir(tmp, out)
-
-
-def _remove(tmp: str) -> None:
-    if is_remote(tmp):
-        try:
-            FileSystems.delete([tmp.rstrip("/") + "/"])
-        except Exception:
-            pass
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _match(pattern: str):
-    try:
-        return FileSystems.match([pattern])[0].metadata_list
-    except Exception:
-        return []
-
-
-class _progress:
-    """Prints a line as work units finish, from the summary files they leave."""
-
-    def __init__(self, tmp: str, total: int, log):
-        self.tmp, self.total, self.log = tmp, total, log
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        self.started = time.time()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        done = 0
-        while not self._stop.wait(1.0):
-            now = len(_match(FileSystems.join(self.tmp, "_units", "*.json")))
-            if now != done and now < self.total:
-                done = now
-                self.log(f"  {done}/{self.total} work units done ({time.time() - self.started:.0f} s)")
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.log(f"  pipeline finished in {time.time() - self.started:.1f} s")
-        return False

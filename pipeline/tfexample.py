@@ -79,11 +79,7 @@ class ExampleEncoder:
                 parts.append(self._ints(i, values, present))
             else:
                 parts.append(self._memoised(i, values.tolist(), present, self._bytes_entry))
-        out = []
-        for row in zip(*parts):
-            features = b"".join(row)
-            out.append(b"\x0a" + _len_prefix(len(features)) + features)
-        return out
+        return [example_bytes(row) for row in zip(*parts)]
 
     def _floats(self, i: int, values: np.ndarray, present: np.ndarray) -> list[bytes]:
         value_bytes = values.astype("<f4").view(np.uint8).reshape(len(values), 4)
@@ -130,9 +126,26 @@ class ExampleEncoder:
 
     @staticmethod
     def _bytes_entry(key: bytes, v) -> bytes:
-        data = v.encode("utf-8") if isinstance(v, str) else bytes(v)
-        bytes_list = b"\x0a" + _len_prefix(len(data)) + data
-        return _entry(key, b"\x0a" + _len_prefix(len(bytes_list)) + bytes_list)
+        return bytes_entry(key, v.encode("utf-8") if isinstance(v, str) else bytes(v))
+
+
+def bytes_entry(key: bytes, data: bytes) -> bytes:
+    """A feature map entry holding one bytes value."""
+    bytes_list = b"\x0a" + _len_prefix(len(data)) + data
+    return _entry(key, b"\x0a" + _len_prefix(len(bytes_list)) + bytes_list)
+
+
+def int64_entry(key: bytes, value: int) -> bytes:
+    """A feature map entry holding one int64 value."""
+    packed = varint(value)
+    int64_list = b"\x0a" + _len_prefix(len(packed)) + packed
+    return _entry(key, b"\x1a" + _len_prefix(len(int64_list)) + int64_list)
+
+
+def example_bytes(entries: Iterable[bytes]) -> bytes:
+    """A serialized tf.train.Example from its feature map entries."""
+    features = b"".join(entries)
+    return b"\x0a" + _len_prefix(len(features)) + features
 
 
 def _int_prefix(key: bytes, n_bytes: int) -> bytes:

@@ -228,9 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
             "tf.train.Example plus schema.json, stats.json and data.json into --out, atomically. "
             "Any other option is passed to Beam unchanged (--runner, --direct_num_workers, "
             "--direct_running_mode, --project, --region, --temp_location, --flink_master, ...); "
-            "the default runner is FnApiRunner, with one worker per core on inputs over 16 MB."
+            "the default runner is FnApiRunner, with one worker per core on inputs over 16 MB. "
+            "With --format images it reads labelled JPEG/PNG/BMP/GIF files instead: a folder with one "
+            "subfolder per class, or a CSV/JSONL manifest of image paths and labels; empty, "
+            "non-image, truncated, too small (--min-size) and unknown-class files go to the dead-letter "
+            "with their reason, and each record keeps the file's bytes (re-encoded only with --resize)."
         ),
-        epilog="example: tfpipe data --input 'raw/*.csv' --label big_tipper --exclude tips --out work/data",
+        epilog="examples: tfpipe data --input 'raw/*.csv' --label big_tipper --exclude tips --out work/data; "
+               "tfpipe data --format images --input photos/ --min-size 32x32 --out work/images",
     )
     add_model_flags(data, DataConfig, skip={"beam_args"})
     data.set_defaults(handler=cmd_data, accepts_extra=True)

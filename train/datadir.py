@@ -55,6 +55,9 @@ def load_data_dir(path: str | None) -> DataDir:
     version = docs["schema.json"].get("version")
     if version != 1:
         raise TrainError(f"{path}/schema.json has schema version {version!r}; this tfpipe reads version 1")
+    if docs["schema.json"].get("kind") == "images":
+        raise TrainError(f"{path} holds labelled images (tfpipe data --format images); tfpipe train does not "
+                         "train image models yet, only models of tabular rows")
     try:
         schema = Schema.from_json(docs["schema.json"], source=f"{path}/schema.json")
     except Exception as e:

@@ -1,0 +1,251 @@
+"""What both data jobs (rows and images) do around their Beam pipeline: Beam's options and
+runner, the temporary output directory and its atomic publication, the progress lines, and
+reading back what the work units left (their summaries, per-split statistics, dead-letter
+files) into the published JSON documents."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from tfpipe import __version__
+from tfpipe.files import publish_dir, temp_dir
+from tfpipe.pipeline.errors import DataError
+from tfpipe.pipeline.inputs import is_remote
+
+LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
+
+
+def _option_classes(cls=PipelineOptions):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _option_classes(sub)
+
+
+def check_beam_args(args: list[str]) -> None:
+    """Reject arguments that are not Beam pipeline options, so a typo is not silently dropped."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for cls in set(_option_classes()):
+        try:
+            cls._add_argparse_args(parser)
+        except argparse.ArgumentError:
+            pass  # an option registered by two classes
+    _, unknown = parser.parse_known_args(args)
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:
+        raise DataError(f"unknown option {flags[0]}: not a `tfpipe data` option nor an Apache Beam pipeline option")
+
+
+def beam_options(args: list[str], input_bytes: int) -> tuple[PipelineOptions, str, int]:
+    """Pipeline options with tfpipe's local defaults; returns (options, runner, local workers)."""
+    check_beam_args(args)
+    given = PipelineOptions(args).get_all_options(drop_default=True)
+    extra = []
+    runner = given.get("runner") or "FnApiRunner"
+    if "runner" not in given:
+        extra.append("--runner=FnApiRunner")  # Beam's default would download Prism from the internet
+    workers = given.get("direct_num_workers") or 1
+    if runner in LOCAL_RUNNERS and "direct_num_workers" not in given and input_bytes > 16 << 20:
+        workers = os.cpu_count() or 1
+        if workers > 1:
+            extra += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    if "default_sdk_harness_log_level" not in given:
+        extra.append("--default_sdk_harness_log_level=WARNING")
+    return PipelineOptions(args + extra), runner, workers
+
+
+def read_unit_summaries(indices: list[int], tmp: str) -> list[dict]:
+    """The summary each work unit left in `_units/`; a missing one fails the job."""
+    summaries = []
+    for index in indices:
+        path = FileSystems.join(tmp, "_units", f"unit-{index:05d}.json")
+        try:
+            with FileSystems.open(path) as f:
+                summaries.append(json.loads(f.read()))
+        except Exception:
+            raise RuntimeError(f"work unit {index} finished without its summary ({path})") from None
+    return summaries
+
+
+def read_split_stats(tmp: str, split: str) -> dict | None:
+    path = FileSystems.join(tmp, "_stats", f"{split}.json")
+    if not FileSystems.exists(path):
+        return None  # no row reached that split
+    with FileSystems.open(path) as f:
+        return json.loads(f.read())
+
+
+def split_files(summaries: list[dict], splits: list[str]) -> dict[str, list[dict]]:
+    """Per split, its shard files with their record and byte counts, in name order."""
+    files_out: dict[str, list] = {name: [] for name in splits}
+    for s in summaries:
+        for fname, info in s["files"].items():
+            files_out[info["split"]].append({"file": fname, "records": info["records"], "bytes": info["bytes"]})
+    for name in files_out:
+        files_out[name].sort(key=lambda x: x["file"])
+    return files_out
+
+
+def deadletter_files(tmp: str) -> list[str]:
+    return [f"deadletter/{d}" for d in sorted(os.path.basename(m.path)
+                                              for m in match(FileSystems.join(tmp, "deadletter", "*.jsonl")))]
+
+
+def write_outputs(tmp: str, documents: dict[str, object]) -> None:
+    """Write the JSON documents (schema, stats, data.json) and delete the pipeline's scratch files."""
+    for name, content in documents.items():
+        with FileSystems.create(FileSystems.join(tmp, name)) as f:
+            f.write(json.dumps(content, indent=2, ensure_ascii=False).encode())
+    # Scratch files of the pipeline: deleted file by file, since object stores have no folders.
+    scratch = match(FileSystems.join(tmp, "_units", "*")) + match(FileSystems.join(tmp, "_stats", "*"))
+    FileSystems.delete([m.path for m in scratch])
+    if not is_remote(tmp):
+        for folder in ("_units", "_stats"):
+            shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
+
+
+def tally(summaries: list[dict], splits: list[str]) -> dict:
+    """The units' counts added up: read, written (per split and in all) and dead-lettered."""
+    per_split = {name: sum(s["splits"][name] for s in summaries) for name in splits}
+    return {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
+            "bad": sum(s["bad"] for s in summaries), "splits": per_split}
+
+
+def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started: float, *, fingerprint: str,
+                  settings: dict, inputs: list[dict], runner: str, workers: int, shards: int, **extra) -> dict:
+    """data.json: what was read, how, what was written and dead-lettered, and how long it took."""
+    elapsed = time.time() - started
+    return {
+        "stage": "data",
+        **extra,
+        "tfpipe_version": __version__,
+        "fingerprint": fingerprint,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.model_dump(mode="json", by_alias=True),
+        "settings": settings,
+        "inputs": inputs,
+        "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args)},
+        "shards": shards,
+        "counts": counts,
+        "bad_fraction": counts["bad"] / counts["read"] if counts["read"] else 0.0,
+        "outputs": {"schema": "schema.json", "stats": "stats.json", "splits": split_files(summaries, list(config.split)),
+                    "deadletter": deadletter_files(tmp)},
+        "elapsed_s": round(elapsed, 3),
+        "rows_per_s": round(counts["read"] / elapsed, 1) if elapsed > 0 else None,
+    }
+
+
+def published_names(manifest: dict) -> list[str]:
+    names = [f["file"] for files in manifest["outputs"]["splits"].values() for f in files]
+    return names + manifest["outputs"]["deadletter"] + ["schema.json", "stats.json", "data.json"]
+
+
+def human_bytes(n: float) -> str:
+    unit = "B"
+    for bigger in ("KB", "MB", "GB"):
+        if n < 1000:
+            break
+        n, unit = n / 1000, bigger
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+
+
+def print_summary(manifest: dict, out: str, log) -> None:
+    c = manifest["counts"]
+    noun = "images" if manifest.get("kind") == "images" else "rows"
+    by_split: dict[str, list[int]] = {}
+    for name, files in manifest["outputs"]["splits"].items():
+        by_split[name] = [len(files), sum(f["bytes"] for f in files)]
+    rows = [("split", noun, "files", "MB")]
+    for name, n in c["splits"].items():
+        rows.append((name, f"{n:,}", str(by_split[name][0]), f"{by_split[name][1] / 1e6:.2f}"))
+    rows.append(("dead-letter", f"{c['bad']:,}", str(len(manifest["outputs"]["deadletter"])), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        log("  " + "  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
+    log(f"{noun} read {c['read']:,} = written {c['written']:,} + dead-letter {c['bad']:,}; "
+        f"{manifest['elapsed_s']:.1f} s, {manifest['rows_per_s']:,.0f} {noun}/s")
+    log(f"wrote {out}")
+
+
+def temp_output_dir(out: str) -> str:
+    if is_remote(out):
+        return f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    parent = os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
+    os.makedirs(parent, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"cannot write to {parent}")
+    tmp = temp_dir(out.rstrip(os.sep))  # those left by killed runs go first
+    os.makedirs(os.path.join(tmp, "deadletter"))
+    return tmp
+
+
+def publish(tmp: str, out: str, names: list[str]) -> None:
+    """Move the finished output into place; a reader sees the old or the new one, never half.
+
+    `names` lists every output file relative to `tmp`, data.json last."""
+    if is_remote(out):
+        # Object stores have no directory rename: the old output goes first, then the new
+        # files move one by one with data.json last, so a reader that trusts data.json
+        # never sees a partial output.
+        old = [m.path for m in match(FileSystems.join(out, "*")) + match(FileSystems.join(out, "deadletter", "*"))]
+        if old:
+            FileSystems.delete(old)
+        for name in names:
+            FileSystems.rename([FileSystems.join(tmp, name)], [FileSystems.join(out, name)])
+        remove(tmp)
+        return
+    publish_dir(tmp, out)
+
+
+def remove(tmp: str) -> None:
+    if is_remote(tmp):
+        try:
+            FileSystems.delete([tmp.rstrip("/") + "/"])
+        except Exception:
+            pass
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def match(pattern: str):
+    try:
+        return FileSystems.match([pattern])[0].metadata_list
+    except Exception:
+        return []
+
+
+class progress:
+    """Prints a line as work units finish, from the summary files they leave."""
+
+    def __init__(self, tmp: str, total: int, log):
+        self.tmp, self.total, self.log = tmp, total, log
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.started = time.time()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        done = 0
+        while not self._stop.wait(1.0):
+            now = len(match(FileSystems.join(self.tmp, "_units", "*.json")))
+            if now != done and now < self.total:
+                done = now
+                self.log(f"  {done}/{self.total} work units done ({time.time() - self.started:.0f} s)")
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.log(f"  pipeline finished in {time.time() - self.started:.1f} s")
+        return False
