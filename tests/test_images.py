@@ -271,3 +271,27 @@ def test_train_refuses_an_image_data_dir_in_one_line(tmp_path):
     res = run_cli("train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "train"))
     assert res.returncode == 2 and "holds labelled images" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "train").exists()
+
+
+def test_images_on_a_remote_filesystem(tmp_path, monkeypatch):
+    """Class folders and the output on a non-local filesystem, as with gs:// on Dataflow: the
+    listing, every read and every write go through Beam's FileSystems."""
+    import json
+
+    import remote_fs
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
+
+    monkeypatch.setattr(remote_fs, "ROOT", str(tmp_path))
+    _folder(tmp_path / "src", per_class=4)
+    out = run(DataConfig(format="images", input=["testfs://src"], out="testfs://runs/images", min_size="8x8",
+                         max_bad_fraction=0.5),
+              log=lambda _: None)
+    assert out == "testfs://runs/images"
+    manifest = json.loads((tmp_path / "runs" / "images" / "data.json").read_text())
+    assert manifest["counts"]["read"] == 16 and manifest["counts"]["bad"] == 4  # 3 classes x 4 + 4 bad files
+    dead = [json.loads(line) for p in (tmp_path / "runs" / "images").glob("deadletter/*.jsonl")
+            for line in p.read_text().splitlines()]
+    assert sorted(d["source"] for d in dead) == ["cat/empty.jpg", "dog/notes.jpg", "owl/cut.png", "owl/tiny.png"]
+    assert all(d["path"].startswith("testfs://src/") for d in dead)
+    assert sum(len(r) for r in _records(tmp_path / "runs" / "images").values()) == 12
