@@ -37,8 +37,8 @@ from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.images import ImageInfo, ImageStats, Rejection, image_example, inspect_image
 from tfpipe.pipeline.inputs import is_remote
 from tfpipe.pipeline.launch import (beam_options, data_manifest, print_summary, progress, publish, published_names,
-                                    read_split_stats, read_unit_summaries, remove, tally, temp_output_dir,
-                                    write_outputs)
+                                    read_data_manifest, read_split_stats, read_unit_summaries, remove, tally,
+                                    temp_output_dir, write_outputs)
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
                                         split_bounds, split_by_hash, write_split_stats)
@@ -153,7 +153,8 @@ def find_images(config: DataConfig, log: Callable[[str], None]) -> tuple[list[Im
     else:
         classes = sorted(folder_classes | {i.label for i in items if i.label})
     if len(classes) < 2:
-        raise DataError(f"{len(classes)} class(es) found ({', '.join(classes) or 'none'}); a classifier needs 2 or more")
+        raise DataError(f"{len(classes)} class(es) found ({', '.join(classes) or 'none'}); "
+                        "a classifier needs 2 or more")
     return items, classes, sources
 
 
@@ -275,6 +276,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     if not config.out:
         raise DataError("no output directory: pass --out DIR")
     out = config.out if is_remote(config.out) else os.path.abspath(config.out)
+    read_data_manifest(out)  # refuses to replace a directory that is not a data output
     items, classes, sources = find_images(config, log)
     total = sum(max(i.size, 0) for i in items)
     shards = config.shards or max(1, min(256, math.ceil(len(items) / _IMAGES_PER_SHARD)))

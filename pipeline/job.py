@@ -9,7 +9,6 @@ unit's counts and publishes the output directory atomically.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import time
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from tfpipe import __version__
 from tfpipe.files import digest
@@ -28,8 +26,8 @@ from tfpipe.pipeline.readers import sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (beam_options, data_manifest, human_bytes, print_summary, progress, publish,
-                                    published_names, read_split_stats, read_unit_summaries, remove, tally,
-                                    temp_output_dir, write_outputs)
+                                    published_names, read_data_manifest, read_split_stats, read_unit_summaries,
+                                    remove, tally, temp_output_dir, write_outputs)
 from tfpipe.pipeline.transforms import TFRecordsFromUnits
 
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
@@ -88,7 +86,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     settings = config.result_fingerprint_fields()
     settings["schema_file_sha256"] = hashlib.sha256(schema_text).hexdigest() if schema_text else None
 
-    previous = _read_manifest(out)
+    previous = read_data_manifest(out)
     if previous and not config.force and _same_inputs_quick(previous, found) and \
             previous.get("settings") == settings and previous.get("tfpipe_version") == __version__:
         log(f"cache hit: {out} is up to date with these inputs and options; nothing to do (--force reruns)")
@@ -234,18 +232,6 @@ def _settle_schema(schema: Schema, stats: dict) -> None:
 
 def _fingerprint(settings: dict, files: list[InputFile]) -> str:
     return digest({"settings": settings, "version": __version__, "inputs": [[f.path, f.sha256] for f in files]})
-
-
-def _read_manifest(out: str) -> dict | None:
-    path = FileSystems.join(out, "data.json")
-    try:
-        with FileSystems.open(path) as f:
-            return json.loads(f.read())
-    except Exception:
-        if not is_remote(out) and os.path.isdir(out) and os.listdir(out):
-            raise DataError(f"{out} exists and is not a tfpipe data output (no readable data.json); "
-                            "choose another --out or remove it") from None
-        return None
 
 
 def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:

@@ -137,11 +137,25 @@ def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started
         "shards": shards,
         "counts": counts,
         "bad_fraction": counts["bad"] / counts["read"] if counts["read"] else 0.0,
-        "outputs": {"schema": "schema.json", "stats": "stats.json", "splits": split_files(summaries, list(config.split)),
-                    "deadletter": deadletter_files(tmp)},
+        "outputs": {"schema": "schema.json", "stats": "stats.json",
+                    "splits": split_files(summaries, list(config.split)), "deadletter": deadletter_files(tmp)},
         "elapsed_s": round(elapsed, 3),
         "rows_per_s": round(counts["read"] / elapsed, 1) if elapsed > 0 else None,
     }
+
+
+def read_data_manifest(out: str) -> dict | None:
+    """The data.json of an earlier output at `out`, None if there is none; a directory that holds
+    other files and no data.json is refused rather than replaced."""
+    path = FileSystems.join(out, "data.json")
+    try:
+        with FileSystems.open(path) as f:
+            return json.loads(f.read())
+    except Exception:
+        if not is_remote(out) and os.path.isdir(out) and os.listdir(out):
+            raise DataError(f"{out} exists and is not a tfpipe data output (no readable data.json); "
+                            "choose another --out or remove it") from None
+        return None
 
 
 def published_names(manifest: dict) -> list[str]:

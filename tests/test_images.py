@@ -148,7 +148,8 @@ def _folder(root, per_class: int = 10) -> None:
     for c in ("cat", "dog", "owl"):
         (root / c).mkdir(parents=True)
         for i in range(per_class):
-            Image.fromarray((rng.random((16, 20, 3)) * 255).astype(np.uint8)).save(root / f"{c}/{i}.{'png' if i % 2 else 'jpg'}")
+            pixels = (rng.random((16, 20, 3)) * 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / f"{c}/{i}.{'png' if i % 2 else 'jpg'}")
     (root / "cat" / "empty.jpg").write_bytes(b"")
     (root / "dog" / "notes.jpg").write_text("not an image")
     whole = (root / "owl" / "1.png").read_bytes()
@@ -160,8 +161,10 @@ def _folder(root, per_class: int = 10) -> None:
 def _records(out) -> dict[str, list]:
     import tensorflow as tf
 
-    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string), "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-            "image/class/text": tf.io.FixedLenFeature([], tf.string), "image/height": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+            "image/class/text": tf.io.FixedLenFeature([], tf.string),
+            "image/height": tf.io.FixedLenFeature([], tf.int64)}
     found = {}
     for split in ("train", "eval", "test"):
         files = sorted(str(p) for p in out.glob(f"{split}-*.tfrecord.gz"))
@@ -260,6 +263,12 @@ def test_image_manifest_unknown_labels_missing_files_and_too_many_bad(tmp_path):
     res = run_cli("data", "--format", "images", "--input", str(tmp_path / "imgs"), "--out", str(tmp_path / "no"),
                   "--resize", "0x3")
     assert res.returncode == 2 and "'0x3' is not a size" in res.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    res = run_cli("data", "--format", "images", "--input", str(tmp_path / "imgs"), "--out", str(tmp_path / "mine"),
+                  "--max-bad-fraction", "0.5")
+    assert res.returncode == 2 and "is not a tfpipe data output" in res.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
 def test_train_refuses_an_image_data_dir_in_one_line(tmp_path):
