@@ -9,9 +9,11 @@ imported locust in this process before it forks, so each child starts TensorFlow
 thread pools and gRPC afresh. Tests that signal the process or read its output as it runs start
 `python -m tfpipe.cli` themselves, and `run_cli(..., fresh=True)` does too.
 
-Protocol, one JSON line each way per command over a Unix socket: the request
-{"argv", "cwd", "env", "stdout", "stderr"} (the last two are file paths); the answer first
-{"pid"}, then {"returncode"} when the child has exited.
+Protocol, one connection per command over a Unix socket: the client sends an 8-byte length
+with the child's stdout and stderr file descriptors attached (SCM_RIGHTS), then the request
+{"argv", "cwd", "env"} as JSON; the host answers with JSON lines, first {"pid"}, then
+{"returncode"} when the child has exited. Commands run side by side: for each one the host
+forks a waiter, which forks the child, reports its pid and waits for it.
 
     python tests/cli_host.py SOCKET_PATH
 """
@@ -34,23 +36,24 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _child(request: dict, *inherited) -> None:
-    """Become `python -m tfpipe.cli ARGV`; never returns."""
+def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """Become `python -m tfpipe.cli ARGV` with `fds` as stdout and stderr; never returns."""
     code = 1
     try:
-        for end in inherited:  # the host's socket ends: its clients wait on the host, not on us
-            end.close()
+        conn.close()  # the client waits on the waiter, not on us
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         stdin = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        for fd, target in ((stdin, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
+        os.dup2(stdin, 0)
+        os.close(stdin)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
         import tfpipe.cli
 
         sys.argv = [tfpipe.cli.__file__, *request["argv"]]
@@ -77,12 +80,40 @@ def _child(request: dict, *inherited) -> None:
             os._exit(code if isinstance(code, int) else 1)
 
 
-def _answer(stream, message: dict) -> None:
+def _answer(conn: socket.socket, message: dict) -> None:
     try:
-        stream.write(json.dumps(message).encode() + b"\n")
-        stream.flush()
+        conn.sendall(json.dumps(message).encode() + b"\n")
     except OSError:
-        pass  # the client has gone (it timed out); the next one is served as usual
+        pass  # the client has gone (it timed out and killed the child)
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 2)
+    while len(head) < 8:
+        head += conn.recv(8 - len(head))
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the client went away mid-request")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _wait_for(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """The waiter: fork the child, report its pid, wait for it, report its exit; never returns."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the host ignores it; the child must not
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, conn)
+        for fd in set(fds):
+            os.close(fd)
+        _answer(conn, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _answer(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+    finally:
+        os._exit(0)
 
 
 def serve(path: str) -> None:
@@ -97,25 +128,24 @@ def serve(path: str) -> None:
     import tfpipe.train.job  # noqa: F401
 
     assert "locust" not in sys.modules, "locust patches the standard library on import: not in the host"
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped as they end
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(4)  # one command at a time: a worker's tests run one after another
+    listener.listen(16)
     print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
-        with conn, conn.makefile("rwb") as stream:
-            line = stream.readline()
-            if not line:
-                continue
-            request = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                _child(request, stream, conn, listener)
-            try:
-                _answer(stream, {"pid": pid})
-            finally:
-                _, status = os.waitpid(pid, 0)  # a client that timed out has killed the child
-            _answer(stream, {"returncode": os.waitstatus_to_exitcode(status)})
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError, ConnectionError):
+            conn.close()
+            continue
+        if os.fork() == 0:
+            listener.close()
+            _wait_for(request, fds, conn)
+        conn.close()
+        for fd in set(fds):
+            os.close(fd)
 
 
 if __name__ == "__main__":

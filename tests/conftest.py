@@ -12,7 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import select
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -49,37 +52,119 @@ def run_cli(*args: str, timeout: float = 300, fresh: bool = False) -> subprocess
 
     The process is forked from this worker's CLI host (`tests/cli_host.py`), which has imported
     TensorFlow once; `fresh=True` starts `python -m tfpipe.cli` from nothing instead."""
-    command = [sys.executable, "-m", "tfpipe.cli", *args]
     if fresh:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              stdin=subprocess.DEVNULL)
-    host = _cli_host()
-    folder = tempfile.mkdtemp(dir=host.folder)
-    out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-    request = {"argv": list(args), "cwd": ROOT, "env": dict(os.environ), "stdout": out, "stderr": err}
+        return subprocess.run([sys.executable, "-m", "tfpipe.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+    proc = spawn_cli(*args)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout)
-            conn.connect(host.path)
-            with conn.makefile("rwb") as stream:
-                stream.write(json.dumps(request).encode() + b"\n")
-                stream.flush()
-                pid = None
-                try:
-                    pid = json.loads(stream.readline())["pid"]
-                    answer = stream.readline()
-                except TimeoutError:
-                    if pid is not None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                    raise subprocess.TimeoutExpired(command, timeout) from None
-        if not answer:
-            raise RuntimeError(f"the CLI host died while running {args}: see {host.log}")
-        returncode = json.loads(answer)["returncode"]
-        read = lambda path: open(path, encoding="utf-8", errors="replace").read()  # noqa: E731
-        return subprocess.CompletedProcess(command, returncode, read(out), read(err))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# Read when a process starts (glibc, the loader, the interpreter, TensorFlow's import), so a
+# child forked from the host would not see a new value: such commands get a fresh interpreter.
+_READ_AT_START = re.compile(r"^(MALLOC_|LD_|PYTHON|TF_(?!CONFIG$))")
+
+
+def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE) -> "HostedProcess | subprocess.Popen":
+    """Start `tfpipe ARGS` like `subprocess.Popen([python, -m, tfpipe.cli, ...], text=True)`:
+    forked from the CLI host, or a fresh interpreter when `env` changes what a process reads
+    at its start. `stdout`/`stderr` take PIPE, STDOUT (stderr only), DEVNULL or a file."""
+    env = dict(os.environ if env is None else env)
+    changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
+    if any(_READ_AT_START.match(k) for k in changed):
+        return subprocess.Popen([sys.executable, "-m", "tfpipe.cli", *args], cwd=ROOT, env=env, text=True,
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    return HostedProcess(list(args), env, stdout, stderr)
+
+
+class HostedProcess:
+    """A `tfpipe` process forked by the CLI host, with the parts of Popen's interface the tests use."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdout, stderr):
+        self.args = [sys.executable, "-m", "tfpipe.cli", *argv]
+        self.returncode: int | None = None
+        self.stdout = self.stderr = None
+        ends, to_close = [], []
+        for which, target in enumerate((stdout, stderr)):
+            if which == 1 and target == subprocess.STDOUT:
+                ends.append(ends[0])
+            elif target == subprocess.PIPE:
+                read, write = os.pipe()
+                ends.append(write)
+                to_close.append(write)
+                pipe = open(read, "r", encoding="utf-8", errors="replace")
+                if which == 0:
+                    self.stdout = pipe
+                else:
+                    self.stderr = pipe
+            elif target == subprocess.DEVNULL or target is None:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                ends.append(fd)
+                to_close.append(fd)
+            else:
+                ends.append(target.fileno() if hasattr(target, "fileno") else target)
+        body = json.dumps({"argv": argv, "cwd": ROOT, "env": env}).encode()
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(_cli_host().path)
+            socket.send_fds(self._conn, [len(body).to_bytes(8, "big")], ends)
+            self._conn.sendall(body)
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        self._answers = self._conn.makefile("rb")
+        self.pid = json.loads(self._answers.readline())["pid"]
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._finish()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._finish()
+        return self.returncode
+
+    def _finish(self) -> None:
+        line = self._answers.readline()
+        if not line:
+            raise RuntimeError(f"the CLI host's waiter for {self.args[3:]} died: see {_cli_host().log}")
+        self.returncode = json.loads(line)["returncode"]
+        self._answers.close()
+        self._conn.close()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Read the pipes to their end (each on its own thread, so neither can fill up), then wait."""
+        found: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda n=name, f=f: found.__setitem__(n, f.read()), daemon=True)
+                   for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
+        for t in readers:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return found.get("out"), found.get("err")
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 @dataclass

@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, raw_records, run_cli
+from conftest import raw_records, run_cli, spawn_cli
 
 
 def export(trained, base, *args) -> subprocess.CompletedProcess:
@@ -83,9 +82,8 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
 
 def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
     data, train = penguins_trained
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "export", "--model", train, "--data", data,
-                             "--base", str(tmp_path), "--name", "penguins", "--tflite", ""], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn_cli("export", "--model", train, "--data", data, "--base", str(tmp_path), "--name", "penguins",
+                     "--tflite", "", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not glob.glob(str(tmp_path / "penguins" / ".tmp-*")) and time.time() < deadline:
         assert proc.poll() is None

@@ -13,7 +13,6 @@ import queue
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 from browser import render
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, spawn_cli
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
@@ -198,8 +197,7 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003"]
 
     # Start the changed run and kill it hard once training has finished two epochs.
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    proc = spawn_cli(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     progress = os.path.join(workdir, ".train.partial", "metrics.jsonl")

@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
-from conftest import ROOT, run_cli
+from conftest import run_cli, spawn_cli
 from reloading import metric, metrics_readings, publish_and_wait
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
@@ -522,10 +521,8 @@ def _start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[s
     """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
     import queue
 
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", "--port=-1",
-                             "--rest_api_port=-1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})})
+    proc = spawn_cli("serve", "--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", *flags,
+                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     ports, seen = {}, []

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 import requests
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, spawn_cli
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
@@ -416,9 +416,7 @@ def _certificates(tmp_path):
 
 def _start(*flags: str, env=None) -> tuple[subprocess.Popen, list[str]]:
     """`tfpipe serve` with these flags; its output lines are collected as they come."""
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", *flags], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-                            env=env)
+    proc = spawn_cli("serve", "--host=127.0.0.1", *flags, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(x.rstrip("\n")) for x in proc.stdout], daemon=True).start()
     return proc, lines

@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, spawn_cli
 from serve_host import FAILED as FAILED_IN_HOST
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
@@ -180,8 +180,7 @@ class Servers:
     def _start(self, *key) -> Server:
         server, argv = self._server(*key)
         with open(server.log, "w") as out:
-            server.proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", *argv], cwd=ROOT,
-                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            server.proc = spawn_cli("serve", *argv, stdout=out, stderr=subprocess.STDOUT)
         return server
 
     def _server(self, model_name=None, model_path=None, model_config_file=None, monitoring_config_file=None,

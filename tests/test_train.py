@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli, spawn_cli
 
 
 def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -98,9 +97,8 @@ def test_kill_diverge_and_resume(tmp_path, penguins_data):
     out = tmp_path / "train"
     common = ["--seed", "3", "--batch-size", "32"]
     # 1. A long run, killed with SIGKILL once a few epochs are backed up.
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "train", "--data", penguins_data, "--out", str(out),
-                             "--epochs", "1000", "--patience", "1000", *common], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn_cli("train", "--data", penguins_data, "--out", str(out), "--epochs", "1000", "--patience", "1000",
+                     *common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while _backup_epoch(out) < 3 and time.time() < deadline:
         assert proc.poll() is None
@@ -264,11 +262,9 @@ def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     procs = []
     for index in range(2):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tfpipe.cli", "train", "--data", penguins_data, "--out", str(out),
-             "--strategy", "multiworker", "--batch-size", "32", "--epochs", "8", "--learning-rate", "0.01",
-             "--seed", "5"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(spawn_cli("train", "--data", penguins_data, "--out", str(out), "--strategy", "multiworker",
+                               "--batch-size", "32", "--epochs", "8", "--learning-rate", "0.01", "--seed", "5",
+                               env=env))
     try:
         results = [p.communicate(timeout=240) for p in procs]
     finally:
