@@ -2,12 +2,14 @@
 once and forks a child for each `tfpipe` command line a test runs.
 
 A child is a new process running `tfpipe.cli.main` as `python -m tfpipe.cli ARGS` would: its own
-pid, arguments, working directory, environment, stdin from /dev/null, stdout and stderr to files,
-exit code. What it skips is the 3-4 CPU-seconds of importing TensorFlow, which the suite would
-otherwise pay about forty times. Nothing has run a TensorFlow op, started a gRPC channel or
-imported locust in this process before it forks, so each child starts TensorFlow's runtime,
-thread pools and gRPC afresh. Tests that signal the process or read its output as it runs start
-`python -m tfpipe.cli` themselves, and `run_cli(..., fresh=True)` does too.
+pid (tests signal it), arguments, working directory, environment, stdin from /dev/null, the
+caller's stdout and stderr (pipes or files), exit code. What it skips is the 3-4 CPU-seconds of
+importing TensorFlow, which the suite would otherwise pay about fifty times. Nothing has run a
+TensorFlow op, started a gRPC channel or imported locust in this process before it forks, so
+each child starts TensorFlow's runtime, thread pools and gRPC afresh. What a process reads only
+at its start (glibc's MALLOC_* variables, TensorFlow's TF_* at import) cannot change in a
+child: `tests/conftest.py` starts a fresh interpreter for those, and `run_cli(..., fresh=True)`
+does so on request.
 
 Protocol, one connection per command over a Unix socket: the client sends an 8-byte length
 with the child's stdout and stderr file descriptors attached (SCM_RIGHTS), then the request
