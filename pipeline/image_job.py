@@ -25,7 +25,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
@@ -43,7 +43,7 @@ from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
                                         split_bounds, split_by_hash, write_split_stats)
 
-STATS = "stats"  # the reader's tagged output of per-image measurements
+STATS = "stats"  # the reader's tagged output: (split, ImageStats) per work unit
 _RECORDS_PER_ELEMENT = 32  # records handed to the writer at a time
 _IMAGES_PER_SHARD = 2000  # default shards: about this many images per shard file
 MANIFEST_FORMATS = (".csv", ".jsonl", ".json")
@@ -177,7 +177,7 @@ def plan_image_units(items: list[ImageItem], shards: int) -> list[ImageUnit]:
 
 class ReadAndCheckImages(beam.DoFn):
     """Reads and decodes each image of a unit; records go out per split, rejects tagged BAD,
-    measurements (without the bytes) tagged STATS; a UnitEnd ends the unit on both."""
+    the unit's statistics per split tagged STATS; a UnitEnd ends the unit on both writers."""
 
     def __init__(self, split: dict[str, int], classes: list[str], min_size: tuple[int, int],
                  resize: tuple[int, int] | None):
@@ -191,6 +191,7 @@ class ReadAndCheckImages(beam.DoFn):
         bad = 0
         first_bad: list[dict] = []
         pending: dict[str, list[bytes]] = {name: [] for name in self.names}
+        stats = {name: ImageStats() for name in self.names}
         which = split_by_hash([i.name for i in unit.items], self.bounds)
         for item, s in zip(unit.items, which.tolist()):
             verdict = self._check(item)
@@ -203,13 +204,15 @@ class ReadAndCheckImages(beam.DoFn):
                 continue
             split = self.names[s]
             pending[split].append(image_example(verdict, self.label_ids[item.label], item.label))
-            yield beam.pvalue.TaggedOutput(STATS, (split, (item.label, replace(verdict, encoded=b""))))
+            stats[split].add(verdict, item.label)
             if len(pending[split]) >= _RECORDS_PER_ELEMENT:
                 yield SplitBatch(unit.index, split, {}, pending[split])
                 pending[split] = []
         for split, records in pending.items():
             if records:
                 yield SplitBatch(unit.index, split, {}, records)
+            if stats[split].count:
+                yield beam.pvalue.TaggedOutput(STATS, (split, stats[split]))
         end = UnitEnd(unit.index, len(unit.items), bad, first_bad)
         yield beam.pvalue.TaggedOutput(BAD, end)
         yield end
@@ -233,9 +236,8 @@ class ImageStatsFn(beam.CombineFn):
     def create_accumulator(self) -> ImageStats:
         return ImageStats()
 
-    def add_input(self, acc: ImageStats, element: tuple[str, ImageInfo]) -> ImageStats:
-        acc.add(element[1], element[0])
-        return acc
+    def add_input(self, acc: ImageStats, unit_stats: ImageStats) -> ImageStats:
+        return acc.merge(unit_stats)
 
     def merge_accumulators(self, accs) -> ImageStats:
         accs = iter(accs)
