@@ -33,12 +33,12 @@ from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.files import digest
 from tfpipe.pipeline.config import DataConfig, parse_size
-from tfpipe.pipeline.errors import DataError, find_data_error
+from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.images import ImageInfo, ImageStats, Rejection, image_example, inspect_image
 from tfpipe.pipeline.inputs import is_remote
-from tfpipe.pipeline.launch import (beam_options, data_manifest, print_summary, progress, publish, published_names,
-                                    read_data_manifest, read_split_stats, read_unit_summaries, remove, tally,
-                                    temp_output_dir, write_outputs)
+from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, print_summary, publish, published_names,
+                                    read_data_manifest, read_split_stats, read_unit_summaries, run_to_temp, tally,
+                                    write_outputs)
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
                                         split_bounds, split_by_hash, write_split_stats)
@@ -89,8 +89,7 @@ def _from_folder(root: str) -> tuple[list[ImageItem], int]:
         if not is_remote(path) and os.path.isdir(path):
             continue  # Keras's layout: a class folder's own subfolders are not read
         items.append(ImageItem(path, rel, label, size))
-    loose = [p for p, _ in _listing(FileSystems.join(root, "*"))
-             if not (not is_remote(p) and os.path.isdir(p)) and "/" not in p[len(root) + 1:]]
+    loose = [p for p, _ in _listing(FileSystems.join(root, "*")) if is_remote(p) or not os.path.isdir(p)]
     return items, len(loose)
 
 
@@ -290,41 +289,18 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         f"{' ...' if len(classes) > 10 else ''})")
     log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
         f"{len(units)} work unit(s) -> {shards} shard(s) per split")
-    tmp = temp_output_dir(out)
-    try:
-        with progress(tmp, len(units), log):
-            try:
-                with beam.Pipeline(options=options) as p:
-                    build_image_pipeline(p, units, config, classes, shards, tmp)
-            except Exception as e:
-                user_error = find_data_error(e)
-                if user_error:
-                    raise user_error from None
-                raise
-        manifest = _reconcile(config, units, classes, sources, shards, runner, workers, started, tmp)
-        publish(tmp, out, published_names(manifest))
-    except BaseException:
-        remove(tmp)
-        raise
-    print_summary(manifest, out, log)
+    run_to_temp(out, options, len(units), lambda p, tmp: build_image_pipeline(p, units, config, classes, shards, tmp),
+                lambda tmp: _finish(config, units, classes, sources, shards, runner, workers, started, tmp, out, log),
+                log)
     return out
 
 
-def _reconcile(config: DataConfig, units: list[ImageUnit], classes: list[str], sources: list[dict], shards: int,
-               runner: str, workers: int, started: float, tmp: str) -> dict:
-    """Check that every file was written or dead-lettered; write schema, stats and data.json."""
+def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sources: list[dict], shards: int,
+            runner: str, workers: int, started: float, tmp: str, out: str, log: Callable[[str], None]) -> None:
+    """Check that every file was written or dead-lettered; write schema, stats and data.json; publish."""
     summaries = read_unit_summaries([u.index for u in units], tmp)
-    files = sum(len(u.items) for u in units)
     counts = tally(summaries, list(config.split))
-    read, written, bad = counts["read"], counts["written"], counts["bad"]
-    if read != written + bad or read != files:
-        raise RuntimeError(f"image accounting failed: {files} files, read {read}, written {written}, bad {bad}")
-    fraction = bad / read
-    if fraction > config.max_bad_fraction or written == 0:
-        first_bad = [b for s in summaries for b in s["first_bad"]][:5]
-        reasons = "\n".join(f"  {b['source']}: {b['reason']}" for b in first_bad)
-        raise DataError(f"{bad} of {read} images are bad ({fraction:.2%}), over --max-bad-fraction "
-                        f"{config.max_bad_fraction:g}; nothing was written. First bad images:\n{reasons}")
+    check_counts(config, counts, summaries, "images", lambda b: b["source"], inputs=sum(len(u.items) for u in units))
     stats = {"kind": "images", "quantiles": list(QUANTILES),
              "splits": {name: read_split_stats(tmp, name) or ImageStats().to_json() for name in config.split}}
     schema = {"version": 1, "kind": "images", "keys": SCHEMA_KEYS,
@@ -336,4 +312,5 @@ def _reconcile(config: DataConfig, units: list[ImageUnit], classes: list[str], s
     manifest = data_manifest(config, summaries, counts, tmp, started, fingerprint=fingerprint, settings=settings,
                              inputs=sources, runner=runner, workers=workers, shards=shards, kind="images")
     write_outputs(tmp, {"schema.json": schema, "stats.json": stats, "data.json": manifest})
-    return manifest
+    publish(tmp, out, published_names(manifest))
+    print_summary(manifest, out, log)

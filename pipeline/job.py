@@ -20,14 +20,14 @@ import apache_beam as beam
 from tfpipe import __version__
 from tfpipe.files import digest
 from tfpipe.pipeline.config import DataConfig
-from tfpipe.pipeline.errors import DataError, find_data_error
+from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.inputs import FoundFile, InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.readers import sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
-from tfpipe.pipeline.launch import (beam_options, data_manifest, human_bytes, print_summary, progress, publish,
+from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, human_bytes, print_summary, publish,
                                     published_names, read_data_manifest, read_split_stats, read_unit_summaries,
-                                    remove, tally, temp_output_dir, write_outputs)
+                                    run_to_temp, tally, write_outputs)
 from tfpipe.pipeline.transforms import TFRecordsFromUnits
 
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
@@ -115,22 +115,8 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
         f"{len(plan.units)} work unit(s) -> {shards} shard(s) per split")
 
-    tmp = temp_output_dir(out)
-    try:
-        with progress(tmp, len(plan.units), log):
-            try:
-                with beam.Pipeline(options=options) as p:
-                    build_pipeline(p, plan, tmp)
-            except Exception as e:
-                user_error = find_data_error(e)
-                if user_error:
-                    raise user_error from None
-                raise
-        result = _finish(plan, tmp, out, log)
-    except BaseException:
-        remove(tmp)
-        raise
-    return result
+    return run_to_temp(out, options, len(plan.units), lambda p, tmp: build_pipeline(p, plan, tmp),
+                       lambda tmp: _finish(plan, tmp, out, log), log)
 
 
 def _infer(files: list[InputFile], config: DataConfig) -> Schema:
@@ -183,18 +169,9 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
     config, schema, files = plan.config, plan.schema, plan.files
     summaries = read_unit_summaries([u.index for u in plan.units], tmp)
     counts = tally(summaries, list(config.split))
-    read, written, bad = counts["read"], counts["written"], counts["bad"]
-    if read != written + bad:
-        raise RuntimeError(f"row accounting failed: read {read} != written {written} + bad {bad}")
-    if read == 0:
+    if counts["read"] == 0:
         raise DataError("the inputs hold no data rows")
-    fraction = bad / read
-    first_bad = [b for s in summaries for b in s["first_bad"]][:5]
-    if fraction > config.max_bad_fraction or written == 0:
-        reasons = "\n".join(f"  {b['source']}:{b['line']}: {b['reason']}" for b in first_bad)
-        raise DataError(
-            f"{bad} of {read} rows are bad ({fraction:.2%}), over --max-bad-fraction "
-            f"{config.max_bad_fraction:g}; nothing was written. First bad rows:\n{reasons}")
+    check_counts(config, counts, summaries, "rows", lambda b: f"{b['source']}:{b['line']}")
 
     stats = {"quantiles": list(QUANTILES), "splits": {}}
     for name in config.split:

@@ -6,21 +6,25 @@ files) into the published JSON documents."""
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
 import json
 import os
 import shutil
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
+from typing import Callable, TypeVar
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfpipe import __version__
 from tfpipe.files import publish_dir, temp_dir
-from tfpipe.pipeline.errors import DataError
+from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
+
+T = TypeVar("T")
 
 LOCAL_RUNNERS = {"FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 
@@ -61,6 +65,28 @@ def beam_options(args: list[str], input_bytes: int) -> tuple[PipelineOptions, st
     if "default_sdk_harness_log_level" not in given:
         extra.append("--default_sdk_harness_log_level=WARNING")
     return PipelineOptions(args + extra), runner, workers
+
+
+def run_to_temp(out: str, options: PipelineOptions, units: int, build: Callable[[beam.Pipeline, str], None],
+                finish: Callable[[str], T], log: Callable[[str], None]) -> T:
+    """Run the pipeline `build(p, tmp)` lays out, writing into a temporary sibling of `out`, then
+    `finish(tmp)` (reconcile and publish). The temporary directory goes whatever fails or is
+    interrupted; a user error raised inside a Beam worker comes back as the DataError it was."""
+    tmp = temp_output_dir(out)
+    try:
+        with progress(tmp, units, log):
+            try:
+                with beam.Pipeline(options=options) as p:
+                    build(p, tmp)
+            except Exception as e:
+                user_error = find_data_error(e)
+                if user_error:
+                    raise user_error from None
+                raise
+        return finish(tmp)
+    except BaseException:
+        remove(tmp)
+        raise
 
 
 def read_unit_summaries(indices: list[int], tmp: str) -> list[dict]:
@@ -118,6 +144,23 @@ def tally(summaries: list[dict], splits: list[str]) -> dict:
     per_split = {name: sum(s["splits"][name] for s in summaries) for name in splits}
     return {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
             "bad": sum(s["bad"] for s in summaries), "splits": per_split}
+
+
+def check_counts(config, counts: dict, summaries: list[dict], noun: str, place: Callable[[dict], str],
+                 inputs: int | None = None) -> None:
+    """Every input is written or dead-lettered (and, when the launcher knows how many there are,
+    `inputs` of them were read), and no more than --max-bad-fraction of them are bad; otherwise
+    the job fails and nothing is published. `place` names a bad entry in the error."""
+    read, written, bad = counts["read"], counts["written"], counts["bad"]
+    if read != written + bad or (inputs is not None and read != inputs):
+        raise RuntimeError(f"{noun} accounting failed: read {read} != written {written} + bad {bad}"
+                           + (f" (inputs: {inputs})" if inputs is not None else ""))
+    fraction = bad / read if read else 0.0
+    if fraction > config.max_bad_fraction or written == 0:
+        first_bad = [b for s in summaries for b in s["first_bad"]][:5]
+        reasons = "\n".join(f"  {place(b)}: {b['reason']}" for b in first_bad)
+        raise DataError(f"{bad} of {read} {noun} are bad ({fraction:.2%}), over --max-bad-fraction "
+                        f"{config.max_bad_fraction:g}; nothing was written. First bad {noun}:\n{reasons}")
 
 
 def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started: float, *, fingerprint: str,

@@ -4,11 +4,13 @@ accepted, what is refused and why, the record's keys, and the statistics."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import run_cli
 from tfpipe.pipeline.config import parse_size
 from tfpipe.pipeline.images import ImageInfo, ImageStats, Rejection, image_example, inspect_image, sniff_format
 
@@ -173,10 +175,6 @@ def _records(out) -> dict[str, list]:
 
 
 def test_image_folder_every_file_written_or_dead_lettered_with_its_reason(tmp_path):
-    from conftest import run_cli
-
-    import json
-
     _folder(tmp_path / "src")
     out = tmp_path / "out"
     res = run_cli("data", "--format", "images", "--input", str(tmp_path / "src"), "--out", str(out),
@@ -231,10 +229,6 @@ def test_image_folder_every_file_written_or_dead_lettered_with_its_reason(tmp_pa
 
 
 def test_image_manifest_unknown_labels_missing_files_and_too_many_bad(tmp_path):
-    from conftest import run_cli
-
-    import json
-
     _folder(tmp_path / "imgs", per_class=4)
     lines = ["image,label", "imgs/cat/0.jpg,cat", "imgs/dog/1.png,dog", "imgs/owl/2.jpg,owl", "imgs/cat/1.png,",
              "imgs/dog/0.jpg,wolf", "imgs/gone.png,cat", ",owl"]
@@ -272,8 +266,6 @@ def test_image_manifest_unknown_labels_missing_files_and_too_many_bad(tmp_path):
 
 
 def test_train_refuses_an_image_data_dir_in_one_line(tmp_path):
-    from conftest import run_cli
-
     _folder(tmp_path / "src", per_class=3)
     assert run_cli("data", "--format", "images", "--input", str(tmp_path / "src"), "--out", str(tmp_path / "data"),
                    "--max-bad-fraction", "0.5").returncode == 0
@@ -285,8 +277,6 @@ def test_train_refuses_an_image_data_dir_in_one_line(tmp_path):
 def test_images_on_a_remote_filesystem(tmp_path, monkeypatch):
     """Class folders and the output on a non-local filesystem, as with gs:// on Dataflow: the
     listing, every read and every write go through Beam's FileSystems."""
-    import json
-
     import remote_fs
     from tfpipe.pipeline.config import DataConfig
     from tfpipe.pipeline.job import run
