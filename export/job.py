@@ -41,16 +41,13 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
 
     tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-{version}-{uuid.uuid4().hex[:8]}")  # see clean_stale
     try:
-        module = ServingModule(model, data.schema)
-        tf.saved_model.save(module, tmp, signatures=module.signatures())
-        set_method_names(tmp, module.method_names())
-        warm = _write_warmup(tmp, config, data)
-        # Read back once: the reload check and the variants' baseline use the same load and rows.
-        split = "test" if data.count("test") else "eval"
-        raw, labels = _labelled_rows(data, split)
-        loaded = tf.saved_model.load(tmp)
-        check = _check_reload(loaded, model, data, split, raw, config.tolerance)
-        table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
+        if data.images:
+            from tfpipe.export.images import export_images
+
+            parts = export_images(tmp, model, data, config, log)
+        else:
+            parts = _export_rows(tmp, model, data, config, log)
+        check, warm = parts["reload_check"], parts["warmup_records"]
         final = os.path.join(model_dir, str(version))
         old = [v for v in versions(model_dir) if v != version]
         to_remove = old[: max(0, len(old) - (config.keep - 1))] if config.keep else []
@@ -60,8 +57,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
             "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
             "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
                         .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
-            "signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
-            "reload_check": check, "variants": table, "removed_versions": to_remove,
+            **parts, "removed_versions": to_remove,
             "elapsed_s": round(time.time() - started, 2),
         }
         # The manifest is part of the version: written before the rename like everything else.
@@ -75,12 +71,28 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
     with open(os.path.join(model_dir, HIGH_WATER), "w") as f:
         f.write(str(version))
     removed = _prune(model_dir, to_remove)
-    log(f"  SavedModel reloaded and checked on {check['rows']} test rows "
+    log(f"  SavedModel reloaded and checked on {check['rows']} {check['split']} {'images' if data.images else 'rows'} "
         f"(max difference {check['max_abs_diff']:.2e}); {warm} warmup records")
     if removed:
         log(f"  removed old version(s) {', '.join(map(str, removed))} (--keep {config.keep})")
     log(f"wrote {final}")
     return final
+
+
+def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log) -> dict[str, Any]:
+    """The SavedModel of a tabular model, its warmup records, reload check and TFLite variants."""
+    module = ServingModule(model, data.schema)
+    tf.saved_model.save(module, tmp, signatures=module.signatures())
+    set_method_names(tmp, module.method_names())
+    warm = _write_warmup(tmp, config, data)
+    # Read back once: the reload check and the variants' baseline use the same load and rows.
+    split = "test" if data.count("test") else "eval"
+    raw, labels = _labelled_rows(data, split)
+    loaded = tf.saved_model.load(tmp)
+    check = _check_reload(loaded, model, data, split, raw, config.tolerance)
+    table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
+    return {"signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
+            "reload_check": check, "variants": table}
 
 
 def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
@@ -162,10 +174,23 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
     with open(os.path.join(folder, "vocabularies.json"), "w") as f:
         json.dump({"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies}, f)
     converted = convert_all(lite_model, config.variants, device_inputs(train_raw, data.schema, vocabularies))
+
+    def quality(blob: bytes) -> dict[str, Any]:
+        one, every = litert_runner(blob)
+        return measure(one, every, inputs, labels, task)
+
+    return record_variants(table, converted, quality, metric, folder, config, log)
+
+
+def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], quality, metric: str, folder: str,
+                    config: ExportConfig, log) -> list[dict[str, Any]]:
+    """Measure each converted variant (`quality(blob)`: its metric and latencies) against the
+    SavedModel's row that starts `table`, write the ones kept into `folder`, print the table;
+    a variant that loses more than --max-accuracy-drop fails the export (--allow-drop: left out)."""
+    saved = table[0]
     failed = []
     for variant, blob in converted.items():
-        one, every = litert_runner(blob)
-        row = {"variant": variant, "bytes": len(blob), **measure(one, every, inputs, labels, task)}
+        row = {"variant": variant, "bytes": len(blob), **quality(blob)}
         if metric == "accuracy":
             row["drop"] = round(saved["accuracy"] - row["accuracy"], 6)
         else:

@@ -3,6 +3,7 @@ signature the server reports in its metadata, as REST bodies or gRPC PredictRequ
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import math
@@ -88,17 +89,53 @@ def _error_text(e: urllib.error.HTTPError) -> str:
         return e.reason
 
 
-def rows_from_data(data_dir: str, inputs: dict[str, str], limit: int) -> list[dict]:
-    """Eval rows (test, then train, when a split is empty) as {input: python value}."""
+def json_row(row: dict) -> dict:
+    """A row as a REST instance: bytes values (encoded images) as {"b64": ...}, TF Serving's way."""
+    return {k: {"b64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v for k, v in row.items()}
+
+
+def image_rows(data_dir: str, inputs: dict[str, str], limit: int) -> list[dict]:
+    """Encoded images of the test split (eval, then train, when it is empty) as {input: bytes}, for a
+    signature with one string input (an image model's serving_default)."""
     import tensorflow as tf
 
-    files = []
-    for split in ("eval", "test", "train"):
+    strings = [k for k, v in inputs.items() if v == "DT_STRING"]
+    if len(inputs) != 1 or not strings:
+        raise LoadtestError(f"{data_dir} holds images, which only a signature with one string input (encoded "
+                            f"image bytes) takes; this one takes {', '.join(f'{k} ({v})' for k, v in inputs.items())}: "
+                            f"pass --payload with a request body instead")
+    files = _split_files(data_dir, ("test", "eval", "train"))
+    rows = []
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit):
+        ex = tf.train.Example.FromString(record.numpy())
+        rows.append({strings[0]: ex.features.feature["image/encoded"].bytes_list.value[0]})
+    return rows
+
+
+def _split_files(data_dir: str, order: tuple[str, ...]) -> list[str]:
+    for split in order:
         files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*.tfrecord.gz")))
         if files:
-            break
-    if not files:
-        raise LoadtestError(f"{data_dir} holds no TFRecords: pass the output directory of tfpipe data")
+            return files
+    raise LoadtestError(f"{data_dir} holds no TFRecords: pass the output directory of tfpipe data")
+
+
+def is_image_data(data_dir: str) -> bool:
+    try:
+        with open(os.path.join(data_dir, "schema.json")) as f:
+            return json.load(f).get("kind") == "images"
+    except (OSError, ValueError):
+        return False
+
+
+def rows_from_data(data_dir: str, inputs: dict[str, str], limit: int) -> list[dict]:
+    """Eval rows (test, then train, when a split is empty) as {input: python value}; for a
+    folder of images, encoded test images (see image_rows)."""
+    import tensorflow as tf
+
+    if is_image_data(data_dir):
+        return image_rows(data_dir, inputs, limit)
+    files = _split_files(data_dir, ("eval", "test", "train"))
     rows = []
     for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit):
         ex = tf.train.Example.FromString(record.numpy())
@@ -138,7 +175,8 @@ def chunks(rows: list[dict], batch_size: int) -> list[list[dict]]:
 
 
 def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:
-    return [json.dumps({"signature_name": signature, "instances": chunk}) for chunk in chunks(rows, batch_size)]
+    return [json.dumps({"signature_name": signature, "instances": [json_row(r) for r in chunk]})
+            for chunk in chunks(rows, batch_size)]
 
 
 def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], model: str, version, label,

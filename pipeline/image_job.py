@@ -46,6 +46,7 @@ from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, Uni
 STATS = "stats"  # the reader's tagged output: (split, ImageStats) per work unit
 _RECORDS_PER_ELEMENT = 32  # records handed to the writer at a time
 _IMAGES_PER_SHARD = 2000  # default shards: about this many images per shard file
+DIGITS = "sklearn://digits"  # scikit-learn's handwritten digits as PNG files (tfpipe.examples.digits)
 MANIFEST_FORMATS = (".csv", ".jsonl", ".json")
 SCHEMA_KEYS = {"encoded": "image/encoded", "format": "image/format", "height": "image/height",
                "width": "image/width", "label": "image/class/label", "text": "image/class/text"}
@@ -130,7 +131,17 @@ def find_images(config: DataConfig, log: Callable[[str], None]) -> tuple[list[Im
     sources = []
     folder_classes: set[str] = set()
     for source in config.input:
-        if source.lower().endswith(MANIFEST_FORMATS):
+        if source == DIGITS:  # the bundled demo set, written out as PNG class folders once
+            from tfpipe.examples.digits import cached_folder
+
+            try:
+                folder = cached_folder()
+            except (RuntimeError, OSError) as e:
+                raise DataError(f"input {source}: {e}") from None
+            found, _ = _from_folder(folder)
+            sources.append({"folder": source, "written_to": folder, "images": len(found)})
+            folder_classes |= {i.label for i in found}
+        elif source.lower().endswith(MANIFEST_FORMATS):
             if not FileSystems.exists(source):
                 raise DataError(f"manifest {source} does not exist")
             found = _from_manifest(source if is_remote(source) else os.path.abspath(source), config.image_column,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -397,6 +398,15 @@ def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:
     return value.astype(target, copy=False)
 
 
+_SCAFFOLD = ("Graph execution error", "Detected at node", "<stack traces", "File ", "[[", "Cause:", "To silence")
+
+
 def _first_line(e: Exception) -> str:
+    """The op's own words: TensorFlow wraps them in 'Graph execution error:', the node and its
+    Python stack, and prefixes them with the function's name."""
     text = getattr(e, "message", None) or str(e)
+    for line in text.splitlines():
+        line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line.strip())
+        if line and not line.startswith(_SCAFFOLD):
+            return line
     return text.strip().splitlines()[0] if text.strip() else type(e).__name__

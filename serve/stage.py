@@ -141,11 +141,13 @@ class Deployment:
 def grpc_snippet(name: str, address: str, row: dict[str, Any], dtypes: dict[str, str]) -> str:
     """A shell here-document that calls Predict on `row` with the official stubs."""
     make = {k: v.removeprefix("DT_").lower() for k, v in dtypes.items()}  # what tf.make_tensor_proto takes
+    values = ", ".join(f"{k!r}: " + (f"base64.b64decode({v['b64']!r})" if isinstance(v, dict) and "b64" in v else repr(v))
+                       for k, v in row.items())
     return ("  python - <<'EOF'\n"
-            "import grpc, tensorflow as tf\n"
+            "import base64, grpc, tensorflow as tf\n"
             "from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc\n"
             f"req = predict_pb2.PredictRequest(); req.model_spec.name = {name!r}\n"
-            f"row = {row!r}\n"
+            f"row = {{{values}}}\n"
             f"dtypes = {make!r}\n"
             "for k, v in row.items(): req.inputs[k].CopyFrom(tf.make_tensor_proto([v], dtype=dtypes[k]))\n"
             f"stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel('{address}'))\n"
@@ -166,6 +168,7 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
 
     from tensorflow.core.framework import types_pb2
 
+    from tfpipe.loadtest.payloads import json_row
     from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
 
     fn = tf.saved_model.load(model_path).signatures["serving_default"]
@@ -180,7 +183,8 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
     local = {k: v.numpy() for k, v in fn(**{k: tf.constant(v, specs[k].dtype) for k, v in columns.items()}).items()}
 
     rest = f"http://127.0.0.1:{server.rest_port}"
-    req = urllib.request.Request(f"{rest}/v1/models/{name}:predict", data=json.dumps({"instances": batch}).encode(),
+    instances = [json_row(r) for r in batch]  # encoded images as {"b64": ...}
+    req = urllib.request.Request(f"{rest}/v1/models/{name}:predict", data=json.dumps({"instances": instances}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         predictions = json.load(r)["predictions"]
@@ -201,7 +205,7 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
         worst = max(worst, compare(api, local, served, tolerance))
         log(f"{api}: {len(batch)} rows agree with the in-process SavedModel")
     # 7 significant digits name the same float32 as the row's value, and read better in a curl line.
-    instance = {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in batch[0].items()}
+    instance = {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in instances[0].items()}
     return {"rows": len(batch), "outputs": sorted(local), "max_abs_diff": worst, "tolerance": tolerance,
             "apis": ["REST", "gRPC"], "input_dtypes": inputs,
             "example": {"instance": instance, "prediction": {k: plain(v[0]) for k, v in local.items()}},

@@ -47,8 +47,7 @@ def lineage_section(manifest: dict) -> str:
         return "<p>No exported model yet.</p>"
     e = read_json(export["outputs"]["manifest"]) or {}
     d = read_json(data["outputs"]["manifest"]) or {}
-    inputs = "".join(f"<li><code>{_esc(i['path'])}</code>, {i['size']:,} bytes, sha256 {_esc(i['sha256'][:16])}</li>"
-                     for i in d.get("inputs", []))
+    inputs = "".join(_input_item(i) for i in d.get("inputs", []))
     return (f"<p>Model <b>{_esc(e.get('name'))}</b> version <b>{_esc(e.get('version'))}</b> "
             f"(<code>{_esc(e.get('path'))}</code>) was exported from the train run with fingerprint "
             f"<code>{_esc(e.get('lineage', {}).get('train_fingerprint', '')[:16])}</code>, which was trained on the "
@@ -56,9 +55,49 @@ def lineage_section(manifest: dict) -> str:
             f"<ul>{inputs}</ul>")
 
 
+def _input_item(i: dict) -> str:
+    if "path" in i:
+        return f"<li><code>{_esc(i['path'])}</code>, {i['size']:,} bytes, sha256 {_esc(i['sha256'][:16])}</li>"
+    where = i.get("folder") or i.get("manifest")  # images: a class-folder tree or a manifest
+    written = f" (written to <code>{_esc(i['written_to'])}</code>)" if i.get("written_to") else ""
+    return f"<li><code>{_esc(where)}</code>{written}, {i.get('images', 0):,} images</li>"
+
+
+def image_data_section(entry: dict, d: dict, stats: dict, schema: dict) -> str:
+    """Images per split and class, their sizes and formats, the channel statistics."""
+    c = d["counts"]
+    splits = stats.get("splits", {})
+    bars = bar_chart("Images per split", "images", [*c["splits"].items(), ("dead-letter", c["bad"])])
+    classes = schema.get("label", {}).get("classes", [])
+    per_class = [[k, *(s.get("classes", {}).get(k, 0) for s in splits.values())] for k in classes]
+    sizes = []
+    for name, s in splits.items():
+        if not s.get("images"):
+            continue
+        mid = len(s["height"]["quantiles"]) // 2
+        ch = s.get("channels", {})
+        sizes.append([name, s["images"], ", ".join(f"{k} {v}" for k, v in s.get("formats", {}).items()),
+                      f"{s['height']['quantiles'][0]:g}-{s['height']['quantiles'][-1]:g}",
+                      f"{s['width']['quantiles'][0]:g}-{s['width']['quantiles'][-1]:g}",
+                      f"{s['height']['quantiles'][mid]:g}x{s['width']['quantiles'][mid]:g}",
+                      " / ".join(f"{m:.3f}" for m in ch.get("mean", [])),
+                      " / ".join(f"{v:.3f}" for v in ch.get("std", []))])
+    dead = (f"<p>{c['bad']:,} of {c['read']:,} images went to the dead-letter output ({d['bad_fraction']:.2%}); "
+            f"every file is accounted for: {sum(c['splits'].values()):,} written + {c['bad']:,} dead-lettered = "
+            f"{c['read']:,} read.</p>")
+    return (f"<p>{len(classes)} classes; Beam runner {_esc(d['beam']['runner'])}; {d['elapsed_s']:.1f}s.</p>"
+            f"{dead}<div>{bars}</div><h3>Images per class</h3>"
+            + table_html(["class", *splits], per_class)
+            + "<h3>Sizes, formats and pixel statistics</h3>"
+            + table_html(["split", "images", "formats", "height", "width", "median size", "mean (R/G/B, 0-1)",
+                          "std (R/G/B)"], sizes))
+
+
 def data_section(entry: dict, d: dict) -> str:
     stats = read_json(os.path.join(entry["outputs"]["path"], "stats.json")) or {}
     schema = read_json(os.path.join(entry["outputs"]["path"], "schema.json")) or {}
+    if schema.get("kind") == "images":
+        return image_data_section(entry, d, stats, schema)
     c = d["counts"]
     bars = bar_chart("Rows per split", "rows", [*c["splits"].items(), ("dead-letter", c["bad"])])
     dead = d["outputs"].get("deadletter") or []
@@ -134,7 +173,32 @@ def export_section(entry: dict, e: dict) -> str:
             f"{_esc(', '.join(e['signatures']))}; {e['warmup_records']} warmup records; reloaded SavedModel "
             f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']} rows.</p>"
             + table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", ""], rows)
-            + f"<div>{sizes}</div>")
+            + f"<div>{sizes}</div>" + samples_section(e))
+
+
+def samples_section(e: dict) -> str:
+    """Test images with the class the exported model gives them (export's samples.json)."""
+    samples = read_json(os.path.join(e["path"], "assets.extra", "samples.json")) if e.get("image") else None
+    if not samples:
+        return ""
+    cells = []
+    for s in samples["images"]:
+        ok = s["predicted"] == s["label"]
+        cells.append(f'<figure class="sample"><img alt="test image {_esc(s["index"])}" '
+                     f'src="data:image/{_esc(s["format"])};base64,{s["b64"]}">'
+                     f'<figcaption>{_esc(s["predicted"])} ({s["probability"]:.0%})'
+                     + ("" if ok else f'<br><b>true: {_esc(s["label"])}</b>') + "</figcaption></figure>")
+    wrong = sum(s["predicted"] != s["label"] for s in samples["images"])
+    return (f"<h3>Sample test images and the class the SavedModel gives them</h3>"
+            f"<p>{len(samples['images'])} images of the {_esc(samples['split'])} split, misclassified ones first "
+            f"({wrong} shown, their true class in bold), then images spread over the split.</p>"
+            f"<style>.sample{{display:inline-block;margin:4px;text-align:center;font-size:12px}}"
+            f".sample img{{width:64px;height:64px;image-rendering:pixelated;border:1px solid #ccc}}</style>"
+            f"<div>{''.join(cells)}</div>")
+
+
+def _images(check: dict) -> bool:
+    return any(isinstance(v, dict) and "b64" in v for v in check.get("example", {}).get("instance", {}).values())
 
 
 def serve_section(entry: dict, s: dict) -> str:
@@ -143,7 +207,7 @@ def serve_section(entry: dict, s: dict) -> str:
     configs = ", ".join(f"<code>{_esc(os.path.relpath(p, os.path.dirname(os.path.dirname(p))))}</code>"
                         for p in s["configs"].values())
     return (f"<p>{_esc(s['model'])} version {s['version']} served by the embedded server. The same "
-            f"{c['rows']} eval rows sent over {' and '.join(c['apis'])} got the SavedModel's own answers "
+            f"{c['rows']} {'test images' if _images(c) else 'eval rows'} sent over {' and '.join(c['apis'])} got the SavedModel's own answers "
             f"(outputs {_esc(', '.join(c['outputs']))}; largest difference {c['max_abs_diff']:.1e}, "
             f"tolerance {c['tolerance']:g}).</p>"
             f"<p>TF Serving configs: {configs}. The same model with real TensorFlow Serving:</p>"

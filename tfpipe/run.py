@@ -181,6 +181,11 @@ class Run:
                 "protocol": c.serve.protocol}
 
     def input_part(self, step: str) -> dict[str, Any]:
+        if step == "data" and self.cfg.data.format == "images":
+            from tfpipe.pipeline.image_job import find_images
+
+            items, classes, _ = find_images(self.cfg.data, log=lambda _: None)
+            return {"images": digest([[i.path, i.size] for i in items]), "count": len(items), "classes": classes}
         if step == "data":
             from tfpipe.pipeline.inputs import resolve_inputs
 
@@ -335,7 +340,8 @@ class Run:
         run(cfg, log=log)
         m = _load(self.path("data", "data.json"))
         c = m["counts"]
-        summary = (f"{c['read']:,} rows -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
+        noun = "images" if self.cfg.data.format == "images" else "rows"
+        summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
                    + f"; {c['bad']:,} dead-lettered")
         return self._outputs(self.path("data", "data.json"), path=self.path("data"),
                              fingerprint=m["fingerprint"]), summary, 0

@@ -18,7 +18,17 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(256, ge=1, description="examples per replica per step")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
     hidden: list[int] = Field(default_factory=lambda: [64, 32], description="hidden layer widths, e.g. 64,32")
-    dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer (images: before the head)")
+    model: Literal["cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50"] = Field(
+        "cnn", description="images: the network; cnn is a small CNN for CPUs, the others are keras.applications "
+                           "architectures trained from scratch (weights=None)")
+    filters: list[int] = Field(default_factory=lambda: [32, 64, 128],
+                               description="images, --model cnn: filters of each convolution block, e.g. 32,64")
+    image_size: str | None = Field(
+        None, description="images: the model's input HEIGHTxWIDTH (default: the data stage's --resize, else the "
+                          "training images' median size)")
+    augment: str = Field("flip,crop", description="images: random augmentation in training, any of flip, crop, "
+                                                  "rotation, comma-separated ('none' for none)")
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
         "auto", description="dtype policy; auto: mixed_float16 on NVIDIA GPUs with compute capability >= 7.0")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA jit_compile; auto: on with a GPU")
@@ -36,16 +46,39 @@ class TrainConfig(BaseModel):
     log_device_placement: bool = Field(False, description="log which device runs each op")
     force: bool = Field(False, description="retrain even when the output is up to date")
 
-    @field_validator("hidden")
+    @field_validator("hidden", "filters")
     @classmethod
     def _check_hidden(cls, v: list[int]) -> list[int]:
         if any(w < 1 for w in v):
-            raise ValueError("hidden layer widths must be >= 1")
+            raise ValueError("widths must be >= 1")
         return v
+
+    @field_validator("image_size")
+    @classmethod
+    def _check_size(cls, v: str | None) -> str | None:
+        if v is not None:
+            from tfpipe.pipeline.config import parse_size
+
+            parse_size(v)
+        return v
+
+    @field_validator("augment")
+    @classmethod
+    def _check_augment(cls, v: str) -> str:
+        names = [n.strip() for n in v.split(",") if n.strip() and n.strip() != "none"]
+        unknown = [n for n in names if n not in ("flip", "crop", "rotation")]
+        if unknown:
+            raise ValueError(f"unknown augmentation '{unknown[0]}'; choose from flip, crop, rotation (or none)")
+        return ",".join(names)
+
+    @property
+    def augmentations(self) -> list[str]:
+        return [n for n in self.augment.split(",") if n]
 
     def resume_fields(self) -> dict:
         """What must match for a new run to resume an interrupted one's checkpoints."""
-        return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps"})
+        return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps", "model",
+                                        "filters", "image_size", "augment"})
 
     def result_fingerprint_fields(self) -> dict:
         return self.model_dump(exclude={"data", "out", "force", "profile", "log_device_placement"})

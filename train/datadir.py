@@ -12,12 +12,38 @@ from tfpipe.pipeline.schema import Schema
 from tfpipe.train.errors import TrainError
 
 
+@dataclass(frozen=True)
+class ImageLabel:
+    name: str
+    classes: list[str]
+    task: str = "multiclass"  # an image model has one softmax output per class, two classes too
+
+
+@dataclass(frozen=True)
+class ImageSchema:
+    """schema.json of labelled images (tfpipe data --format images)."""
+
+    keys: dict[str, str]
+    label: ImageLabel
+    resize: tuple[int, int] | None  # what the data stage resized every image to, if it did
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "ImageSchema":
+        resize = (doc.get("image") or {}).get("resize")
+        return cls(dict(doc["keys"]), ImageLabel(doc["keys"]["label"], [str(c) for c in doc["label"]["classes"]]),
+                   tuple(resize) if resize else None)
+
+
 @dataclass
 class DataDir:
     path: str
-    schema: Schema
+    schema: Schema | ImageSchema
     stats: dict[str, Any]
     manifest: dict[str, Any]
+
+    @property
+    def images(self) -> bool:
+        return isinstance(self.schema, ImageSchema)
 
     def files(self, split: str) -> list[str]:
         entries = self.manifest["outputs"]["splits"].get(split)
@@ -55,15 +81,18 @@ def load_data_dir(path: str | None) -> DataDir:
     version = docs["schema.json"].get("version")
     if version != 1:
         raise TrainError(f"{path}/schema.json has schema version {version!r}; this tfpipe reads version 1")
-    if docs["schema.json"].get("kind") == "images":
-        raise TrainError(f"{path} holds labelled images (tfpipe data --format images); tfpipe train does not "
-                         "train image models yet, only models of tabular rows")
     try:
-        schema = Schema.from_json(docs["schema.json"], source=f"{path}/schema.json")
+        if docs["schema.json"].get("kind") == "images":
+            schema = ImageSchema.from_json(docs["schema.json"])
+        else:
+            schema = Schema.from_json(docs["schema.json"], source=f"{path}/schema.json")
+    except (KeyError, TypeError, ValueError) as e:
+        raise TrainError(f"{path}/schema.json is not a schema this tfpipe reads: {e}") from None
     except Exception as e:
         raise TrainError(str(e)) from None
-    if "train" not in stats.get("splits", {}) or not stats["splits"]["train"].get("rows"):
-        raise TrainError(f"{path} has no rows in its 'train' split")
+    noun = "images" if isinstance(schema, ImageSchema) else "rows"
+    if "train" not in stats.get("splits", {}) or not stats["splits"]["train"].get(noun):
+        raise TrainError(f"{path} has no {noun} in its 'train' split")
     for split, entries in manifest["outputs"]["splits"].items():
         for e in entries:
             if not os.path.exists(os.path.join(path, e["file"])):

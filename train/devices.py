@@ -44,6 +44,28 @@ def _gpu_memory_gb(gpu) -> float | None:
         return None
 
 
+# The x86 instruction sets that decide how fast float32, bfloat16 and float16 arithmetic is on a CPU.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8",
+                "amx_tile")
+
+
+def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """The CPU's model name and which of CPU_FEATURES it has (empty where /proc/cpuinfo is absent)."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError:
+        return {"model": None, "features": []}
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return {"model": model, "features": [f for f in CPU_FEATURES if f in flags]}
+
+
 def choose_precision(requested: str, gpus: list[dict[str, Any]]) -> tuple[str, str]:
     """(policy name, why)."""
     if requested != "auto":
@@ -65,8 +87,8 @@ def choose_xla(requested: str, gpus: list[dict[str, Any]]) -> tuple[bool, str]:
     if requested == "off":
         return False, "as requested"
     if gpus:
-        return True, "GPU: XLA fuses the dense layers' kernels"
-    return False, "CPU: XLA compile time outweighs its gain on a small MLP (see benchmarks/bench_train.py)"
+        return True, "GPU: XLA fuses the layers' kernels"
+    return False, "CPU: XLA compile time outweighs its gain here (see benchmarks/bench_train.py)"
 
 
 def choose_strategy(requested: str, gpus: list[dict[str, Any]]) -> tuple[tf.distribute.Strategy, str]:

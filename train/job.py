@@ -24,7 +24,8 @@ from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
-from tfpipe.train.devices import choose_precision, choose_strategy, choose_xla, setup_gpus, worker_position
+from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
+                                  worker_position)
 from tfpipe.train.errors import DivergedError, TrainError
 from tfpipe.train.model import build_models, loss_and_metrics
 
@@ -120,34 +121,66 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         tf.config.experimental.enable_op_determinism()
     replicas = strategy.num_replicas_in_sync
     global_batch = config.batch_size * replicas
-    devices = {"cpus": os.cpu_count(), "gpus": gpus}
+    devices = {"cpus": os.cpu_count(), "cpu": cpu_features(), "gpus": gpus}
     for g in gpus:
         log(f"GPU {g['device']}: {g['name']}, compute capability {g['compute_capability']}, "
             f"{g['memory_gb'] or '?'} GB")
     if not gpus:
-        log(f"devices: CPU only ({os.cpu_count()} cores)")
+        cpu = devices["cpu"]
+        log(f"devices: CPU only ({os.cpu_count()} cores"
+            + (f", {', '.join(cpu['features'])}" if cpu["features"] else "") + ")")
     log(f"precision {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({xla_why}); {strategy_name}; "
         f"global batch {global_batch} = {config.batch_size} x {replicas} replica(s)"
         + (f", gradients accumulated over {config.grad_accum_steps} batches" if config.grad_accum_steps > 1 else ""))
 
     work = _work_dir(out, config, data, worker)
     train_stats = data.train_stats()
+    shard = (workers, worker) if workers > 1 else None
+    image = None
     with strategy.scope():
-        preprocessor, trainer, model = build_models(data.schema, train_stats, config.hidden, config.dropout,
-                                                    config.seed)
+        if data.images:
+            from tfpipe.pipeline.config import parse_size
+            from tfpipe.train.images import build_image_model, image_size
+
+            size = image_size(parse_size(config.image_size) if config.image_size else None, data.schema,
+                              train_stats, config.model)
+            model = trainer = build_image_model(size, data.schema.label.classes, train_stats, model=config.model,
+                                                filters=config.filters, dropout=config.dropout,
+                                                augment=config.augmentations, seed=config.seed)
+            image = {"size": list(size), "model": config.model, "augment": config.augmentations,
+                     "classes": data.schema.label.classes, "parameters": model.count_params()}
+            log(f"model {config.model}: {size[0]}x{size[1]}x3 uint8 pixels -> {len(data.schema.label.classes)} "
+                f"classes, {model.count_params():,} parameters; augmentation: "
+                f"{', '.join(config.augmentations) or 'none'}")
+        else:
+            preprocessor, trainer, model = build_models(data.schema, train_stats, config.hidden, config.dropout,
+                                                        config.seed)
         compile_trainer(trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, xla)
 
-    shard = (workers, worker) if workers > 1 else None
-    feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
-    cache = feature_mb <= config.cache_mb
+    if data.images:
+        from tfpipe.train.images import image_dataset
+
+        feature_mb = data.count("train") * size[0] * size[1] * 3 / 2**20  # decoded uint8 pixels
+        cache = feature_mb <= config.cache_mb
+
+        def dataset(split: str, shuffle: bool):
+            return image_dataset(data.files(split), size, global_batch, shuffle=shuffle, seed=config.seed,
+                                 shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
+                                 shard=shard, cache=cache)
+    else:
+        feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
+        cache = feature_mb <= config.cache_mb
+
+        def dataset(split: str, shuffle: bool):
+            return make_dataset(data.files(split), data.schema, global_batch, shuffle=shuffle, seed=config.seed,
+                                shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
+                                shard=shard, preprocess=preprocessor, cache=cache and shuffle)
+
     # Each worker batches its own files at the global batch size; tf.distribute splits every
     # batch across all replicas, so a step sees `batch_size` examples per replica.
-    train_ds = make_dataset(data.files("train"), data.schema, global_batch, shuffle=True, seed=config.seed,
-                            shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic,
-                            shard=shard, preprocess=preprocessor, cache=cache)
+    train_ds = dataset("train", shuffle=True)
     eval_split = "eval" if data.count("eval") else "train"
-    eval_ds = make_dataset(data.files(eval_split), data.schema, global_batch, shuffle=False, seed=config.seed,
-                           deterministic=True, shard=shard, preprocess=preprocessor)
+    eval_ds = dataset(eval_split, shuffle=False)
 
     epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
     callbacks = [
@@ -174,7 +207,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if resumed:
         log(f"resuming from the backup of epoch {resumed} in {work}")
     log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
-        + (f"; preprocessed features cached in memory ({feature_mb:.1f} MB)" if cache else ""))
+        + (f"; {'decoded images' if data.images else 'preprocessed features'} cached in memory "
+           f"({feature_mb:.1f} MB)" if cache else ""))
     try:
         if workers > 1:
             from tfpipe.train.multiworker import fit_multiworker
@@ -208,8 +242,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         evaluate = DistributedEval(strategy, trainer, data.schema.label.task)
     for split in ("eval", "test"):
         if data.count(split):
-            ds = make_dataset(data.files(split), data.schema, global_batch, shuffle=False, seed=config.seed,
-                              deterministic=True, shard=shard, preprocess=preprocessor)
+            ds = eval_ds if split == eval_split else dataset(split, shuffle=False)
             if workers > 1:
                 results[split] = evaluate(strategy.experimental_distribute_dataset(ds))
             else:
@@ -238,6 +271,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         "epochs_run": len(epoch_log.epochs),
         "resumed_from_epoch": resumed,
         "metrics": results,
+        "image": image,
         **timing,
         "elapsed_s": round(time.time() - started, 2),
     }
