@@ -19,9 +19,10 @@ import tempfile
 SOURCE = "sklearn://digits"
 
 
-def write_pngs(out: str) -> int:
+def write_pngs(out: str, replace: bool = True) -> int:
     """Write every digit as OUT/LABEL/INDEX.png (grey levels 0-16 stretched to 0-255); returns
-    the number of files. The folder is built beside OUT and renamed into place."""
+    the number of files. The folder is built beside OUT and renamed into place; an existing OUT
+    is replaced, or with `replace=False` kept (another process wrote the same files first)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -42,9 +43,14 @@ def write_pngs(out: str) -> int:
             Image.fromarray(pixels, mode="L").save(buffer, format="PNG", optimize=False)
             with open(os.path.join(folder, f"{index:04d}.png"), "wb") as f:
                 f.write(buffer.getvalue())
-        if os.path.isdir(out):
+        if os.path.isdir(out) and replace:
             shutil.rmtree(out)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if replace or not os.path.isdir(out):
+                raise
+            shutil.rmtree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -58,8 +64,8 @@ def cached_folder() -> str:
     root = os.environ.get("TFPIPE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfpipe")
     folder = os.path.join(root, f"sklearn-digits-{sklearn.__version__}")
-    if not os.path.exists(os.path.join(folder, "9")):
-        write_pngs(folder)
+    if not os.path.isdir(folder):
+        write_pngs(folder, replace=False)
     return folder
 
 

@@ -25,7 +25,8 @@ class LoadtestConfig(BaseModel):
     version: int | None = Field(None, ge=0, description="model version (default: the latest)")
     label: str | None = Field(None, description="model version label (instead of --version)")
     signature: str = Field("serving_default", description="signature to call")
-    data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows")
+    data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows "
+                                "(images: its test images, sent as encoded bytes)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     users: int = Field(8, ge=1, le=10000, description="closed model: concurrent users, each waits for its answer")

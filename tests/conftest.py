@@ -6,6 +6,7 @@ import fcntl
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -80,6 +81,29 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.P
         return subprocess.Popen([sys.executable, "-m", "tfpipe.cli", *args], cwd=ROOT, env=env, text=True,
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
     return HostedProcess(list(args), env, stdout, stderr)
+
+
+def start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
+    """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
+    proc = spawn_cli("serve", "--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", *flags,
+                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    ports, seen = {}, []
+    deadline = time.time() + 120
+    while len(ports) < 2 and time.time() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        m = re.search(r"(gRPC ModelServer|HTTP/REST API) at:?\s*[\d.]+:(\d+)", line)
+        if m:
+            ports[m[1]] = int(m[2])
+    if len(ports) < 2:
+        proc.kill()
+        raise AssertionError(f"server did not start: {''.join(seen)}")
+    return proc, ports["gRPC ModelServer"], ports["HTTP/REST API"]
 
 
 class HostedProcess:

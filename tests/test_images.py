@@ -265,15 +265,6 @@ def test_image_manifest_unknown_labels_missing_files_and_too_many_bad(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
-def test_train_refuses_an_image_data_dir_in_one_line(tmp_path):
-    _folder(tmp_path / "src", per_class=3)
-    assert run_cli("data", "--format", "images", "--input", str(tmp_path / "src"), "--out", str(tmp_path / "data"),
-                   "--max-bad-fraction", "0.5").returncode == 0
-    res = run_cli("train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "train"))
-    assert res.returncode == 2 and "holds labelled images" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "train").exists()
-
-
 def test_images_on_a_remote_filesystem(tmp_path, monkeypatch):
     """Class folders and the output on a non-local filesystem, as with gs:// on Dataflow: the
     listing, every read and every write go through Beam's FileSystems."""

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
-from conftest import run_cli, spawn_cli
+from conftest import run_cli, start_cli_server
 from reloading import metric, metrics_readings, publish_and_wait
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
@@ -517,36 +517,11 @@ def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     assert states["2"]["state"] == "AVAILABLE" and states["1"]["state"] == "END"
 
 
-def _start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
-    """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
-    import queue
-
-    proc = spawn_cli("serve", "--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", *flags,
-                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    ports, seen = {}, []
-    deadline = time.time() + 120
-    while len(ports) < 2 and time.time() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        m = re.search(r"(gRPC ModelServer|HTTP/REST API) at:?\s*[\d.]+:(\d+)", line)
-        if m:
-            ports[m[1]] = int(m[2])
-    if len(ports) < 2:
-        proc.kill()
-        raise AssertionError(f"server did not start: {''.join(seen)}")
-    return proc, ports["gRPC ModelServer"], ports["HTTP/REST API"]
-
-
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     from serving_models import save_slow
 
     save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
-    proc, grpc_port, rest_port = _start_cli_server(
+    proc, grpc_port, rest_port = start_cli_server(
         "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}", "--file_system_poll_wait_seconds=0",
         "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000")
     try:
@@ -687,7 +662,7 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     (tmp_path / "batching.config").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1000 }\n"
                                               "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 100 }\n")
     (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
-    proc, grpc_port, rest_port = _start_cli_server(
+    proc, grpc_port, rest_port = start_cli_server(
         "--model_name=penguins", f"--model_base_path={base}", "--file_system_poll_wait_seconds=1",
         "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
         f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--max_num_load_retries=0",

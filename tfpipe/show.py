@@ -37,6 +37,9 @@ def show(workdir: str, as_json: bool = False) -> int:
         if "files" in inputs:
             for f in inputs["files"]:
                 print(f"          input  {f['path']} ({f['size']:,} bytes)")
+        elif "images" in inputs:  # an image listing: its digest stands for the files
+            print(f"          input  {inputs['count']:,} images in {len(inputs['classes'])} classes, "
+                  f"listing sha256 {inputs['images'][:16]}")
         else:
             for need, sha in inputs.items():
                 print(f"          input  {need} output, manifest sha256 {sha[:16]}")
@@ -67,7 +70,13 @@ def lineage(manifest: dict) -> list[str]:
         return ["lineage: the exported model's or the data's manifest is gone"]
     lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})",
              f"  <- train run {e['lineage']['train_fingerprint'][:16]} ({e['lineage']['train']})",
-             f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} rows read, "
-             f"{d['counts']['bad']:,} dead-lettered)"]
-    lines += [f"  <- {i['path']} sha256 {i['sha256'][:16]}" for i in d.get("inputs", [])]
+             f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} "
+             f"{'images' if d.get('kind') == 'images' else 'rows'} read, {d['counts']['bad']:,} dead-lettered)"]
+    for i in d.get("inputs", []):
+        if "path" in i:
+            lines.append(f"  <- {i['path']} sha256 {i['sha256'][:16]}")
+        else:  # images: a folder of class folders (where it was written, for a bundled set) or a manifest
+            where = i.get("folder") or i.get("manifest")
+            lines.append(f"  <- {where}" + (f" (written to {i['written_to']})" if i.get("written_to") else "")
+                         + f", {i.get('images', 0):,} images")
     return lines
