@@ -155,6 +155,21 @@ def generate_images(root: str, n: int, size: int = 64, seed: int = 0) -> None:
     os.replace(tmp, root)
 
 
+def image_data_dir(n: int, size: int = 64) -> str:
+    """N generated JPEGs of SIZExSIZE through `tfpipe data --format images`, both kept in .bench
+    (bench_train.py, bench_export.py and bench_serve.py --images start from this)."""
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
+
+    src = os.path.join(ROOT, ".bench", f"images-{n}" + (f"-{size}px" if size != 64 else ""))
+    out = src + "-data"
+    if not os.path.exists(src):
+        generate_images(src, n, size=size)
+    if not os.path.exists(os.path.join(out, "data.json")):
+        run(DataConfig(input=[src], format="images", out=out), log=lambda _: None)
+    return out
+
+
 def bench_images(n: int, workdir: str, workers: int) -> dict:
     src = os.path.join(workdir, f"images-{n}")
     if not os.path.exists(src):

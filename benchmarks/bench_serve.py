@@ -1,6 +1,7 @@
 """Benchmark `tfpipe serve` (the embedded server) in one run, on the Chicago taxi model.
 
     python benchmarks/bench_serve.py [--seconds 8] [--calls 300] [--rounds 7] [--only-latency]
+    python benchmarks/bench_serve.py --images [--only-batching]     the image CNN instead
 
 Needs the model bench_export.py writes (.bench/export/models/taxi); runs that first when it
 is missing. Requests are the model's own warmup records (real eval rows, one row each).
@@ -21,12 +22,18 @@ Prints:
     full garbage collections (the cause of REST's 200-250 ms stalls). This process freezes
     and disables its own collector while it measures, so that its pauses are not counted.
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
+
+--images serves the image CNN that `bench_export.py --images 4000` writes (.bench/export/
+models/images; run first when missing), with one encoded JPEG per request: a compute-bound
+model, where batching is meant to pay. --only-batching measures only its throughput with
+batching on and off.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import http.client
 import json
 import os
@@ -48,15 +55,18 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow_serving.apis import prediction_log_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-BASE = os.path.join(ROOT, ".bench", "export", "models", "taxi")
+MODELS = os.path.join(ROOT, ".bench", "export", "models")
+NAME = "taxi"  # or "images" (--images)
 
 
 def model_dir() -> str:
-    versions = sorted((int(v) for v in os.listdir(BASE) if v.isdigit()), reverse=True) if os.path.isdir(BASE) else []
+    base = os.path.join(MODELS, NAME)
+    versions = sorted((int(v) for v in os.listdir(base) if v.isdigit()), reverse=True) if os.path.isdir(base) else []
     if not versions:
-        subprocess.run([sys.executable, os.path.join(HERE, "bench_export.py")], check=True)
+        extra = ["--images", "4000"] if NAME == "images" else []
+        subprocess.run([sys.executable, os.path.join(HERE, "bench_export.py"), *extra], check=True)
         return model_dir()
-    return os.path.join(BASE, str(versions[0]))
+    return os.path.join(base, str(versions[0]))
 
 
 def payloads(path: str):
@@ -64,7 +74,7 @@ def payloads(path: str):
     out = []
     for r in records:
         req = prediction_log_pb2.PredictionLog.FromString(r.numpy()).predict_log.request
-        req.model_spec.name = "taxi"
+        req.model_spec.name = NAME
         out.append(req)
     return out
 
@@ -73,7 +83,10 @@ def rest_body(req) -> str:
     row = {}
     for k, v in req.inputs.items():
         x = tf.make_ndarray(v)[0]
-        row[k] = x.decode() if isinstance(x, bytes) else x.item()
+        if k.endswith("_bytes"):  # binary: base64, as TF Serving's REST API wants it
+            row[k] = {"b64": base64.b64encode(x).decode()}
+        else:
+            row[k] = x.decode() if isinstance(x, bytes) else x.item()
     return json.dumps({"instances": [row]})
 
 
@@ -97,7 +110,7 @@ def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, l
 
 def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
           grpc_threads: int = 0) -> tuple[subprocess.Popen, int, int]:
-    flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", "--model_name=taxi",
+    flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", f"--model_name={NAME}",
              f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0"]
     if grpc_threads:
         flags.append(f"--grpc_max_threads={grpc_threads}")
@@ -322,11 +335,20 @@ def main() -> None:
     ap.add_argument("--only-latency", action="store_true", help="measure only the concurrency-1 latencies")
     ap.add_argument("--only-tail", action="store_true", help="measure only the tail latency at --clients")
     ap.add_argument("--tail-seconds", type=float, default=30.0, help="seconds per tail-latency run (default 30)")
+    ap.add_argument("--images", action="store_true", help="the image CNN of bench_export.py --images 4000")
+    ap.add_argument("--only-batching", action="store_true", help="measure only throughput, batching on and off")
     args = ap.parse_args()
+    global NAME
+    NAME = "images" if args.images else "taxi"
     path = model_dir()
     reqs = payloads(path)
     bodies = [rest_body(r) for r in reqs]
     print(f"model {path}: {len(reqs)} one-row requests from its warmup records")
+    if args.only_batching:
+        with tempfile.TemporaryDirectory() as tmp:
+            off, off_p50, on, on_p50 = batching_on_off(path, reqs, tmp, args)
+        print_batching(off, off_p50, on, on_p50, args)
+        return
     if args.only_tail:
         with tempfile.TemporaryDirectory() as tmp:
             print_tail(tail_latency(path, reqs, bodies, tmp, args.clients, args.tail_seconds), args)
@@ -347,19 +369,7 @@ def main() -> None:
                 proc.terminate()
                 proc.wait()
         if not args.only_latency:
-            proc, gport, _ = serve(path, batching=False, tmp=tmp, grpc_threads=args.clients)
-            try:
-                off, off_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
-            finally:
-                proc.terminate()
-                proc.wait()
-            proc, gport, _ = serve(path, batching=True, tmp=tmp, threads=args.batch_threads,
-                                   timeout_us=args.batch_timeout_us, grpc_threads=args.clients)
-            try:
-                on, on_p50 = grpc_throughput(gport, reqs, args.clients, args.seconds)
-            finally:
-                proc.terminate()
-                proc.wait()
+            off, off_p50, on, on_p50 = batching_on_off(path, reqs, tmp, args)
             proc, ports = start([sys.executable, os.path.join(HERE, "plain_grpc_server.py"), path, "0"],
                                 r"at 127.0.0.1:(\d+)", 1)
             try:
@@ -380,13 +390,31 @@ def main() -> None:
     print("  (overhead: the median over rounds of that round's p50 minus its in-process p50)")
     if args.only_latency:
         return
-    print(f"\nthroughput, {args.clients} concurrent gRPC clients, one row per request, {args.seconds:g} s each, "
-          f"--grpc_max_threads={args.clients}")
-    print(f"  embedded, batching off {off:8.0f} req/s  (p50 {off_p50:.2f} ms)")
-    print(f"  embedded, batching on  {on:8.0f} req/s  (p50 {on_p50:.2f} ms)   on/off {on / off:.2f}x (target >= 3)")
+    print_batching(off, off_p50, on, on_p50, args)
     print(f"  plain grpcio server    {plain:8.0f} req/s  (p50 {plain_p50:.2f} ms)   "
           f"embedded+batching/plain {on / plain:.2f}x (target >= 2)")
     print_tail(tails, args)
+
+
+def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:
+    """gRPC throughput and p50 at --clients clients: the server without batching, then with it."""
+    results = []
+    for batching in (False, True):
+        proc, gport, _ = serve(path, batching=batching, tmp=tmp, threads=args.batch_threads,
+                               timeout_us=args.batch_timeout_us, grpc_threads=args.clients)
+        try:
+            results += grpc_throughput(gport, reqs, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait()
+    return tuple(results)
+
+
+def print_batching(off: float, off_p50: float, on: float, on_p50: float, args) -> None:
+    print(f"\nthroughput, {args.clients} concurrent gRPC clients, one {'image' if args.images else 'row'} per "
+          f"request, {args.seconds:g} s each, --grpc_max_threads={args.clients}")
+    print(f"  embedded, batching off {off:8.0f} req/s  (p50 {off_p50:.2f} ms)")
+    print(f"  embedded, batching on  {on:8.0f} req/s  (p50 {on_p50:.2f} ms)   on/off {on / off:.2f}x (target >= 3)")
 
 
 def print_tail(tails: dict, args) -> None:

@@ -1,6 +1,7 @@
 """Benchmark the training stage's choices, as ratios measured in one run.
 
     python benchmarks/bench_train.py [--data DATA_DIR] [--steps 200]
+    python benchmarks/bench_train.py --images 4000 [--image-size 64] [--models cnn,mobilenet_v3_small,resnet50]
 
 Without --data it runs `tfpipe data` on examples/data/chicago_taxi/data.csv first. Prints:
   * input pipeline alone (examples/s) against the training step's consumption, and the
@@ -11,6 +12,15 @@ Without --data it runs `tfpipe data` on examples/data/chicago_taxi/data.csv firs
     on a batch held in memory so only compute is timed), for the default model and for a
     wider one.
 On a GPU machine the same script measures the GPU paths (mixed_float16 + XLA vs float32).
+
+With --images N it generates N JPEGs of shapes on textures (bench_data.py's generator, at
+--image-size pixels), runs `tfpipe data --format images` on them, and prints:
+  * the CPU's model and instruction sets (AVX2, AVX-512, AVX-512 BF16, AMX), which decide
+    what bfloat16 can gain;
+  * the image input pipeline (parallel decode and resize, images/s) against what a float32
+    training step consumes, and the input wait of a real `tfpipe train` run;
+  * per --models network, training steps on a batch held in memory (images/s): float32 with
+    and without XLA, and mixed_bfloat16 with and without XLA.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
@@ -86,11 +97,81 @@ def real_run(data_path: str, cache_mb: int) -> dict:
     return json.load(open(os.path.join(out, "train.json")))
 
 
+def image_pipeline_rate(data, size: tuple[int, int], batch: int, batches: int) -> float:
+    from tfpipe.train.images import image_dataset
+
+    it = iter(image_dataset(data.files("train"), size, batch, shuffle=True, seed=0, deterministic=False).repeat())
+    for _ in range(5):
+        next(it)
+    t0 = time.perf_counter()
+    n = sum(int(next(it)[1].shape[0]) for _ in range(batches))
+    return n / (time.perf_counter() - t0)
+
+
+def image_step_rate(data, size: tuple[int, int], model: str, batch: int, steps: int, *, policy: str,
+                    xla: bool) -> float:
+    from tfpipe.train.images import build_image_model, image_dataset
+
+    keras.config.set_dtype_policy(policy)
+    try:
+        net = build_image_model(size, data.schema.label.classes, data.train_stats(), model=model,
+                                filters=[32, 64, 128], dropout=0.0, augment=["flip", "crop"], seed=0)
+        compile_trainer(net, "multiclass", 1e-3, 1, xla)
+        held = tf.data.Dataset.from_tensors(next(iter(image_dataset(
+            data.files("train"), size, batch, shuffle=False, seed=0, deterministic=True)))).repeat()
+        net.fit(held, steps_per_epoch=3, epochs=1, verbose=0)  # trace and compile
+        t0 = time.perf_counter()
+        net.fit(held, steps_per_epoch=steps, epochs=1, verbose=0)
+        return steps * batch / (time.perf_counter() - t0)
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def images_main(args) -> None:
+    from tfpipe.train.devices import cpu_features
+
+    from bench_data import image_data_dir
+
+    data_path = image_data_dir(args.images, args.image_size)
+    data = load_data_dir(data_path)
+    size = (args.image_size, args.image_size)
+    cpu = cpu_features()
+    print(f"CPU: {cpu['model']}, {os.cpu_count()} cores; instruction sets: {', '.join(cpu['features']) or 'none listed'}")
+    print(f"{data.count('train'):,} training images of {size[0]}x{size[1]}, {len(data.schema.label.classes)} classes; "
+          f"batch {args.batch}\n")
+    pipeline = image_pipeline_rate(data, size, args.batch, 40)
+    consume = image_step_rate(data, size, "cnn", args.batch, 20, policy="float32", xla=False)
+    out = os.path.join(tempfile.mkdtemp(prefix="bench-train-images-"), "train")
+    train_run(TrainConfig(data=data_path, out=out, epochs=3, patience=3, batch_size=args.batch), log=lambda _: None)
+    real = json.load(open(os.path.join(out, "train.json")))
+    print("input pipeline, parallel decode + resize (images/s)")
+    print(f"  pipeline alone               {pipeline:>10,.0f}")
+    print(f"  cnn float32 step consumes    {consume:>10,.0f}   pipeline/consumption {pipeline / consume:.2f}x")
+    print(f"  tfpipe train (cnn, 3 epochs) {real['examples_per_s']:>10,.0f}   input wait "
+          f"{real['input_wait_fraction']:.1%} of step time (target < 5%)\n")
+    print("training steps on a batch held in memory (images/s)")
+    for model in args.models.split(","):
+        steps = args.steps if model == "cnn" else max(5, args.steps // 4)
+        rows = [(policy, xla, image_step_rate(data, size, model, args.batch, steps, policy=policy, xla=xla))
+                for policy in ("float32", "mixed_bfloat16") for xla in (False, True)]
+        base = rows[0][2]
+        print(f"  {model}")
+        for policy, xla, rate in rows:
+            print(f"    {policy:15s} XLA {'on ' if xla else 'off'} {rate:>10,.1f}   {rate / base:.2f}x float32 without XLA")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--images", type=int, help="benchmark an image model on this many generated images")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32, help="images per step (--images only)")
+    ap.add_argument("--models", default="cnn,mobilenet_v3_small,resnet50", help="networks to time (--images only)")
     args = ap.parse_args()
+    if args.images:
+        images_main(args)
+        return
     data_path = ensure_data(args.data)
     data = load_data_dir(data_path)
     gpus = tf.config.list_physical_devices("GPU")

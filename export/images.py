@@ -67,13 +67,17 @@ class ImageServingModule(tf.Module):
         return {"classes": tf.tile(self._classes[tf.newaxis, :], [tf.shape(scores)[0], 1]), "scores": scores}
 
 
-def split_images(data, split: str, limit: int = 100000) -> tuple[list[bytes], np.ndarray]:
-    """The encoded images and class ids of a split, in file order."""
+def split_images(data, split: str, limit: int = 100000, formats: list[str] | None = None
+                 ) -> tuple[list[bytes], np.ndarray]:
+    """The encoded images and class ids of a split, in file order (their formats appended to
+    `formats` when given)."""
     encoded, labels = [], []
     for record in tf.data.TFRecordDataset(data.files(split), compression_type="GZIP").take(limit):
-        ex = tf.train.Example.FromString(record.numpy())
-        encoded.append(ex.features.feature["image/encoded"].bytes_list.value[0])
-        labels.append(ex.features.feature["image/class/label"].int64_list.value[0])
+        feature = tf.train.Example.FromString(record.numpy()).features.feature
+        encoded.append(feature["image/encoded"].bytes_list.value[0])
+        labels.append(feature["image/class/label"].int64_list.value[0])
+        if formats is not None:
+            formats.append(feature["image/format"].bytes_list.value[0].decode())
     return encoded, np.array(labels, dtype=np.int64)
 
 
@@ -86,14 +90,15 @@ def export_images(tmp: str, model: keras.Model, data, config, log) -> dict[str, 
     set_method_names(tmp, module.method_names())
     warm = write_warmup(tmp, config, data)
     split = "test" if data.count("test") else "eval"
-    encoded, labels = split_images(data, split, MEASURED_IMAGES)
+    formats: list[str] = []
+    encoded, labels = split_images(data, split, MEASURED_IMAGES, formats)
     pixels = np.concatenate([decode_batch(tf.constant(encoded[i:i + CHUNK]), module.size).numpy()
                              for i in range(0, len(encoded), CHUNK)])
     loaded = tf.saved_model.load(tmp)
     check = check_reload(loaded, model, encoded, pixels, split, config.tolerance)
     table = tflite_variants(tmp, loaded, model, data, encoded, pixels, labels, module.size, config, log) \
         if config.variants else []
-    write_samples(tmp, loaded, data, split, encoded, labels)
+    write_samples(tmp, loaded, data, split, encoded, labels, formats)
     return {"signatures": list(SIGNATURES), "warmup_records": warm, "reload_check": check, "variants": table,
             "image": {"size": list(module.size), "classes": data.schema.label.classes,
                       "inputs": {"serving_default": BYTES_INPUT, "predict_pixels": PIXELS_INPUT}}}
@@ -106,14 +111,13 @@ def predict_all(fn, images, **kwargs) -> np.ndarray:
                            for i in range(0, len(images), CHUNK)])
 
 
-def write_samples(tmp: str, loaded, data, split: str, encoded: list[bytes], labels: np.ndarray, n: int = 24) -> None:
+def write_samples(tmp: str, loaded, data, split: str, encoded: list[bytes], labels: np.ndarray, formats: list[str],
+                  n: int = 24) -> None:
     """assets.extra/samples.json, for the run report: test images (inline as base64) with the class
     the SavedModel gives them; the misclassified ones first (up to a third), then images spread
     evenly over the split."""
     import base64
     import json
-
-    from tfpipe.pipeline.images import sniff_format
 
     if not encoded:
         return
@@ -124,7 +128,7 @@ def write_samples(tmp: str, loaded, data, split: str, encoded: list[bytes], labe
     classes = data.schema.label.classes
     images = []
     for i in (wrong + spread)[:n]:
-        images.append({"index": i, "format": sniff_format(encoded[i]) or "png",
+        images.append({"index": i, "format": formats[i],
                        "b64": base64.b64encode(encoded[i]).decode(), "label": classes[int(labels[i])],
                        "predicted": classes[int(predicted[i])], "probability": round(float(probabilities[i].max()), 4)})
     with open(os.path.join(tmp, "assets.extra", "samples.json"), "w") as f:
@@ -196,8 +200,7 @@ def tflite_variants(tmp: str, loaded, model: keras.Model, data, encoded: list[by
     """Each TFLite variant measured beside the SavedModel on the same images: accuracy, size and
     single-image latency; a variant that loses more than --max-accuracy-drop fails the export
     (or is left out with --allow-drop)."""
-    from tfpipe.export.job import record_variants
-    from tfpipe.export.tflite import litert_runner, measure
+    from tfpipe.export.tflite import litert_runner, measure, record_variants
 
     serve = loaded.signatures["serving_default"]
     saved = measure(lambda row: serve(**{BYTES_INPUT: tf.constant(row["encoded"])}),

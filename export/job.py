@@ -147,7 +147,8 @@ def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, n
 def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
                      labels: np.ndarray, config: ExportConfig, log) -> list[dict[str, Any]]:
     """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
-    from tfpipe.export.tflite import convert_all, device_inputs, device_model, litert_runner, measure
+    from tfpipe.export.tflite import (convert_all, device_inputs, device_model, litert_runner, measure,
+                                      record_variants)
 
     train_raw, _ = _labelled_rows(data, "train", limit=1000)
     lite_model, vocabularies = device_model(model, data.schema)
@@ -180,46 +181,6 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
         return measure(one, every, inputs, labels, task)
 
     return record_variants(table, converted, quality, metric, folder, config, log)
-
-
-def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], quality, metric: str, folder: str,
-                    config: ExportConfig, log) -> list[dict[str, Any]]:
-    """Measure each converted variant (`quality(blob)`: its metric and latencies) against the
-    SavedModel's row that starts `table`, write the ones kept into `folder`, print the table;
-    a variant that loses more than --max-accuracy-drop fails the export (--allow-drop: left out)."""
-    saved = table[0]
-    failed = []
-    for variant, blob in converted.items():
-        row = {"variant": variant, "bytes": len(blob), **quality(blob)}
-        if metric == "accuracy":
-            row["drop"] = round(saved["accuracy"] - row["accuracy"], 6)
-        else:
-            row["drop"] = round((row["rmse"] - saved["rmse"]) / max(saved["rmse"], 1e-12), 6)
-        row["ratio_bytes_vs_float32"] = round(len(blob) / len(converted.get("float32", blob)), 4)
-        if row["drop"] > config.max_accuracy_drop:
-            failed.append(row)
-            if config.allow_drop:
-                log(f"  dropping {variant}: {metric} drops {row['drop']:.4f} > {config.max_accuracy_drop:g}")
-                table.append({**row, "dropped": True})
-                continue
-        with open(os.path.join(folder, f"{variant}.tflite"), "wb") as f:
-            f.write(blob)
-        table.append(row)
-    for line in format_table(table, metric):
-        log(line)
-    if failed and not config.allow_drop:
-        names = ", ".join(f"{r['variant']} (-{r['drop']:.4f})" for r in failed)
-        raise ExportError(f"TFLite variant(s) {names} lose more {metric} than --max-accuracy-drop "
-                          f"{config.max_accuracy_drop:g}; nothing was published (--allow-drop skips them)")
-    return table
-
-
-def format_table(table: list[dict[str, Any]], metric: str) -> list[str]:
-    lines = [f"  {'variant':11s} {'size':>10s} {metric:>9s} {'drop':>8s} {'p50 ms':>8s} {'p99 ms':>8s}"]
-    for r in table:
-        lines.append(f"  {r['variant']:11s} {r['bytes'] / 1024:>8.1f}KB {r[metric]:>9.4f} {r['drop']:>8.4f} "
-                     f"{r['latency_ms_p50']:>8.3f} {r['latency_ms_p99']:>8.3f}" + ("  dropped" if r.get("dropped") else ""))
-    return lines
 
 
 def _labelled_rows(data, split: str, limit: int = 100000) -> tuple[dict[str, np.ndarray], np.ndarray]:

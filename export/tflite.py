@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
+from tfpipe.export.errors import ExportError
 from tfpipe.pipeline.schema import Schema
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
@@ -289,3 +290,43 @@ def litert_runner(model_bytes: bytes):
         return np.concatenate([one({k: v[i:i + 1] for k, v in inputs.items()}) for i in range(n)])
 
     return one, all_rows
+
+
+def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], quality, metric: str, folder: str,
+                    config, log) -> list[dict[str, Any]]:
+    """Measure each converted variant (`quality(blob)`: its metric and latencies) against the
+    SavedModel's row that starts `table`, write the ones kept into `folder`, print the table;
+    a variant that loses more than --max-accuracy-drop fails the export (--allow-drop: left out)."""
+    saved = table[0]
+    failed = []
+    for variant, blob in converted.items():
+        row = {"variant": variant, "bytes": len(blob), **quality(blob)}
+        if metric == "accuracy":
+            row["drop"] = round(saved["accuracy"] - row["accuracy"], 6)
+        else:
+            row["drop"] = round((row["rmse"] - saved["rmse"]) / max(saved["rmse"], 1e-12), 6)
+        row["ratio_bytes_vs_float32"] = round(len(blob) / len(converted.get("float32", blob)), 4)
+        if row["drop"] > config.max_accuracy_drop:
+            failed.append(row)
+            if config.allow_drop:
+                log(f"  dropping {variant}: {metric} drops {row['drop']:.4f} > {config.max_accuracy_drop:g}")
+                table.append({**row, "dropped": True})
+                continue
+        with open(os.path.join(folder, f"{variant}.tflite"), "wb") as f:
+            f.write(blob)
+        table.append(row)
+    for line in format_table(table, metric):
+        log(line)
+    if failed and not config.allow_drop:
+        names = ", ".join(f"{r['variant']} (-{r['drop']:.4f})" for r in failed)
+        raise ExportError(f"TFLite variant(s) {names} lose more {metric} than --max-accuracy-drop "
+                          f"{config.max_accuracy_drop:g}; nothing was published (--allow-drop skips them)")
+    return table
+
+
+def format_table(table: list[dict[str, Any]], metric: str) -> list[str]:
+    lines = [f"  {'variant':11s} {'size':>10s} {metric:>9s} {'drop':>8s} {'p50 ms':>8s} {'p99 ms':>8s}"]
+    for r in table:
+        lines.append(f"  {r['variant']:11s} {r['bytes'] / 1024:>8.1f}KB {r[metric]:>9.4f} {r['drop']:>8.4f} "
+                     f"{r['latency_ms_p50']:>8.3f} {r['latency_ms_p99']:>8.3f}" + ("  dropped" if r.get("dropped") else ""))
+    return lines

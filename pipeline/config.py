@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tfpipe.pipeline.schema import parse_size  # noqa: F401  (the data options' HxW sizes; train reads it there)
+
 DEFAULT_NA_VALUES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "#N/A")
 _SPLIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -115,17 +117,3 @@ def parse_split(text: str) -> dict[str, int]:
         except ValueError:
             raise ValueError(f"weight '{weight}' of split '{name}' is not an integer") from None
     return out
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'HxW' (or a single number N for NxN) as (height, width); ValueError names the problem."""
-    parts = text.lower().replace(" ", "").split("x")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH, such as 224x224") from None
-    if len(values) == 1:
-        values = values * 2
-    if len(values) != 2 or min(values) < 1:
-        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH with both above 0, such as 224x224")
-    return values[0], values[1]

@@ -261,3 +261,17 @@ def _typed(value: Any, type_: str) -> Any:
         except (TypeError, ValueError):
             return None  # a stray value in the sample; its row will be a dead letter
     return str(value)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'HxW' (or a single number N for NxN) as (height, width); ValueError names the problem."""
+    parts = text.lower().replace(" ", "").split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH, such as 224x224") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise ValueError(f"'{text}' is not a size: write HEIGHTxWIDTH with both above 0, such as 224x224")
+    return values[0], values[1]

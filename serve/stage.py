@@ -4,6 +4,7 @@ run in-process. The same files run under tensorflow_model_server (the command is
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -168,7 +169,6 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
 
     from tensorflow.core.framework import types_pb2
 
-    from tfpipe.loadtest.payloads import json_row
     from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
 
     fn = tf.saved_model.load(model_path).signatures["serving_default"]
@@ -183,7 +183,9 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
     local = {k: v.numpy() for k, v in fn(**{k: tf.constant(v, specs[k].dtype) for k, v in columns.items()}).items()}
 
     rest = f"http://127.0.0.1:{server.rest_port}"
-    instances = [json_row(r) for r in batch]  # encoded images as {"b64": ...}
+    # encoded images as {"b64": ...}, TF Serving's JSON for binary strings
+    instances = [{k: {"b64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v for k, v in r.items()}
+                 for r in batch]
     req = urllib.request.Request(f"{rest}/v1/models/{name}:predict", data=json.dumps({"instances": instances}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:

@@ -28,30 +28,33 @@ from tfpipe.train.config import TrainConfig
 from tfpipe.train.datadir import ImageLabel, ImageSchema
 from tfpipe.train.devices import cpu_features
 
-EPOCHS = 12
-
-
-def _digits_env(folder: Path) -> dict[str, str]:
-    return {**os.environ, "TFPIPE_CACHE": str(folder.parent / "digits-cache")}
+EPOCHS = 8
 
 
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory) -> dict[str, str]:
-    """{data, train, base}: the digits through data, train and export, each a CLI command."""
+    """{workdir, data, train, base, stdout}: examples/digits.toml as shipped, made shorter (8
+    epochs, one 1 s load step), through `tfpipe run`; the other tests use its stages' outputs."""
+    from conftest import ROOT
+
     def build(folder: Path) -> dict[str, str]:
-        paths = {"data": str(folder / "data"), "train": str(folder / "train"), "base": str(folder / "models")}
-        env = _digits_env(folder)
-        for args in (["data", "--format", "images", "--input", "sklearn://digits", "--out", paths["data"]],
-                     ["train", "--data", paths["data"], "--out", paths["train"], "--filters", "32,64", "--augment",
-                      "none", "--batch-size", "64", "--epochs", str(EPOCHS), "--patience", str(EPOCHS)],
-                     ["export", "--model", paths["train"], "--data", paths["data"], "--base", paths["base"],
-                      "--name", "digits"]):
-            proc = spawn_cli(*args, env=env)
-            out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, f"tfpipe {args[0]}: {out}\n{err}"
-        return paths
+        text = (Path(ROOT) / "examples" / "digits.toml").read_text()
+        shorter = (text.replace("epochs = 30", f"epochs = {EPOCHS}").replace('sweep = "1,4,8"', 'sweep = "1"')
+                   .replace('duration = "4s"', 'duration = "1s"').replace('warmup = "1s"', 'warmup = "0s"'))
+        assert len(set(shorter.splitlines()) - set(text.splitlines())) == 4  # each of the four took
+        (folder / "digits.toml").write_text(shorter)
+        workdir = folder / "run"
+        proc = spawn_cli("run", "--config", str(folder / "digits.toml"), "--workdir", str(workdir), env=_env(folder))
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out + err
+        return {"workdir": str(workdir), "data": str(workdir / "data"), "train": str(workdir / "train"),
+                "base": str(workdir / "export" / "models"), "config": str(folder / "digits.toml"), "stdout": out}
 
     return built_once(tmp_path_factory, "digits", build)
+
+
+def _env(folder: Path) -> dict[str, str]:
+    return {**os.environ, "TFPIPE_CACHE": str(folder / "cache")}
 
 
 def _json(path) -> dict:
@@ -314,29 +317,19 @@ def test_decoding_is_the_same_for_training_and_serving():
     np.testing.assert_array_equal(batch[0], batch[1])
 
 
-def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(tmp_path):
-    """examples/digits.toml as shipped, made shorter (4 epochs, one 1 s load step)."""
-    from conftest import ROOT
-
-    text = (Path(ROOT) / "examples" / "digits.toml").read_text()
-    shorter = (text.replace("epochs = 30", "epochs = 4").replace('sweep = "1,4,8"', 'sweep = "1"')
-               .replace('duration = "4s"', 'duration = "1s"').replace('warmup = "1s"', 'warmup = "0s"'))
-    assert shorter.count("\n") == text.count("\n") and shorter != text
-    config = tmp_path / "digits.toml"
-    config.write_text(shorter)
-    env = {**os.environ, "TFPIPE_CACHE": str(tmp_path / "cache")}
-    workdir = tmp_path / "run"
-    proc = spawn_cli("run", "--config", str(config), "--workdir", str(workdir), env=env)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out + err
+def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits):
+    out, workdir = digits["stdout"], Path(digits["workdir"])
     assert "1,797 images -> train" in out and "REST and gRPC answers match the SavedModel" in out
     steps = _json(workdir / "manifest.json")["steps"]
     assert all(s["status"] == "done" for s in steps.values()) and len(steps) == 5
     report = (workdir / "report.html").read_text()
     assert "Sample test images" in report and report.count('src="data:image/png;base64,') == 24
     assert "Images per class" in report
+    load = _json(workdir / "loadtest" / "results.json")
+    assert load["steps"][0]["requests"] > 0 and load["steps"][0]["errors"] == 0
 
-    again = spawn_cli("run", "--config", str(config), "--workdir", str(workdir), env=env)
+    again = spawn_cli("run", "--config", digits["config"], "--workdir", str(workdir),
+                      env=_env(Path(digits["config"]).parent))
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
     assert out.count("cached") == 5, out  # the image listing's fingerprint is stable

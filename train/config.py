@@ -57,7 +57,7 @@ class TrainConfig(BaseModel):
     @classmethod
     def _check_size(cls, v: str | None) -> str | None:
         if v is not None:
-            from tfpipe.pipeline.config import parse_size
+            from tfpipe.pipeline.schema import parse_size
 
             parse_size(v)
         return v

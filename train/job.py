@@ -139,7 +139,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     image = None
     with strategy.scope():
         if data.images:
-            from tfpipe.pipeline.config import parse_size
+            from tfpipe.pipeline.schema import parse_size
             from tfpipe.train.images import build_image_model, image_size
 
             size = image_size(parse_size(config.image_size) if config.image_size else None, data.schema,
