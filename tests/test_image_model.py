@@ -28,20 +28,25 @@ from tfpipe.train.config import TrainConfig
 from tfpipe.train.datadir import ImageLabel, ImageSchema
 from tfpipe.train.devices import cpu_features
 
-EPOCHS = 8
+EPOCHS = 5
+# The tests on the shared digits run stay on one worker: a second worker asking for the run while
+# it is being built would wait for it, idle, for half a minute.
+DIGITS = pytest.mark.xdist_group("digits")
 
 
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory) -> dict[str, str]:
-    """{workdir, data, train, base, stdout}: examples/digits.toml as shipped, made shorter (8
-    epochs, one 1 s load step), through `tfpipe run`; the other tests use its stages' outputs."""
+    """{workdir, data, train, base, stdout}: examples/digits.toml as shipped, made shorter (5
+    epochs, TFLite float32 and int8 only, one 1 s load step), through `tfpipe run`; the other
+    tests use its stages' outputs."""
     from conftest import ROOT
 
     def build(folder: Path) -> dict[str, str]:
         text = (Path(ROOT) / "examples" / "digits.toml").read_text()
         shorter = (text.replace("epochs = 30", f"epochs = {EPOCHS}").replace('sweep = "1,4,8"', 'sweep = "1"')
-                   .replace('duration = "4s"', 'duration = "1s"').replace('warmup = "1s"', 'warmup = "0s"'))
-        assert len(set(shorter.splitlines()) - set(text.splitlines())) == 4  # each of the four took
+                   .replace('duration = "4s"', 'duration = "1s"').replace('warmup = "1s"', 'warmup = "0s"')
+                   .replace('name = "digits"', 'name = "digits"\ntflite = "float32,int8"'))
+        assert len(set(shorter.splitlines()) - set(text.splitlines())) == 5  # each replacement took
         (folder / "digits.toml").write_text(shorter)
         workdir = folder / "run"
         proc = spawn_cli("run", "--config", str(folder / "digits.toml"), "--workdir", str(workdir), env=_env(folder))
@@ -73,6 +78,7 @@ def _test_images(data: str) -> tuple[list[bytes], np.ndarray]:
     return encoded, np.array(labels)
 
 
+@DIGITS
 def test_digits_are_written_as_png_class_folders_once(digits):
     data = _json(Path(digits["data"]) / "data.json")
     assert data["kind"] == "images" and data["counts"]["read"] == 1797 and data["counts"]["bad"] == 0
@@ -83,15 +89,17 @@ def test_digits_are_written_as_png_class_folders_once(digits):
         assert image.size == (8, 8) and image.mode == "L"
 
 
+@DIGITS
 def test_image_training_reports_what_it_trained(digits):
     t = _json(Path(digits["train"]) / "train.json")
     assert t["image"]["size"] == [8, 8] and t["image"]["model"] == "cnn" and t["image"]["augment"] == []
     assert t["image"]["classes"] == [str(d) for d in range(10)]
-    assert t["epochs_run"] == EPOCHS and t["metrics"]["test"]["accuracy"] >= 0.9
+    assert t["epochs_run"] == EPOCHS and t["metrics"]["test"]["accuracy"] >= 0.85
     assert 0 <= t["input_wait_fraction"] < 1 and t["examples_per_s"] > 0
     assert "avx2" in t["devices"]["cpu"]["features"] or t["devices"]["cpu"]["model"] is not None
 
 
+@DIGITS
 def test_export_has_both_signatures_warmup_images_and_an_int8_variant_within_the_gate(digits):
     import tensorflow as tf
     from ai_edge_litert.interpreter import Interpreter
@@ -102,7 +110,7 @@ def test_export_has_both_signatures_warmup_images_and_an_int8_variant_within_the
     assert e["signatures"] == ["serving_default", "predict_pixels", "classification"]
     assert e["reload_check"]["max_abs_diff"] <= 1e-5 and e["reload_check"]["split"] == "test"
     rows = {v["variant"]: v for v in e["variants"]}
-    assert set(rows) == {"savedmodel", "float32", "float16", "dynamic", "int8"}
+    assert set(rows) == {"savedmodel", "float32", "int8"}
     assert rows["int8"]["drop"] <= e["config"]["max_accuracy_drop"]  # the gate export enforces
     assert rows["int8"]["ratio_bytes_vs_float32"] <= 0.3
 
@@ -121,6 +129,7 @@ def test_export_has_both_signatures_warmup_images_and_an_int8_variant_within_the
     assert all(s["predicted"] in e["image"]["classes"] for s in samples["images"])
 
 
+@DIGITS
 def test_signatures_answer_and_resnet_style_clients_get_the_in_process_class(digits):
     import grpc
     import tensorflow as tf
@@ -181,7 +190,7 @@ def test_signatures_answer_and_resnet_style_clients_get_the_in_process_class(dig
         again = requests.post(url, json={"instances": [{"b64": base64.b64encode(images[0]).decode()}]}, timeout=30)
         assert again.status_code == 200 and again.json()["predictions"][0]["classes"] == want[0]
 
-        for target in (f"http://127.0.0.1:{rest_port}", f"grpc://127.0.0.1:{grpc_port}"):
+        for target in (f"grpc://127.0.0.1:{grpc_port}",):  # REST image payloads: the digits run's load test
             res = run_cli("loadtest", "--target", target, "--model", "digits", "--data", digits["data"],
                           "--users", "2", "--duration", "2s", "--warmup", "0s", "--max-requests", "300",
                           "--out", str(base.parent / f"load-{target.split(':')[0]}"))
@@ -202,6 +211,7 @@ def _backup_epoch(out: Path) -> int:
         return 0
 
 
+@DIGITS
 def test_image_training_resumes_after_sigkill(digits, tmp_path):
     out = tmp_path / "train"
     args = ["train", "--data", digits["data"], "--out", str(out), "--filters", "8", "--augment", "flip,crop,rotation",
@@ -216,14 +226,15 @@ def test_image_training_resumes_after_sigkill(digits, tmp_path):
     proc.wait()
     killed_at = _backup_epoch(out)
     assert killed_at >= 2 and not out.exists()
-    res = run_cli(*args, "--epochs", str(killed_at + 2), "--patience", "100")
+    res = run_cli(*args, "--epochs", str(killed_at + 1), "--patience", "100")
     assert res.returncode == 0, res.stderr
     assert f"resuming from the backup of epoch {killed_at}" in res.stdout
     t = _json(out / "train.json")
     assert t["resumed_from_epoch"] == killed_at
-    assert [json.loads(line)["epoch"] for line in open(out / "metrics.jsonl")] == list(range(1, killed_at + 3))
+    assert [json.loads(line)["epoch"] for line in open(out / "metrics.jsonl")] == list(range(1, killed_at + 2))
 
 
+@DIGITS
 def test_a_keras_applications_model_needs_32_pixels(digits, tmp_path):
     res = run_cli("train", "--data", digits["data"], "--out", str(tmp_path / "t"), "--model", "mobilenet_v3_small")
     assert res.returncode == 2 and "needs images of at least 32x32" in res.stderr and "--image-size" in res.stderr
@@ -317,6 +328,7 @@ def test_decoding_is_the_same_for_training_and_serving():
     np.testing.assert_array_equal(batch[0], batch[1])
 
 
+@DIGITS
 def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits):
     out, workdir = digits["stdout"], Path(digits["workdir"])
     assert "1,797 images -> train" in out and "REST and gRPC answers match the SavedModel" in out
