@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, help="an image CNN on this many generated images instead of taxi rows")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--filters", default="32,64,128", help="the image CNN's filters per block (--images)")
+    ap.add_argument("--time-limit", type=float, default=90, help="seconds of training for the image CNN (--images)")
     args = ap.parse_args()
     from tfpipe.export.config import ExportConfig
     from tfpipe.export.job import run as export
@@ -45,7 +46,8 @@ def main() -> None:
 
         d = image_data_dir(args.images, args.image_size)
         t = train(TrainConfig(data=d, out=os.path.join(work, f"train-images-{args.images}-{args.filters}"),
-                              filters=parse_int_list(args.filters), batch_size=64, time_limit=90), log=lambda _: None)
+                              filters=parse_int_list(args.filters), batch_size=64, time_limit=args.time_limit),
+                  log=lambda _: None)
         name, what = "images", f"image CNN {args.filters}, {args.image_size}x{args.image_size} pixels"
     else:
         csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpipe.export.errors import ExportError
-from tfpipe.train.images import decode_batch
+from tfpipe.train.images import decode_batch, inference_model
 
 BYTES_INPUT, PIXELS_INPUT = "image_bytes", "pixels"
 MEASURED_IMAGES = 2000  # test images the reload check and the variants are measured on (memory: decoded pixels)
@@ -34,7 +34,7 @@ SIGNATURES = ("serving_default", "predict_pixels", "classification")
 class ImageServingModule(tf.Module):
     def __init__(self, model: keras.Model, classes: list[str]):
         super().__init__()
-        self.model = model
+        self.model = inference_model(model)  # without the augmentation layers
         self._classes = tf.constant(classes)
         height, width = model.input.shape[1:3]
         self.size = (int(height), int(width))
@@ -178,7 +178,7 @@ def convert_images(model: keras.Model, variants: list[str], calibration: np.ndar
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, "sm")
-        model.export(saved, verbose=False)
+        inference_model(model).export(saved, verbose=False)
         for variant in variants:
             conv = tf.lite.TFLiteConverter.from_saved_model(saved)
             if variant != "float32":

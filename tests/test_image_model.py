@@ -347,3 +347,27 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
     assert out.count("cached") == 5, out  # the image listing's fingerprint is stable
     show = run_cli("show", "--workdir", str(workdir))
     assert show.returncode == 0 and "sklearn://digits (written to" in show.stdout, show.stdout + show.stderr
+
+
+def test_a_model_with_augmentation_exports_and_converts(tmp_path):
+    """The served and converted model leave out the random layers (Keras's draw random numbers
+    at inference too, which TFLite cannot run) and answer as the trained model does."""
+    import keras
+    import tensorflow as tf
+
+    from tfpipe.export.images import ImageServingModule, convert_images
+    from tfpipe.export.tflite import litert_runner
+    from tfpipe.train.images import build_image_model
+
+    model = build_image_model((16, 16), ["a", "b"], {}, model="cnn", filters=[4], dropout=0.3,
+                              augment=["flip", "crop", "rotation"], seed=0)
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    model.save(tmp_path / "model.keras")
+    model = keras.models.load_model(tmp_path / "model.keras")
+    module = ImageServingModule(model, ["a", "b"])
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.signatures())
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["predict_pixels"](pixels=tf.constant(pixels))
+    expected = np.asarray(model(pixels, training=False))
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-6)
+    one, _ = litert_runner(convert_images(model, ["float32"], pixels)["float32"])
+    np.testing.assert_allclose(one({"pixels": pixels[:1]}), expected[:1], atol=1e-5)

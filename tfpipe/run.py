@@ -388,7 +388,8 @@ class Run:
                                        self.cfg.export.tolerance, log)
         check = result["check"]
         summary = (f"{export['name']} version {export['version']} on the embedded server: REST and gRPC answers "
-                   f"match the SavedModel on {check['rows']} rows (max diff {check['max_abs_diff']:.1e})")
+                   f"match the SavedModel on {check['rows']} {'images' if self.cfg.data.format == 'images' else 'rows'} "
+                   f"(max diff {check['max_abs_diff']:.1e})")
         return self._outputs(self.path("serve", "serve.json"), path=self.path("serve")), summary, 0
 
     def step_loadtest(self, log: Callable[[str], None]):

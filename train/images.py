@@ -163,3 +163,16 @@ def build_image_model(size: tuple[int, int], classes: list[str], train_stats: di
     out = layers.Dense(len(classes), activation="softmax", dtype="float32", name="head",
                        kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 1000))(x)
     return keras.Model(pixels, out, name=f"tfpipe_image_{model}")
+
+
+def inference_model(model: keras.Model) -> keras.Model:
+    """The same model without its augmentation layers, sharing every weight: what is served and
+    converted. Keras's random layers still draw random numbers at inference (and TFLite has no
+    op for that), though they return the image unchanged. The top level of an image model is a
+    chain of layers, so it is rebuilt by calling the other layers in order."""
+    x = pixels = keras.Input(shape=model.input.shape[1:], dtype=model.input.dtype, name="pixels")
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer) or layer.name.startswith("augment_"):
+            continue
+        x = layer(x)
+    return keras.Model(pixels, x, name=model.name)
