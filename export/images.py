@@ -173,18 +173,14 @@ def convert_images(model: keras.Model, variants: list[str], calibration: np.ndar
     """TFLite variants of the pixel model (uint8 [1, H, W, 3] in, float32 probabilities out).
     int8 is full-integer: weights per output channel, activations calibrated on training
     images; the uint8 input stays uint8, only the probabilities come out as float."""
-    from tfpipe.export.tflite import strip_tensor_names
+    from tfpipe.export.tflite import converter, strip_tensor_names
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, "sm")
         inference_model(model).export(saved, verbose=False)
         for variant in variants:
-            conv = tf.lite.TFLiteConverter.from_saved_model(saved)
-            if variant != "float32":
-                conv.optimizations = [tf.lite.Optimize.DEFAULT]
-            if variant == "float16":
-                conv.target_spec.supported_types = [tf.float16]
+            conv = converter(saved, variant)
             if variant == "int8":
                 def representative():
                     for image in calibration:

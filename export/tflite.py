@@ -180,11 +180,7 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
         lite_model.export(saved, verbose=False)
         float_names: list[str] = []
         for variant in variants:
-            conv = tf.lite.TFLiteConverter.from_saved_model(saved)
-            if variant != "float32":
-                conv.optimizations = [tf.lite.Optimize.DEFAULT]
-            if variant == "float16":
-                conv.target_spec.supported_types = [tf.float16]
+            conv = converter(saved, variant)
             if variant != "int8":
                 blob = conv.convert()
                 if variant == "float32":
@@ -203,6 +199,17 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
                     debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=keep_float))
             out[variant] = strip_tensor_names(debugger.get_nondebug_quantized_model())
     return {v: out[v] for v in variants}
+
+
+def converter(saved_model: str, variant: str) -> tf.lite.TFLiteConverter:
+    """A converter for one variant: float32 as it is, float16 weights, or quantized (dynamic
+    range; int8 once the caller gives it a representative dataset)."""
+    conv = tf.lite.TFLiteConverter.from_saved_model(saved_model)
+    if variant != "float32":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    if variant == "float16":
+        conv.target_spec.supported_types = [tf.float16]
+    return conv
 
 
 def _tensor_names(blob: bytes) -> list[str]:

@@ -267,6 +267,29 @@ def raw_records(out: str, split: str) -> list[bytes]:
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
 
 
+def backup_epoch(out) -> int:
+    """The last epoch `tfpipe train --out OUT`'s BackupAndRestore has saved (0: none yet)."""
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial", "backup",
+                        "training_metadata.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def kill_after_epochs(proc, out, epochs: int, timeout: float = 120) -> int:
+    """SIGKILL a running `tfpipe train --out OUT` once `epochs` epochs are backed up; returns
+    the epoch its backup holds."""
+    deadline = time.time() + timeout
+    while backup_epoch(out) < epochs and time.time() < deadline:
+        assert proc.poll() is None, "the training ended before it could be killed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return backup_epoch(out)
+
+
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]) -> Any:
     """`build(folder)`'s result, built by whichever xdist worker asks first; the other workers wait
     for it and reuse the same files (session fixtures are otherwise built once per worker).

@@ -12,9 +12,7 @@ import base64
 import io
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ import pytest
 import requests
 from PIL import Image
 
-from conftest import built_once, run_cli, spawn_cli, start_cli_server
+from conftest import built_once, kill_after_epochs, run_cli, spawn_cli, start_cli_server
 from tfpipe.loadtest.payloads import json_row
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.datadir import ImageLabel, ImageSchema
@@ -203,14 +201,6 @@ def test_signatures_answer_and_resnet_style_clients_get_the_in_process_class(dig
         proc.wait(timeout=60)
 
 
-def _backup_epoch(out: Path) -> int:
-    path = out.parent / f".{out.name}.partial" / "backup" / "training_metadata.json"
-    try:
-        return json.load(open(path))["epoch"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @DIGITS
 def test_image_training_resumes_after_sigkill(digits, tmp_path):
     out = tmp_path / "train"
@@ -218,13 +208,7 @@ def test_image_training_resumes_after_sigkill(digits, tmp_path):
             "--batch-size", "128", "--seed", "5"]
     proc = spawn_cli(*args, "--epochs", "1000", "--patience", "1000", stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while _backup_epoch(out) < 2 and time.time() < deadline:
-        assert proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = _backup_epoch(out)
+    killed_at = kill_after_epochs(proc, out, 2)
     assert killed_at >= 2 and not out.exists()
     res = run_cli(*args, "--epochs", str(killed_at + 1), "--patience", "100")
     assert res.returncode == 0, res.stderr

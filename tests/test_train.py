@@ -5,14 +5,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from conftest import run_cli, spawn_cli
+from conftest import backup_epoch, kill_after_epochs, run_cli, spawn_cli
 
 
 def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -84,28 +82,13 @@ def test_chicago_taxi_quality(tmp_path, chicago_csv):
     assert m["metrics"]["test"]["accuracy"] >= 0.78 and m["metrics"]["test"]["auc"] >= 0.92
 
 
-def _backup_epoch(out) -> int:
-    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial", "backup",
-                        "training_metadata.json")
-    try:
-        return json.load(open(path))["epoch"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def test_kill_diverge_and_resume(tmp_path, penguins_data):
     out = tmp_path / "train"
     common = ["--seed", "3", "--batch-size", "32"]
     # 1. A long run, killed with SIGKILL once a few epochs are backed up.
     proc = spawn_cli("train", "--data", penguins_data, "--out", str(out), "--epochs", "1000", "--patience", "1000",
                      *common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while _backup_epoch(out) < 3 and time.time() < deadline:
-        assert proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = _backup_epoch(out)
+    killed_at = kill_after_epochs(proc, out, 3)
     assert killed_at >= 3 and not out.exists()
 
     # 2. Resumed with a learning rate that diverges: a clear error, the good epochs are kept.
@@ -114,7 +97,7 @@ def test_kill_diverge_and_resume(tmp_path, penguins_data):
     assert f"resuming from the backup of epoch {killed_at}" in res.stdout
     assert f"loss became nan at epoch {killed_at + 1}" in res.stderr
     assert f"the last good epoch ({killed_at}) is kept" in res.stderr and "Traceback" not in res.stderr
-    assert _backup_epoch(out) == killed_at and not out.exists()
+    assert backup_epoch(out) == killed_at and not out.exists()
 
     # 3. Rerun with a sane rate: resumes from the kept epoch and ends like an uninterrupted run.
     res = train(penguins_data, out, "--epochs", "15", "--patience", "15", *common)

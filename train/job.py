@@ -247,13 +247,13 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
                 results[split] = evaluate(strategy.experimental_distribute_dataset(ds))
             else:
                 results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
-    timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, global_batch)
-
     shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
+    if worker == 0:
+        model.save(os.path.join(work, "model.keras"))  # before _timing, which may step the trainer
+    timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, reuse=workers == 1)
     if worker != 0:  # in multi-worker training only the chief publishes
         shutil.rmtree(work, ignore_errors=True)
         return out
-    model.save(os.path.join(work, "model.keras"))
     manifest = {
         "stage": "train",
         "tfpipe_version": __version__,
@@ -290,19 +290,23 @@ def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum
     trainer.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=xla)
 
 
-def _timing(epochs, trainer, train_ds, config, task, xla, global_batch) -> dict[str, Any]:
+def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool) -> dict[str, Any]:
     """Throughput, mean step time and the share of each step spent waiting for input.
 
-    The wait is measured, not guessed: a copy of the trainer takes the same steps on one
-    batch held in memory (pure compute); the rest of a training step's time is input wait."""
+    The wait is measured, not guessed: the trainer takes the same steps on one batch held in
+    memory (pure compute); the rest of a training step's time is input wait. With `reuse` the
+    trainer itself does it, through the step function fit() compiled (its weights were
+    saved before); otherwise (a multi-worker run, where fit() is not used) a copy does."""
     steady = epochs[1:] or epochs  # the first epoch includes tracing
     if not steady:
         return {}
     seconds = sum(e["step_seconds"] for e in steady)
     examples = sum(e["step_seconds"] * e["examples_per_s"] for e in steady)
     step_time = seconds / sum(e["steps"] for e in steady)
-    probe = keras.models.clone_model(trainer)
-    compile_trainer(probe, task, config.learning_rate, 1, xla)
+    probe = trainer
+    if not reuse:
+        probe = keras.models.clone_model(trainer)
+        compile_trainer(probe, task, config.learning_rate, 1, xla)
     batch = next(iter(train_ds))
     probe.train_on_batch(*batch)  # trace and compile outside the timing
     n = 20
