@@ -348,6 +348,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             off, off_p50, on, on_p50 = batching_on_off(path, reqs, tmp, args)
         print_batching(off, off_p50, on, on_p50, args)
+        one, many = in_process_ceiling(path, reqs, 32)
+        print(f"  in process, no server: {one:8.0f} rows/s one at a time, {many:8.0f} rows/s 32 at a time: "
+              f"batching can gain at most {many / one:.2f}x on this machine")
         return
     if args.only_tail:
         with tempfile.TemporaryDirectory() as tmp:
@@ -408,6 +411,24 @@ def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, floa
             proc.terminate()
             proc.wait()
     return tuple(results)
+
+
+def in_process_ceiling(path: str, reqs, batch: int, seconds: float = 5.0) -> tuple[float, float]:
+    """Rows/s of the SavedModel called in this process one row at a time and `batch` rows at a
+    time, one call after another: what batching could gain at most, with no server around it."""
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    rows = [{k: tf.make_ndarray(v) for k, v in r.inputs.items()} for r in reqs]
+    rates = []
+    for size in (1, batch):
+        feeds = [{k: tf.constant(np.concatenate([rows[(i + j) % len(rows)][k] for j in range(size)]))
+                  for k in rows[0]} for i in range(0, len(rows), size)]
+        fn(**feeds[0])
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            fn(**feeds[n % len(feeds)])
+            n += 1
+        rates.append(n * size / (time.perf_counter() - t0))
+    return rates[0], rates[1]
 
 
 def print_batching(off: float, off_p50: float, on: float, on_p50: float, args) -> None:

@@ -250,7 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
             "statistics, so the saved model takes raw features. Mixed precision and XLA on GPUs, "
             "MirroredStrategy over several GPUs, MultiWorkerMirroredStrategy with TF_CONFIG, gradient "
             "accumulation, early stopping, a checkpoint every epoch, and resume: a killed run started "
-            "again with the same command continues from its last epoch."
+            "again with the same command continues from its last epoch. On an image data dir "
+            "(tfpipe data --format images): a small CNN or a keras.applications network on uint8 "
+            "pixels, with augmentation and normalisation inside the model (--model, --filters, "
+            "--image-size, --augment)."
         ),
         epilog="example: tfpipe train --data runs/taxi/data --out runs/taxi/train --epochs 20 --hidden 128,64",
     )
@@ -268,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
             "takes serialized tf.train.Example strings; both return probabilities, class_ids and "
             "classes (classification) or predictions (regression). Warmup requests for TF Serving "
             "come from real eval rows. The SavedModel is reloaded and checked against the Keras "
-            "model before an atomic rename publishes it."
+            "model before an atomic rename publishes it. An image model's serving_default takes "
+            "encoded image bytes (image_bytes), predict_pixels uint8 pixels, classification "
+            "serialized Examples; its TFLite variants take uint8 pixels."
         ),
         epilog="example: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models",
     )
