@@ -7,6 +7,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+AUGMENTATIONS = ("flip", "crop", "rotation")  # images: the random layers --augment can add
+
+
 class TrainConfig(BaseModel):
     """Options of `tfpipe train`; the field descriptions are the CLI's --help."""
 
@@ -66,9 +69,9 @@ class TrainConfig(BaseModel):
     @classmethod
     def _check_augment(cls, v: str) -> str:
         names = [n.strip() for n in v.split(",") if n.strip() and n.strip() != "none"]
-        unknown = [n for n in names if n not in ("flip", "crop", "rotation")]
+        unknown = [n for n in names if n not in AUGMENTATIONS]
         if unknown:
-            raise ValueError(f"unknown augmentation '{unknown[0]}'; choose from flip, crop, rotation (or none)")
+            raise ValueError(f"unknown augmentation '{unknown[0]}'; choose from {', '.join(AUGMENTATIONS)} (or none)")
         return ",".join(names)
 
     @property

@@ -21,11 +21,11 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
+from tfpipe.train.config import AUGMENTATIONS
 from tfpipe.train.errors import TrainError
 
 AUTOTUNE = tf.data.AUTOTUNE
 MODELS = ("cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50")
-AUGMENTATIONS = ("flip", "crop", "rotation")
 APPLICATIONS_MIN_SIZE = 32  # keras.applications networks downsample 32x
 
 
