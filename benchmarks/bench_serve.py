@@ -109,9 +109,9 @@ def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, l
 
 
 def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
-          grpc_threads: int = 0) -> tuple[subprocess.Popen, int, int]:
+          grpc_threads: int = 0, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, int]:
     flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", f"--model_name={NAME}",
-             f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0"]
+             f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0", *extra]
     if grpc_threads:
         flags.append(f"--grpc_max_threads={grpc_threads}")
     if batching:
@@ -172,6 +172,24 @@ def p50_of(call, calls: int) -> float:
         if i >= 20:
             times.append(time.perf_counter() - t0)
     return p50_ms(times)
+
+
+def interleaved_rounds(callers: dict, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Each caller's p50 per round, the callers taking turns call by call (A B C A B C ...):
+    for differences of a few percent, which the machine's drift over one caller's whole
+    round would swamp."""
+    out: dict[str, list[float]] = {k: [] for k in callers}
+    for _ in range(rounds):
+        times: dict[str, list[float]] = {k: [] for k in callers}
+        for i in range(calls + 20):
+            for name, call in callers.items():
+                t0 = time.perf_counter()
+                call(i)
+                if i >= 20:
+                    times[name].append(time.perf_counter() - t0)
+        for name, t in times.items():
+            out[name].append(p50_ms(t))
+    return out
 
 
 def latency_rounds(callers: dict, calls: int, rounds: int) -> dict[str, list[float]]:
@@ -337,6 +355,9 @@ def main() -> None:
     ap.add_argument("--tail-seconds", type=float, default=30.0, help="seconds per tail-latency run (default 30)")
     ap.add_argument("--images", action="store_true", help="the image CNN of bench_export.py --images 4000")
     ap.add_argument("--only-batching", action="store_true", help="measure only throughput, batching on and off")
+    ap.add_argument("--only-logging", action="store_true",
+                    help="measure only request logging's cost: p50 at concurrency 1 and throughput at --clients, "
+                         "every request logged (sampling_rate 1.0) against logging off")
     args = ap.parse_args()
     global NAME
     NAME = "images" if args.images else "taxi"
@@ -351,6 +372,10 @@ def main() -> None:
         one, many = in_process_ceiling(path, reqs, 32)
         print(f"  in process, no server: {one:8.0f} rows/s one at a time, {many:8.0f} rows/s 32 at a time: "
               f"batching can gain at most {many / one:.2f}x on this machine")
+        return
+    if args.only_logging:
+        with tempfile.TemporaryDirectory() as tmp:
+            logging_cost(path, reqs, bodies, tmp, args)
         return
     if args.only_tail:
         with tempfile.TemporaryDirectory() as tmp:
@@ -411,6 +436,50 @@ def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, floa
             proc.terminate()
             proc.wait()
     return tuple(results)
+
+
+def logging_cost(path: str, reqs, bodies: list[str], tmp: str, args) -> None:
+    """Two servers, one logging every request to TFRecord files (--request_log_prefix, rate 1.0),
+    one not: their p50s at concurrency 1 taking turns for --rounds rounds (gRPC and REST), then
+    gRPC throughput at --clients clients, each server in turn; and the records the log holds."""
+    from tfpipe.prediction_logs import read_log
+
+    prefix = os.path.join(tmp, "logs", NAME)
+    procs, callers = [], {}
+    try:
+        for name, extra in (("off", ()), ("on", (f"--request_log_prefix={prefix}",))):
+            proc, gport, rport = serve(path, batching=False, tmp=tmp, extra=extra)
+            procs.append(proc)
+            callers[f"grpc {name}"] = GrpcCaller(gport, reqs)
+            callers[f"rest {name}"] = RestCaller(rport, bodies)
+        lat = interleaved_rounds(callers, args.calls, args.rounds)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
+    through = {}
+    for name, extra in (("off", ()), ("on", (f"--request_log_prefix={prefix}",))):
+        proc, gport, _ = serve(path, batching=False, tmp=tmp, grpc_threads=args.clients, extra=extra)
+        try:
+            through[name] = grpc_throughput(gport, reqs, args.clients, args.seconds)
+        finally:
+            proc.terminate()
+            proc.wait()
+    logged = len(read_log(prefix).records)
+    sent = 2 * args.rounds * (args.calls + 20) + 10
+    print(f"\nrequest logging, every request (sampling_rate 1.0) to TFRecord files, against logging off:"
+          f" {args.rounds} rounds of {args.calls} calls each, the servers taking turns call by call; "
+          "medians over the rounds")
+    for api in ("grpc", "rest"):
+        on, off = lat[f"{api} on"], lat[f"{api} off"]
+        ratio = float(np.median(np.divide(on, off)))
+        print(f"  {api:4s} p50 off {np.median(off):7.3f} ms   on {np.median(on):7.3f} ms   "
+              f"overhead {100 * (ratio - 1):+.1f}% (target < 5%)   round ratios "
+              + " ".join(f"{a / b:.3f}" for a, b in zip(on, off, strict=True)))
+    (off_rate, off_p50), (on_rate, on_p50) = through["off"], through["on"]
+    print(f"  gRPC, {args.clients} clients, {args.seconds:g} s: off {off_rate:.0f} req/s (p50 {off_p50:.2f} ms), "
+          f"on {on_rate:.0f} req/s (p50 {on_p50:.2f} ms): {on_rate / off_rate:.3f}x the throughput")
+    print(f"  records in the log: {logged} (the logging server answered at least {sent} at concurrency 1)")
 
 
 def in_process_ceiling(path: str, reqs, batch: int, seconds: float = 5.0) -> tuple[float, float]:

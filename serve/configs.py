@@ -47,13 +47,26 @@ def model_server_config(opts: ServeOptions, log: Callable[[str], None] | None = 
                                  "--model_config_file")
         if config.WhichOneof("config") == "model_config_list" and not config.model_config_list.config:
             raise ServeError(f"--model_config_file {opts.model_config_file} lists no models")
-        return config
+        return _with_request_log(config, opts)
     if not opts.model_base_path:
         raise ServeError("Both server_options.model_base_path and server_options.model_config_file are empty! "
                          "Give --model_base_path (with --model_name) or --model_config_file")
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name=opts.model_name, base_path=os.path.abspath(opts.model_base_path),
                                         model_platform="tensorflow")
+    return _with_request_log(config, opts)
+
+
+def _with_request_log(config, opts: ServeOptions):
+    """--request_log_prefix: a tfrecord logging_config for each model that has none."""
+    if opts.request_log_prefix:
+        if not 0.0 <= opts.request_log_sampling_rate <= 1.0:
+            raise ServeError(f"--request_log_sampling_rate must be in [0, 1], got {opts.request_log_sampling_rate}")
+        for c in config.model_config_list.config:
+            if not c.HasField("logging_config"):
+                c.logging_config.log_collector_config.type = "tfrecord"
+                c.logging_config.log_collector_config.filename_prefix = opts.request_log_prefix
+                c.logging_config.sampling_config.sampling_rate = opts.request_log_sampling_rate
     return config
 
 

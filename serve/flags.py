@@ -180,6 +180,12 @@ class ServeOptions:
     config_dir: str = "serve-config"
     emit_k8s: str = ""
     dry_run: bool = False
+    request_log_prefix: str = ""
+    request_log_sampling_rate: float = 1.0
+    request_log_queue_size: int = 10_000
+    request_log_max_file_bytes: int = 64 * 1024 * 1024
+    request_log_max_file_seconds: float = 3600.0
+    request_log_max_files: int = 0
     # which TF Serving flags the command line named (the ignored-flag notes name only those)
     given: frozenset[str] = field(default_factory=frozenset)
 
@@ -228,6 +234,27 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                      help="Write Kubernetes manifests (Deployment, Service, HPA) for TF Serving to DIR and exit")
     own.add_argument("--dry_run", action="store_true",
                      help="tfserving/docker: write the configs and print the command instead of running it")
+    logs = parser.add_argument_group(
+        "request logging (embedded server)",
+        "A model's logging_config in --model_config_file, e.g.\n"
+        "  logging_config { log_collector_config { type: \"tfrecord\" filename_prefix: \"/logs/m\" }\n"
+        "                   sampling_config { sampling_rate: 0.1 } }\n"
+        "writes sampled requests of every API as tensorflow.serving.PredictionLog records to rotated\n"
+        "TFRecord files. These flags do the same for models without one, and bound what a log may hold.")
+    logs.add_argument("--request_log_prefix", default="", metavar="PREFIX",
+                      help="Log requests of every model without its own logging_config to PREFIX-*.tfrecord "
+                           "(a local path or any TensorFlow filesystem)")
+    logs.add_argument("--request_log_sampling_rate", type=float, default=1.0, metavar="RATE",
+                      help="With --request_log_prefix: the share of requests logged, 0 to 1 (default 1.0)")
+    logs.add_argument("--request_log_queue_size", type=int, default=10_000, metavar="N",
+                      help="Records waiting for the writer; past that, records are dropped (and counted), "
+                           "never the request (default 10000)")
+    logs.add_argument("--request_log_max_file_bytes", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+                      help="Start a new log file before one passes this size (default 64 MiB)")
+    logs.add_argument("--request_log_max_file_seconds", type=float, default=3600.0, metavar="S",
+                      help="Start a new log file once one is this old (default 3600)")
+    logs.add_argument("--request_log_max_files", type=int, default=0, metavar="N",
+                      help="Keep at most N files per prefix, deleting the oldest; 0 keeps all (default)")
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

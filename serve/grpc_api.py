@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
 from tfpipe.serve.errors import ServingError, invalid
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
     input_examples,
@@ -65,10 +66,20 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """`tensor_content`: Predict answers carry numbers as tensor_content bytes
     (--enable_serialization_as_tensor_content) rather than typed value fields."""
 
-    def __init__(self, inference: Inference, metrics: Metrics, tensor_content: bool = False):
-        self.inference, self.metrics, self.tensor_content = inference, metrics, tensor_content
+    def __init__(self, inference: Inference, metrics: Metrics, tensor_content: bool = False,
+                 logs: RequestLogs | None = None):
+        self.inference, self.metrics, self.tensor_content, self.logs = inference, metrics, tensor_content, logs
+
+    def _log(self, started: tuple[int, int], name: str, version: int, signature: str, api: str, request,
+             response) -> None:
+        """Hand an answered call to the request log, when its model logs."""
+        if self.logs is not None and self.logs.wants(name):
+            self.logs.record(name, version, signature, api, "grpc", started[0], time.perf_counter_ns() - started[1],
+                             lambda: (request, response))
 
     def Predict(self, request, context):
+        started = time.time_ns(), time.perf_counter_ns()
+
         def run():
             name, version, label = spec_of(request.model_spec)
             servable, sig, outputs = self.inference.predict(
@@ -78,30 +89,39 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             model_spec(response.model_spec, name, servable.version, sig.name)
             for k, v in outputs.items():
                 response.outputs[k].CopyFrom(tensor_proto(v, self.tensor_content))
+            self._log(started, name, servable.version, sig.name, "predict", request, response)
             return response
         return _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
     def Classify(self, request, context):
+        started = time.time_ns(), time.perf_counter_ns()
+
         def run():
             name, version, label = spec_of(request.model_spec)
             servable, sig, classes, scores = self.inference.classify(
                 name, version, label, request.model_spec.signature_name, input_examples(request.input))
             response = classification_pb2.ClassificationResponse(result=classification_result(classes, scores))
             model_spec(response.model_spec, name, servable.version, sig.name)
+            self._log(started, name, servable.version, sig.name, "classify", request, response)
             return response
         return _answer(self.metrics, "classify", request.model_spec.name, context, run)
 
     def Regress(self, request, context):
+        started = time.time_ns(), time.perf_counter_ns()
+
         def run():
             name, version, label = spec_of(request.model_spec)
             servable, sig, values = self.inference.regress(
                 name, version, label, request.model_spec.signature_name, input_examples(request.input))
             response = regression_pb2.RegressionResponse(result=regression_result(values))
             model_spec(response.model_spec, name, servable.version, sig.name)
+            self._log(started, name, servable.version, sig.name, "regress", request, response)
             return response
         return _answer(self.metrics, "regress", request.model_spec.name, context, run)
 
     def MultiInference(self, request, context):
+        started = time.time_ns(), time.perf_counter_ns()
+
         def run():
             if not request.tasks:
                 raise invalid("Tasks is empty")
@@ -116,6 +136,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 else:
                     out.regression_result.CopyFrom(regression_result(result[1]))
                 model_spec(out.model_spec, task.model_spec.name, servable.version, task.model_spec.signature_name)
+            self._log(started, servable.name, servable.version, request.tasks[0].model_spec.signature_name,
+                      "multi_inference", request, response)
             return response
         name = request.tasks[0].model_spec.name if request.tasks else ""
         return _answer(self.metrics, "multi_inference", name, context, run)

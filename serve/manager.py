@@ -177,11 +177,15 @@ class ModelManager:
     def __init__(self, config: model_server_config_pb2.ModelServerConfig,
                  make_servable: Callable[[str, int, str], Servable],
                  options: ManagerOptions = ManagerOptions(), log: Callable[[str], None] = print,
-                 on_unload: Callable[[Servable], None] | None = None):
+                 on_unload: Callable[[Servable], None] | None = None,
+                 on_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None):
+        """`on_config(config)` runs before a config is installed, at start and on every
+        reload; a ServingError from it refuses the config (the request loggers' check)."""
         self.make_servable = make_servable
         self.options = options
         self.log = log
         self.on_unload = on_unload
+        self.on_config = on_config
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every state change
         self._poll_lock = threading.Lock()  # one poll at a time: the poller and config reloads
@@ -193,6 +197,8 @@ class ModelManager:
         self._loaders = ThreadPoolExecutor(max(1, options.load_threads), thread_name_prefix="tfpipe-load")
         self._unloaders = (ThreadPoolExecutor(options.unload_threads, thread_name_prefix="tfpipe-unload")
                            if options.unload_threads > 0 else None)
+        if on_config is not None:
+            on_config(config)
         self._install(config)
 
     # -- configuration --------------------------------------------------------------
@@ -226,6 +232,8 @@ class ModelManager:
     def set_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
         """HandleReloadConfigRequest / a changed --model_config_file: swap the models, wait
         for the new ones, then apply the version labels (checked against what is AVAILABLE)."""
+        if self.on_config is not None:
+            self.on_config(config)
         new, removed = self._install(config)
         for m in removed:
             for s in list(m.versions.values()):

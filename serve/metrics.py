@@ -38,6 +38,8 @@ class Metrics:
         self.latency: dict[tuple, _Histogram] = {}
         self.batch_sizes = _Histogram(BATCH_BUCKETS)
         self.padded_rows = 0
+        self.request_logs: dict[tuple, int] = defaultdict(int)
+        self.request_log_depth = lambda: 0  # set by the server's RequestLogs
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
         with self._lock:
@@ -46,6 +48,11 @@ class Metrics:
             if key not in self.latency:
                 self.latency[key] = _Histogram(LATENCY_BUCKETS_S)
             self.latency[key].observe(seconds)
+
+    def request_log(self, model: str, status: str) -> None:
+        """A sampled request's log record: written, dropped (queue full) or failed (write error)."""
+        with self._lock:
+            self.request_logs[(model, status)] += 1
 
     def batch(self, rows: int, padded: int) -> None:
         with self._lock:
@@ -78,6 +85,16 @@ class Metrics:
                     "# HELP tfpipe_serving_batch_queues Batch queues (one per version, signature and input shapes).",
                     "# TYPE tfpipe_serving_batch_queues gauge",
                     f"tfpipe_serving_batch_queues {queues}"]
+            if self.request_logs:
+                out += ["# HELP tfpipe_serving_request_log_records_total Sampled requests' log records by model and "
+                        "outcome: written, dropped (the log queue was full) or failed (a write error).",
+                        "# TYPE tfpipe_serving_request_log_records_total counter"]
+                for (model, status), n in sorted(self.request_logs.items()):
+                    out.append(f"tfpipe_serving_request_log_records_total"
+                               f"{_labels([('model', model), ('status', status)])} {n}")
+        out += ["# HELP tfpipe_serving_request_log_queue_depth Log records waiting for the writer threads.",
+                "# TYPE tfpipe_serving_request_log_queue_depth gauge",
+                f"tfpipe_serving_request_log_queue_depth {self.request_log_depth()}"]
         out += ["# HELP tfpipe_serving_live_servables Loaded model versions still in memory (serving, or "
                 "unloaded but held by in-flight requests).",
                 "# TYPE tfpipe_serving_live_servables gauge",

@@ -27,13 +27,16 @@ from tfpipe.serve.errors import ServingError, invalid, precondition
 from tfpipe.serve.grpc_api import metadata_response, status_response
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
     json_debug,
     json_examples,
     json_inputs,
     json_outputs,
+    model_spec,
     regression_result,
+    tensor_proto,
 )
 from tfpipe.serve.servable import DEFAULT_SIGNATURE
 
@@ -153,8 +156,8 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
 
 class RestApi:
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
-                 metrics_path: str | None = None, cors: bool = False):
-        self.inference, self.metrics = inference, metrics
+                 metrics_path: str | None = None, cors: bool = False, logs: RequestLogs | None = None):
+        self.inference, self.metrics, self.logs = inference, metrics, logs
         self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         self.metrics_path = metrics_path
         self.max_body_bytes = max_body_bytes
@@ -186,6 +189,7 @@ class RestApi:
         if not _API_PATH.fullmatch(raw_path):
             return _error(404, f"Not found: {request.method} {request.path}")
         t0 = time.perf_counter()
+        started = time.time_ns(), time.perf_counter_ns()
         name, api, status = "", "unknown", "OK"
         try:
             if request.method == "OPTIONS":
@@ -199,7 +203,7 @@ class RestApi:
             spec = (name, version, label)
             if api in ("predict", "classify", "regress"):
                 body = parse_json(await request.read())
-                work = getattr(self, api)(spec, body)
+                work = getattr(self, api)(spec, body, started)
                 response = await (asyncio.wait_for(work, self.timeout) if self.timeout else work)
             elif not name:
                 raise invalid("Missing model name in request.")
@@ -230,7 +234,7 @@ class RestApi:
         self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
 
-    async def predict(self, spec, body: dict) -> web.Response:
+    async def predict(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
         servable = self.inference.manager.resolve(*spec)
         key = signature_name or DEFAULT_SIGNATURE
@@ -239,18 +243,72 @@ class RestApi:
         sig = servable.signature(key)
         inputs, rows = json_inputs(body, {k: dtype for k, (dtype, _) in sig.inputs.items()})
         _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
-        return _json(json_outputs(outputs, rows))
+        answer = _json(json_outputs(outputs, rows))
+        if self.logs is not None and self.logs.wants(spec[0]):
+            self.logs.record(spec[0], servable.version, sig.name, "predict", "rest", started[0],
+                             time.perf_counter_ns() - started[1],
+                             lambda: _predict_protos(spec, signature_name, inputs, servable.version, sig.name, outputs),
+                             rest_format="instances" if rows else "inputs")
+        return answer
 
-    async def classify(self, spec, body: dict) -> web.Response:
+    async def classify(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
-        _, _, classes, scores = await self.inference.classify_async(*spec, signature_name, json_examples(body))
+        examples = json_examples(body)
+        servable, sig, classes, scores = await self.inference.classify_async(*spec, signature_name, examples)
         result = classification_result(classes, scores)
-        return _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
+        answer = _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
+        self._log_examples("classify", spec, signature_name, examples, servable.version, sig.name, result, started)
+        return answer
 
-    async def regress(self, spec, body: dict) -> web.Response:
+    async def regress(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
-        _, _, values = await self.inference.regress_async(*spec, signature_name, json_examples(body))
-        return _json({"results": [r.value for r in regression_result(values).regressions]})
+        examples = json_examples(body)
+        servable, sig, values = await self.inference.regress_async(*spec, signature_name, examples)
+        result = regression_result(values)
+        answer = _json({"results": [r.value for r in result.regressions]})
+        self._log_examples("regress", spec, signature_name, examples, servable.version, sig.name, result, started)
+        return answer
+
+    def _log_examples(self, api: str, spec, signature_name: str, examples: list[bytes], version: int, used: str,
+                      result, started: tuple[int, int]) -> None:
+        if self.logs is None or not self.logs.wants(spec[0]):
+            return
+        self.logs.record(spec[0], version, used, api, "rest", started[0], time.perf_counter_ns() - started[1],
+                         lambda: _example_protos(api, spec, signature_name, examples, version, used, result))
+
+
+def _predict_protos(spec, signature_name: str, inputs: dict, version: int, used: str, outputs: dict):
+    """The PredictRequest and PredictResponse a REST :predict stands for (TF Serving turns its
+    JSON into the same messages before it runs and logs them)."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    _fill_spec(request.model_spec, *spec)
+    request.model_spec.signature_name = signature_name
+    for k, v in inputs.items():
+        request.inputs[k].CopyFrom(tensor_proto(v))
+    response = predict_pb2.PredictResponse()
+    model_spec(response.model_spec, spec[0], version, used)
+    for k, v in outputs.items():
+        response.outputs[k].CopyFrom(tensor_proto(v))
+    return request, response
+
+
+def _example_protos(api: str, spec, signature_name: str, examples: list[bytes], version: int, used: str, result):
+    """The Classification/RegressionRequest and response of a REST :classify or :regress
+    (the examples with their context already merged in)."""
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    module = classification_pb2 if api == "classify" else regression_pb2
+    request = module.ClassificationRequest() if api == "classify" else module.RegressionRequest()
+    _fill_spec(request.model_spec, *spec)
+    request.model_spec.signature_name = signature_name
+    for raw in examples:
+        request.input.example_list.examples.add().ParseFromString(raw)
+    response = module.ClassificationResponse() if api == "classify" else module.RegressionResponse()
+    response.result.CopyFrom(result)
+    model_spec(response.model_spec, spec[0], version, used)
+    return request, response
 
 
 def _fill_spec(spec, name: str, version: int | None, label: str | None) -> None:

@@ -31,6 +31,7 @@ from tfpipe.serve.grpc_api import ModelService, PredictionService
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.manager import ManagerOptions, ModelManager
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.rest_api import RestApi
 from tfpipe.serve.servable import Servable, ServableSettings
 
@@ -69,13 +70,21 @@ class EmbeddedServer:
             warmup=self.bundle.enable_model_warmup,
             warmup_iterations=self.bundle.model_warmup_options.num_request_iterations.value or 1,
             per_model_batching=self.bundle.enable_per_model_batching_params)
-        self.manager = ModelManager(
-            self.config, make_servable=lambda name, version, path: Servable(name, version, path, settings),
-            options=ManagerOptions(load_threads=opts.num_load_threads, unload_threads=opts.num_unload_threads,
-                                   max_load_retries=opts.max_num_load_retries,
-                                   retry_interval_seconds=opts.load_retry_interval_micros / 1e6,
-                                   allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models),
-            log=log, on_unload=self._unloaded)
+        self.request_logs = RequestLogs(
+            LogBounds(queue_size=opts.request_log_queue_size, max_file_bytes=opts.request_log_max_file_bytes,
+                      max_file_seconds=opts.request_log_max_file_seconds, max_files=opts.request_log_max_files),
+            self.metrics, tags=settings.tags, log=log)
+        try:
+            self.manager = ModelManager(
+                self.config, make_servable=lambda name, version, path: Servable(name, version, path, settings),
+                options=ManagerOptions(load_threads=opts.num_load_threads, unload_threads=opts.num_unload_threads,
+                                       max_load_retries=opts.max_num_load_retries,
+                                       retry_interval_seconds=opts.load_retry_interval_micros / 1e6,
+                                       allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models),
+                log=log, on_unload=self._unloaded, on_config=self.request_logs.update)
+        except ServingError as e:
+            self.request_logs.close()
+            raise ServeError(f"model config: {e.message}") from None
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         self._executors = [ThreadPoolExecutor(max(1, opts.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
@@ -126,7 +135,8 @@ class EmbeddedServer:
                         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *self.channel_args])
         self.grpc = grpc.server(self._executors[0], options=list(options.items()))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.inference, self.metrics, o.enable_serialization_as_tensor_content), self.grpc)
+            PredictionService(self.inference, self.metrics, o.enable_serialization_as_tensor_content,
+                              self.request_logs), self.grpc)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(self.inference, self.metrics, self.log), self.grpc)
         if o.enable_grpc_healthcheck_service:
@@ -163,7 +173,7 @@ class EmbeddedServer:
     async def _start_rest(self) -> None:
         o = self.opts
         rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
-                       self.metrics_path, cors=o.rest_api_enable_cors_support)
+                       self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs)
         self._runner = web.AppRunner(rest.app, access_log=None, handle_signals=False,
                                      shutdown_timeout=o.drain_seconds)
         await self._runner.setup()
@@ -211,6 +221,7 @@ class EmbeddedServer:
 
     def _release(self) -> None:
         self.manager.stop()
+        self.request_logs.close()
         if self.batcher:
             self.batcher.close()
         for ex in self._executors:

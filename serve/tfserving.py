@@ -30,6 +30,11 @@ def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str
     `base_paths` rewrites each model's base_path (the container sees its own paths)."""
     os.makedirs(config_dir, exist_ok=True)
     config = model_server_config(opts)
+    logged = [c.name for c in config.model_config_list.config if c.HasField("logging_config")]
+    if logged:
+        raise ServeError(f"model(s) {logged} have a logging_config: open-source tensorflow_model_server has no request "
+                         "log collector and refuses such a config ('No request-logger-creator provided.'); request "
+                         "logging needs --backend embedded")
     for c in config.model_config_list.config:
         if base_paths and c.name in base_paths:
             c.base_path = base_paths[c.name]

@@ -1,0 +1,296 @@
+"""Request logging: TF Serving's `logging_config`, with a collector behind it.
+
+A model's `logging_config` in the ModelServerConfig names a log collector type and a
+filename prefix, and a sampling rate. Open-source tensorflow_model_server registers no
+collector, so a config with one fails there ("No request-logger-creator provided"). This
+server registers one type, `tfrecord`: sampled requests of every API, REST and gRPC, are
+written as `tensorflow.serving.PredictionLog` records to rotated TFRecord files under the
+prefix (the format: `tfpipe/prediction_logs.py`).
+
+Logging never slows or fails a request. The request thread draws the sample and puts a
+small entry on a bounded queue; one writer thread per prefix builds the protos, serializes
+and writes them. When the queue is full the entry is dropped and counted
+(`tfpipe_serving_request_log_records_total{status="dropped"}`), and a write error is
+counted as `failed`; neither reaches the client.
+
+As in TF Serving's ServerRequestLogger, models with the same logging config share one
+logger, a reload keeps the loggers whose config did not change, and a config that cannot
+be used refuses the whole (re)load.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tensorflow_serving.apis import prediction_log_pb2
+from tensorflow_serving.config import logging_config_pb2, model_server_config_pb2
+
+from tfpipe.prediction_logs import LOG_FIELDS, SUFFIX, timing_bytes
+from tfpipe.serve.errors import invalid, not_found
+from tfpipe.serve.metrics import Metrics
+
+COLLECTOR_TYPE = "tfrecord"
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class LogBounds:
+    """How much a collector may hold: entries waiting in memory, and the size and age of a
+    file before the next record starts a new one; `max_files` > 0 deletes a prefix's
+    oldest files past that many."""
+    queue_size: int = 10_000
+    max_file_bytes: int = 64 * 1024 * 1024
+    max_file_seconds: float = 3600.0
+    max_files: int = 0
+
+
+@dataclass
+class Entry:
+    """One sampled request, as the request thread hands it over. `build()` returns the
+    (request, response) protos; for gRPC these are the call's own, for REST they are made
+    from the decoded JSON on the writer thread."""
+    model: str
+    version: int
+    signature: str
+    api: str
+    protocol: str
+    start_unix_nanos: int
+    latency_nanos: int
+    build: Callable[[], tuple[Any, Any]]
+    sampling: logging_config_pb2.SamplingConfig | None = None
+    tags: tuple[str, ...] = ()
+    rest_format: str = ""
+
+
+def check_logging_config(model: str, config: logging_config_pb2.LoggingConfig) -> None:
+    collector = config.log_collector_config
+    if collector.type != COLLECTOR_TYPE:
+        raise not_found(f"Cannot find LogCollector::Factory for type: {collector.type} (model {model}; "
+                        f"this server's collector type is '{COLLECTOR_TYPE}')")
+    if not collector.filename_prefix:
+        raise invalid(f"model {model}: logging_config.log_collector_config.filename_prefix is empty")
+    rates = [config.sampling_config.sampling_rate] + \
+        [t.sampling_rate for t in config.sampling_config.per_task_sampling_configs]
+    if any(not 0.0 <= r <= 1.0 for r in rates):
+        raise invalid(f"model {model}: logging_config sampling_rate must be in [0, 1], got {rates}")
+
+
+def sampling_rate(config: logging_config_pb2.LoggingConfig, dc: str = "", task_index: int = 0) -> float:
+    """TF Serving's RequestLogger: the first per-task config matching this task wins, else
+    sampling_rate. This server is task 0 of no named data centre."""
+    for t in config.sampling_config.per_task_sampling_configs:
+        if (not t.dc or t.dc == dc) and (not t.HasField("task_index") or t.task_index == task_index):
+            return t.sampling_rate
+    return config.sampling_config.sampling_rate
+
+
+class TFRecordCollector:
+    """The writer thread of one filename prefix."""
+
+    def __init__(self, prefix: str, bounds: LogBounds, metrics: Metrics, log: Callable[[str], None]):
+        self.prefix, self.bounds, self.metrics, self.log = prefix, bounds, metrics, log
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, bounds.queue_size))
+        self._writer = None
+        self._path = ""
+        self._bytes = 0
+        self._opened = 0.0
+        self._seq = 0
+        self._files: list[str] = []
+        self._error_said = False
+        self._thread = threading.Thread(target=self._run, name=f"tfpipe-request-log:{prefix}", daemon=True)
+        self._thread.start()
+
+    def offer(self, entry: Entry) -> None:
+        try:
+            self.queue.put_nowait(entry)
+        except queue.Full:
+            self.metrics.request_log(entry.model, "dropped")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, close the file, stop the thread."""
+        try:
+            self.queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=timeout)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every entry queued so far is written and flushed (tests, shutdown)."""
+        done = threading.Event()
+        self.queue.put(done, timeout=timeout)
+        done.wait(timeout)
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch = [self.queue.get()]
+            while len(batch) < 256:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            flushed = []
+            for item in batch:
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    flushed.append(item)
+                else:
+                    self._write(item)
+            if self._writer is not None:
+                self._writer.flush()
+            for event in flushed:
+                event.set()
+        self._close_file()
+
+    def _write(self, entry: Entry) -> None:
+        try:
+            record = encode(entry)
+            self._rotate(len(record))
+            self._writer.write(record)
+            self._bytes += len(record) + 16  # TFRecord framing: length, two CRCs
+            self.metrics.request_log(entry.model, "written")
+        except Exception as e:  # a full disk, a bad prefix: counted, never raised to a request
+            self.metrics.request_log(entry.model, "failed")
+            if not self._error_said:
+                self._error_said = True
+                self.log(f"request log {self.prefix}: cannot write ({type(e).__name__}: {e}); failed records are "
+                         "counted in tfpipe_serving_request_log_records_total{status=\"failed\"}")
+
+    def _rotate(self, incoming: int) -> None:
+        b = self.bounds
+        if self._writer is not None and (self._bytes + incoming > b.max_file_bytes
+                                         or time.monotonic() - self._opened >= b.max_file_seconds):
+            self._close_file()
+        if self._writer is None:
+            self._open_file()
+
+    def _open_file(self) -> None:
+        import tensorflow as tf
+
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        sep = "" if self.prefix.endswith(("/", os.sep)) else "-"
+        self._path = f"{self.prefix}{sep}{stamp}-{os.getpid()}-{self._seq:05d}{SUFFIX}"
+        parent = os.path.dirname(self._path)
+        if parent:
+            tf.io.gfile.makedirs(parent)
+        self._writer = tf.io.TFRecordWriter(self._path)
+        self._bytes, self._opened = 0, time.monotonic()
+        self._files.append(self._path)
+        if self.bounds.max_files > 0:
+            while len(self._files) > self.bounds.max_files:
+                old = self._files.pop(0)
+                try:
+                    tf.io.gfile.remove(old)
+                except tf.errors.OpError:
+                    pass
+
+    def _close_file(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def encode(entry: Entry) -> bytes:
+    """A PredictionLog, serialized, with tfpipe's RequestTiming after it."""
+    request, response = entry.build()
+    log = prediction_log_pb2.PredictionLog()
+    meta = log.log_metadata
+    meta.model_spec.name = entry.model
+    meta.model_spec.version.value = entry.version
+    meta.model_spec.signature_name = entry.signature
+    if entry.sampling is not None:
+        meta.sampling_config.CopyFrom(entry.sampling)
+    meta.saved_model_tags.extend(entry.tags)
+    meta.timestamp_secs = entry.start_unix_nanos // 1_000_000_000
+    part = getattr(log, LOG_FIELDS[entry.api])
+    part.request.CopyFrom(request)
+    part.response.CopyFrom(response)
+    return log.SerializeToString() + timing_bytes(entry.start_unix_nanos, entry.latency_nanos, entry.protocol,
+                                                  entry.api, entry.rest_format)
+
+
+class _Logger:
+    """One LoggingConfig: its sampling and the collector of its prefix."""
+
+    def __init__(self, config: logging_config_pb2.LoggingConfig, collector: TFRecordCollector):
+        self.config, self.collector = config, collector
+        self.rate = sampling_rate(config)
+
+
+class RequestLogs:
+    """The server's request loggers, by model name (TF Serving's ServerRequestLogger)."""
+
+    def __init__(self, bounds: LogBounds, metrics: Metrics, tags: tuple[str, ...] = ("serve",),
+                 log: Callable[[str], None] = print):
+        self.bounds, self.metrics, self.tags, self.log = bounds, metrics, tags, log
+        self._lock = threading.Lock()
+        self._by_model: dict[str, list[_Logger]] = {}
+        self._collectors: dict[str, TFRecordCollector] = {}
+        metrics.request_log_depth = self.depth
+
+    def update(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        """Check every model's logging_config, then swap the loggers in; on an error nothing
+        changes."""
+        wanted: dict[str, list[logging_config_pb2.LoggingConfig]] = {}
+        for model in config.model_config_list.config:
+            if model.HasField("logging_config"):
+                check_logging_config(model.name, model.logging_config)
+                wanted.setdefault(model.name, []).append(model.logging_config)
+        with self._lock:
+            by_config: dict[bytes, _Logger] = {}
+            for loggers in self._by_model.values():
+                for lg in loggers:
+                    by_config[lg.config.SerializeToString(deterministic=True)] = lg
+            new: dict[str, list[_Logger]] = {}
+            used: set[str] = set()
+            for name, configs in wanted.items():
+                for c in configs:
+                    key = c.SerializeToString(deterministic=True)
+                    if key not in by_config:
+                        by_config[key] = _Logger(c, self._collector(c.log_collector_config.filename_prefix))
+                    new.setdefault(name, []).append(by_config[key])
+                    used.add(c.log_collector_config.filename_prefix)
+            self._by_model = new
+            retired = [p for p in self._collectors if p not in used]
+            closing = [self._collectors.pop(p) for p in retired]
+        for collector in closing:
+            collector.close()
+
+    def _collector(self, prefix: str) -> TFRecordCollector:
+        if prefix not in self._collectors:
+            self._collectors[prefix] = TFRecordCollector(prefix, self.bounds, self.metrics, self.log)
+        return self._collectors[prefix]
+
+    def wants(self, model: str) -> bool:
+        return model in self._by_model
+
+    def record(self, model: str, version: int, signature: str, api: str, protocol: str, start_unix_nanos: int,
+            latency_nanos: int, build: Callable[[], tuple[Any, Any]], rest_format: str = "") -> None:
+        """Sample and queue one answered request; never raises, never blocks."""
+        for lg in self._by_model.get(model, ()):
+            if lg.rate <= 0.0 or (lg.rate < 1.0 and random.random() >= lg.rate):
+                continue
+            lg.collector.offer(Entry(model, version, signature, api, protocol, start_unix_nanos, latency_nanos,
+                                     build, lg.config.sampling_config, self.tags, rest_format))
+
+    def depth(self) -> int:
+        return sum(c.queue.qsize() for c in list(self._collectors.values()))
+
+    def flush(self) -> None:
+        for c in list(self._collectors.values()):
+            c.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            collectors, self._collectors, self._by_model = list(self._collectors.values()), {}, {}
+        for c in collectors:
+            c.close()

@@ -1,0 +1,330 @@
+"""Request logging: TF Serving's logging_config with tfpipe's `tfrecord` collector. Records
+written by a real embedded server for every API, over REST and gRPC, read back as the
+official tensorflow.serving.PredictionLog."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+pytestmark = pytest.mark.xdist_group("request_log")
+
+
+def _opts(**kw):
+    from tfpipe.serve.flags import ServeOptions
+
+    return ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, file_system_poll_wait_seconds=0, **kw)
+
+
+def _logging(prefix: str, rate: float, kind: str = "tfrecord") -> str:
+    return (f'logging_config {{ log_collector_config {{ type: "{kind}" filename_prefix: "{prefix}" }} '
+            f'sampling_config {{ sampling_rate: {rate} }} }}')
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """A server with two copies of TF Serving's half_plus_two (TF1: predict, classify and
+    regress signatures): `full` logs every request, `tenth` one in ten."""
+    from serving_models import save_half_plus_two_tf1
+
+    from tfpipe.serve.server import ServerThread
+
+    root = tmp_path_factory.mktemp("request_log")
+    for name in ("full", "tenth"):
+        save_half_plus_two_tf1(str(root / name / "1"))
+    models = "".join(f'  config {{ name: "{name}" base_path: "{root / name}" model_platform: "tensorflow" '
+                     f'{_logging(root / "logs" / name, rate)} }}\n' for name, rate in (("full", 1.0), ("tenth", 0.1)))
+    (root / "models.config").write_text(f"model_config_list {{\n{models}}}")
+    (root / "monitoring.config").write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }')
+    opts = _opts(model_config_file=str(root / "models.config"), monitoring_config_file=str(root / "monitoring.config"))
+    with ServerThread(opts) as s:
+        s.root = root
+        s.url = f"http://127.0.0.1:{s.rest_port}"
+        channel = grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}")
+        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        s.stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        s.models = model_service_pb2_grpc.ModelServiceStub(channel)
+        yield s
+        channel.close()
+
+
+def _example(x: float):
+    import tensorflow as tf
+
+    ex = tf.train.Example()
+    ex.features.feature["x"].float_list.value.append(x)
+    return ex
+
+
+def _counter(url: str, path: str, model: str, status: str) -> float:
+    """tfpipe_serving_request_log_records_total{model, status} on the server's metrics page (0 if absent)."""
+    text = requests.get(f"{url}{path}", timeout=10).text
+    line = f'tfpipe_serving_request_log_records_total{{model="{model}",status="{status}"}} '
+    return sum(float(x[len(line):]) for x in text.splitlines() if x.startswith(line))
+
+
+def _records(prefix) -> list:
+    from tfpipe.prediction_logs import iter_logs, read_log
+
+    return list(iter_logs(read_log(str(prefix)).records))
+
+
+def test_every_api_over_rest_and_grpc_is_logged_as_the_prediction_log_of_what_was_sent(logged):
+    import tensorflow as tf
+    from tensorflow_serving.apis import classification_pb2, inference_pb2, predict_pb2, regression_pb2
+
+    before = len(_records(logged.root / "logs" / "full"))
+    t_start = time.time()
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = "full"
+    predict.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0], [3.0]], np.float32)))
+    grpc_predict = logged.stub.Predict(predict, 10)
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.name, classify.model_spec.signature_name = "full", "classify_x_to_y"
+    classify.input.example_list.examples.extend([_example(4.0)])
+    grpc_classify = logged.stub.Classify(classify, 10)
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name, regress.model_spec.signature_name = "full", "regress_x_to_y"
+    regress.input.example_list.examples.extend([_example(6.0), _example(8.0)])
+    grpc_regress = logged.stub.Regress(regress, 10)
+    multi = inference_pb2.MultiInferenceRequest()
+    for sig, method in [("classify_x_to_y", "tensorflow/serving/classify"),
+                        ("regress_x_to_y2", "tensorflow/serving/regress")]:
+        task = multi.tasks.add()
+        task.model_spec.name, task.model_spec.signature_name, task.method_name = "full", sig, method
+    multi.input.example_list.examples.extend([_example(10.0)])
+    logged.stub.MultiInference(multi, 10)
+    rest_rows = requests.post(f"{logged.url}/v1/models/full:predict", json={"instances": [[2.0]]}, timeout=10).json()
+    rest_cols = requests.post(f"{logged.url}/v1/models/full/versions/1:predict", json={"inputs": {"x": [[5.0]]}},
+                              timeout=10).json()
+    rest_classify = requests.post(f"{logged.url}/v1/models/full:classify", timeout=10, json={
+        "signature_name": "classify_x_to_y", "examples": [{"x": 12.0}]}).json()
+    rest_regress = requests.post(f"{logged.url}/v1/models/full:regress", timeout=10, json={
+        "signature_name": "regress_x_to_y", "context": {"x2": 1.0}, "examples": [{"x": 14.0}]}).json()
+    # a request that fails is answered and not logged
+    bad = requests.post(f"{logged.url}/v1/models/full:predict", json={"instances": [["x"]]}, timeout=10)
+    assert bad.status_code == 400
+    logged.request_logs.flush()
+
+    logs = _records(logged.root / "logs" / "full")[before:]
+    got = [(t.protocol, t.api, log.WhichOneof("log_type")) for log, t in logs]
+    assert got == [("grpc", "predict", "predict_log"), ("grpc", "classify", "classify_log"),
+                   ("grpc", "regress", "regress_log"), ("grpc", "multi_inference", "multi_inference_log"),
+                   ("rest", "predict", "predict_log"), ("rest", "predict", "predict_log"),
+                   ("rest", "classify", "classify_log"), ("rest", "regress", "regress_log")]
+    for log, t in logs:
+        meta = log.log_metadata
+        assert (meta.model_spec.name, meta.model_spec.version.value) == ("full", 1)
+        assert list(meta.saved_model_tags) == ["serve"] and meta.sampling_config.sampling_rate == 1.0
+        assert t_start - 1 <= t.start_unix_nanos / 1e9 <= time.time()
+        assert meta.timestamp_secs == t.start_unix_nanos // 10**9
+        assert 0 < t.latency_nanos < 10 * 10**9
+    # gRPC: the very messages sent and received
+    assert logs[0][0].predict_log.request == predict and logs[0][0].predict_log.response == grpc_predict
+    assert logs[1][0].classify_log.request == classify and logs[1][0].classify_log.response == grpc_classify
+    assert logs[2][0].regress_log.request == regress and logs[2][0].regress_log.response == grpc_regress
+    assert logs[3][0].multi_inference_log.request == multi
+    assert logs[0][0].log_metadata.model_spec.signature_name == "serving_default"
+    assert logs[1][0].log_metadata.model_spec.signature_name == "classify_x_to_y"
+    # REST: the JSON as the messages TF Serving turns it into, and how the body was laid out
+    rows, cols = logs[4][0].predict_log, logs[5][0].predict_log
+    assert tf.make_ndarray(rows.request.inputs["x"]).tolist() == [[2.0]]
+    assert tf.make_ndarray(rows.response.outputs["y"]).tolist() == rest_rows["predictions"]
+    assert (logs[4][1].rest_format, logs[5][1].rest_format) == ("instances", "inputs")
+    assert cols.request.model_spec.version.value == 1 and tf.make_ndarray(cols.request.inputs["x"]).tolist() == [[5.0]]
+    assert tf.make_ndarray(cols.response.outputs["y"]).tolist() == rest_cols["outputs"]
+    rc, rr = logs[6][0].classify_log, logs[7][0].regress_log
+    assert rc.request.input.example_list.examples[0] == _example(12.0)
+    assert rc.response.result.classifications[0].classes[0].score == pytest.approx(rest_classify["results"][0][0][1])
+    x2 = rr.request.input.example_list.examples[0].features.feature
+    assert x2["x"].float_list.value[0] == 14.0 and x2["x2"].float_list.value[0] == 1.0  # context merged in
+    assert [r.value for r in rr.response.result.regressions] == pytest.approx(rest_regress["results"])
+
+
+def test_a_sampling_rate_of_a_tenth_logs_about_a_tenth(logged):
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    before = len(_records(logged.root / "logs" / "tenth"))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tenth"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
+    n = 400
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: logged.stub.Predict(request, 10), range(n)))
+    logged.request_logs.flush()
+    got = len(_records(logged.root / "logs" / "tenth")) - before
+    # binomial(400, 0.1): mean 40, sd 6; four sd either side
+    assert 16 <= got <= 64, got
+    assert _counter(logged.url, "/monitoring/prometheus/metrics", "tenth", "written") >= got
+
+
+def test_a_full_log_queue_drops_records_and_no_request_waits_or_fails(tmp_path):
+    """The writer is held (as a stalled disk would hold it): requests still answer at once,
+    the records past the queue's room are dropped and counted, the rest are written."""
+    from serving_models import save_half
+
+    from tfpipe.serve import request_log
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    (tmp_path / "monitoring.config").write_text('prometheus_config { enable: true path: "/metrics" }')
+    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"),
+                 request_log_prefix=str(tmp_path / "logs" / "half"), request_log_queue_size=4,
+                 monitoring_config_file=str(tmp_path / "monitoring.config"))
+    gate = threading.Event()
+    real_write = request_log.TFRecordCollector._write
+
+    def stalled_write(self, entry):
+        gate.wait(30)
+        real_write(self, entry)
+
+    request_log.TFRecordCollector._write = stalled_write
+    try:
+        with ServerThread(opts) as s:
+            url = f"http://127.0.0.1:{s.rest_port}"
+            times = []
+            for i in range(40):
+                t0 = time.perf_counter()
+                r = requests.post(f"{url}/v1/models/half:predict", json={"instances": [float(i)]}, timeout=10)
+                times.append(time.perf_counter() - t0)
+                assert r.status_code == 200 and r.json()["predictions"] == [i / 2 + 2]
+            assert max(times) < 5
+            dropped = _counter(url, "/metrics", "half", "dropped")
+            # the queue holds 4 and the held writer has taken at most one batch of them
+            assert 40 - 4 - 4 <= dropped <= 40 - 4
+            gate.set()
+            s.request_logs.flush()
+            written = _counter(url, "/metrics", "half", "written")
+            assert written + dropped == 40
+            assert len(_records(tmp_path / "logs" / "half")) == written
+    finally:
+        request_log.TFRecordCollector._write = real_write
+
+
+def _send_flushed(server, n: int) -> None:
+    """n one-row REST requests (x = 0..n-1), each written out before the next."""
+    for i in range(n):
+        r = requests.post(f"http://127.0.0.1:{server.rest_port}/v1/models/half:predict", json={"instances": [float(i)]},
+                          timeout=10)
+        r.raise_for_status()
+        server.request_logs.flush()
+
+
+def test_log_files_rotate_by_size_and_the_oldest_go_past_max_files(tmp_path):
+    from serving_models import save_half
+
+    from tfpipe.prediction_logs import log_files
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    prefix = tmp_path / "logs" / "half"
+    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(prefix),
+                 request_log_max_file_bytes=1500)
+    with ServerThread(opts) as s:
+        _send_flushed(s, 30)
+    files = log_files(str(prefix))
+    assert len(files) >= 3
+    assert all(os.path.getsize(f) <= 1500 for f in files)
+    assert len(_records(prefix)) == 30
+    sent = sorted(log.predict_log.request.inputs["x"].float_val[0] for log, _ in _records(prefix))
+    assert sent == [float(i) for i in range(30)]
+
+    kept = tmp_path / "logs" / "kept"
+    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(kept),
+                 request_log_max_file_bytes=1500, request_log_max_files=2)
+    with ServerThread(opts) as s:
+        _send_flushed(s, 30)
+    assert len(log_files(str(kept))) == 2
+    newest = [log.predict_log.request.inputs["x"].float_val[0] for log, _ in _records(kept)]
+    assert newest[-1] == 29.0 and len(newest) < 30
+
+
+def test_a_reload_with_an_unknown_collector_is_refused_and_logging_goes_on(logged):
+    from google.protobuf import text_format
+    from tensorflow_serving.apis import model_management_pb2
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = text_format.Parse((logged.root / "models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
+    config.model_config_list.config[0].logging_config.log_collector_config.type = "kafka"
+    with pytest.raises(grpc.RpcError) as e:
+        logged.models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), 30)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "Cannot find LogCollector::Factory for type: kafka" in e.value.details()
+    before = len(_records(logged.root / "logs" / "full"))
+    requests.post(f"{logged.url}/v1/models/full:predict", json={"instances": [[1.0]]}, timeout=10).raise_for_status()
+    logged.request_logs.flush()
+    assert len(_records(logged.root / "logs" / "full")) == before + 1
+
+
+@pytest.mark.parametrize("logging, error", [
+    ('log_collector_config { type: "kafka" filename_prefix: "/tmp/x" }',
+     "Cannot find LogCollector::Factory for type: kafka"),
+    ('log_collector_config { filename_prefix: "/tmp/x" }', "Cannot find LogCollector::Factory for type: "),
+    ('log_collector_config { type: "tfrecord" }', "filename_prefix is empty"),
+    ('log_collector_config { type: "tfrecord" filename_prefix: "/tmp/x" } sampling_config { sampling_rate: 1.5 }',
+     "sampling_rate must be in [0, 1]"),
+])
+def test_logging_configs_the_server_cannot_use_stop_it_at_start(tmp_path, logging, error):
+    from tfpipe.serve.errors import ServeError
+    from tfpipe.serve.server import EmbeddedServer
+
+    (tmp_path / "models.config").write_text(
+        f'model_config_list {{ config {{ name: "m" base_path: "{tmp_path}" logging_config {{ {logging} }} }} }}')
+    with pytest.raises(ServeError, match=f"model config: .*{error.replace('[', '.').replace(']', '.')}"):
+        EmbeddedServer(_opts(model_config_file=str(tmp_path / "models.config")), log=lambda _: None)
+
+
+@pytest.mark.parametrize("per_task, rate, expected", [
+    ([], 0.3, 0.3),
+    ([{"dc": "", "sampling_rate": 0.9}], 0.3, 0.9),
+    ([{"dc": "aa", "sampling_rate": 0.9}], 0.3, 0.3),
+    ([{"task_index": 1, "sampling_rate": 0.9}, {"task_index": 0, "sampling_rate": 0.5}], 0.3, 0.5),
+])
+def test_the_first_per_task_sampling_config_that_matches_this_task_wins(per_task, rate, expected):
+    from tensorflow_serving.config import logging_config_pb2
+
+    from tfpipe.serve.request_log import sampling_rate
+
+    config = logging_config_pb2.LoggingConfig()
+    config.sampling_config.sampling_rate = rate
+    for t in per_task:
+        config.sampling_config.per_task_sampling_configs.add(**t)
+    assert sampling_rate(config) == expected
+
+
+def test_a_record_is_a_prediction_log_with_tfpipes_timing_in_a_field_it_does_not_use():
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from tfpipe.prediction_logs import timing, timing_bytes
+
+    log = prediction_log_pb2.PredictionLog()
+    log.log_metadata.model_spec.name = "m"
+    log.predict_log.request.model_spec.name = "m"
+    record = log.SerializeToString() + timing_bytes(1_700_000_000_123_456_789, 1_234_567, "rest", "predict", "inputs")
+    parsed = prediction_log_pb2.PredictionLog.FromString(record)
+    assert parsed.log_metadata.model_spec.name == "m" and parsed.predict_log.request.model_spec.name == "m"
+    t = timing(record)
+    assert (t.start_unix_nanos, t.latency_nanos, t.protocol, t.api, t.rest_format) == \
+        (1_700_000_000_123_456_789, 1_234_567, "rest", "predict", "inputs")
+    assert timing(log.SerializeToString()).start_unix_nanos == 0  # another server's record: no timing
+    # a reader that re-serializes the log keeps the timing
+    assert timing(parsed.SerializeToString()).latency_nanos == 1_234_567
+
+
+def test_tensorflow_model_server_is_not_given_a_logging_config_it_would_refuse(tmp_path):
+    from tfpipe.serve.errors import ServeError
+    from tfpipe.serve.tfserving import write_configs
+
+    with pytest.raises(ServeError, match="No request-logger-creator provided"):
+        write_configs(_opts(model_name="m", model_base_path=str(tmp_path), request_log_prefix=str(tmp_path / "l")),
+                      str(tmp_path / "cfg"))
