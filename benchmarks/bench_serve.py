@@ -457,14 +457,16 @@ def logging_cost(path: str, reqs, bodies: list[str], tmp: str, args) -> None:
         for proc in procs:
             proc.terminate()
             proc.wait()
-    through = {}
-    for name, extra in (("off", ()), ("on", (f"--request_log_prefix={prefix}",))):
-        proc, gport, _ = serve(path, batching=False, tmp=tmp, grpc_threads=args.clients, extra=extra)
-        try:
-            through[name] = grpc_throughput(gport, reqs, args.clients, args.seconds)
-        finally:
-            proc.terminate()
-            proc.wait()
+    through: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    for order in (("off", "on"), ("on", "off"), ("off", "on")):  # each first in turn: drift falls on both
+        for name in order:
+            extra = (f"--request_log_prefix={prefix}",) if name == "on" else ()
+            proc, gport, _ = serve(path, batching=False, tmp=tmp, grpc_threads=args.clients, extra=extra)
+            try:
+                through[name].append(grpc_throughput(gport, reqs, args.clients, args.seconds))
+            finally:
+                proc.terminate()
+                proc.wait()
     logged = len(read_log(prefix).records)
     sent = 2 * args.rounds * (args.calls + 20) + 10
     print(f"\nrequest logging, every request (sampling_rate 1.0) to TFRecord files, against logging off:"
@@ -476,9 +478,11 @@ def logging_cost(path: str, reqs, bodies: list[str], tmp: str, args) -> None:
         print(f"  {api:4s} p50 off {np.median(off):7.3f} ms   on {np.median(on):7.3f} ms   "
               f"overhead {100 * (ratio - 1):+.1f}% (target < 5%)   round ratios "
               + " ".join(f"{a / b:.3f}" for a, b in zip(on, off, strict=True)))
-    (off_rate, off_p50), (on_rate, on_p50) = through["off"], through["on"]
-    print(f"  gRPC, {args.clients} clients, {args.seconds:g} s: off {off_rate:.0f} req/s (p50 {off_p50:.2f} ms), "
-          f"on {on_rate:.0f} req/s (p50 {on_p50:.2f} ms): {on_rate / off_rate:.3f}x the throughput")
+    rates = {k: [r for r, _ in v] for k, v in through.items()}
+    print(f"  gRPC throughput, {args.clients} clients, {args.seconds:g} s per run, three runs each, alternating "
+          f"which goes first: off " + " ".join(f"{r:.0f}" for r in rates["off"]) + " req/s, on "
+          + " ".join(f"{r:.0f}" for r in rates["on"]) + f" req/s: on/off {np.median(rates['on']) / np.median(rates['off']):.3f}x"
+          " (medians)")
     print(f"  records in the log: {logged} (the logging server answered at least {sent} at concurrency 1)")
 
 

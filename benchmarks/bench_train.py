@@ -82,13 +82,19 @@ def step_rate(data, steps: int, *, policy: str, xla: bool, hidden: list[int]) ->
         compile_trainer(trainer, data.schema.label.task, 1e-3, 1, xla)
         batch = next(iter(make_dataset(data.files("train"), data.schema, BATCH, shuffle=False, seed=0,
                                        deterministic=True, preprocess=pre)))
-        held = tf.data.Dataset.from_tensors(batch).repeat()
-        trainer.fit(held, steps_per_epoch=20, epochs=1, verbose=0)  # trace and compile
-        t0 = time.perf_counter()
-        trainer.fit(held, steps_per_epoch=steps, epochs=1, verbose=0)
-        return steps * BATCH / (time.perf_counter() - t0)
+        return held_batch_rate(trainer, batch, BATCH, 20, steps)
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def held_batch_rate(model, batch, size: int, warm_steps: int, steps: int) -> float:
+    """Examples/s of `model.fit` stepping on one batch held in memory (no input pipeline),
+    after `warm_steps` that trace and compile."""
+    held = tf.data.Dataset.from_tensors(batch).repeat()
+    model.fit(held, steps_per_epoch=warm_steps, epochs=1, verbose=0)
+    t0 = time.perf_counter()
+    model.fit(held, steps_per_epoch=steps, epochs=1, verbose=0)
+    return steps * size / (time.perf_counter() - t0)
 
 
 def real_run(data_path: str, cache_mb: int) -> dict:
@@ -117,12 +123,9 @@ def image_step_rate(data, size: tuple[int, int], model: str, batch: int, steps: 
         net = build_image_model(size, data.schema.label.classes, data.train_stats(), model=model,
                                 filters=[32, 64, 128], dropout=0.0, augment=["flip", "crop"], seed=0)
         compile_trainer(net, "multiclass", 1e-3, 1, xla)
-        held = tf.data.Dataset.from_tensors(next(iter(image_dataset(
-            data.files("train"), size, batch, shuffle=False, seed=0, deterministic=True)))).repeat()
-        net.fit(held, steps_per_epoch=3, epochs=1, verbose=0)  # trace and compile
-        t0 = time.perf_counter()
-        net.fit(held, steps_per_epoch=steps, epochs=1, verbose=0)
-        return steps * batch / (time.perf_counter() - t0)
+        first = next(iter(image_dataset(data.files("train"), size, batch, shuffle=False, seed=0,
+                                        deterministic=True)))
+        return held_batch_rate(net, first, batch, 3, steps)
     finally:
         keras.config.set_dtype_policy("float32")
 
