@@ -115,12 +115,24 @@ class TFRecordCollector:
             self.metrics.request_log(entry.model, "dropped")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, close the file, stop the thread."""
+        """Write what is queued, close the file, stop the thread. An entry that a request
+        thread queued after the stop (a reload retired this prefix meanwhile) is counted as
+        dropped."""
         try:
             self.queue.put(_STOP, timeout=timeout)
         except queue.Full:
             pass
         self._thread.join(timeout=timeout)
+        if not self._thread.is_alive():
+            while True:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Entry):
+                    self.metrics.request_log(item.model, "dropped")
+                elif isinstance(item, threading.Event):
+                    item.set()
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every entry queued so far is written and flushed (tests, shutdown)."""
@@ -280,7 +292,7 @@ class RequestLogs:
         return model in self._by_model
 
     def record(self, model: str, version: int, signature: str, api: str, protocol: str, start_unix_nanos: int,
-            latency_nanos: int, build: Callable[[], tuple[Any, Any]], rest_format: str = "") -> None:
+               latency_nanos: int, build: Callable[[], tuple[Any, Any]], rest_format: str = "") -> None:
         """Sample and queue one answered request; never raises, never blocks."""
         for lg in self._by_model.get(model, ()):
             if lg.rate <= 0.0 or (lg.rate < 1.0 and random.random() >= lg.rate):
