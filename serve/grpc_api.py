@@ -72,10 +72,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     def _log(self, started: tuple[int, int], name: str, version: int, signature: str, api: str, request,
              response) -> None:
-        """Hand an answered call to the request log, when its model logs."""
-        if self.logs is not None and self.logs.wants(name):
-            self.logs.record(name, version, signature, api, "grpc", started[0], time.perf_counter_ns() - started[1],
-                             lambda: (request, response))
+        if self.logs is not None:
+            self.logs.record(name, version, signature, api, "grpc", started, lambda: (request, response))
 
     def Predict(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()

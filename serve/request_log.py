@@ -288,17 +288,19 @@ class RequestLogs:
             self._collectors[prefix] = TFRecordCollector(prefix, self.bounds, self.metrics, self.log)
         return self._collectors[prefix]
 
-    def wants(self, model: str) -> bool:
-        return model in self._by_model
-
-    def record(self, model: str, version: int, signature: str, api: str, protocol: str, start_unix_nanos: int,
-               latency_nanos: int, build: Callable[[], tuple[Any, Any]], rest_format: str = "") -> None:
-        """Sample and queue one answered request; never raises, never blocks."""
-        for lg in self._by_model.get(model, ()):
+    def record(self, model: str, version: int, signature: str, api: str, protocol: str, started: tuple[int, int],
+               build: Callable[[], tuple[Any, Any]], rest_format: str = "") -> None:
+        """Sample and queue one answered request; never raises, never blocks. `started` is
+        (time.time_ns(), time.perf_counter_ns()) when the request came in."""
+        loggers = self._by_model.get(model, ())
+        if not loggers:
+            return
+        latency = time.perf_counter_ns() - started[1]
+        for lg in loggers:
             if lg.rate <= 0.0 or (lg.rate < 1.0 and random.random() >= lg.rate):
                 continue
-            lg.collector.offer(Entry(model, version, signature, api, protocol, start_unix_nanos, latency_nanos,
-                                     build, lg.config.sampling_config, self.tags, rest_format))
+            lg.collector.offer(Entry(model, version, signature, api, protocol, started[0], latency, build,
+                                     lg.config.sampling_config, self.tags, rest_format))
 
     def depth(self) -> int:
         return sum(c.queue.qsize() for c in list(self._collectors.values()))

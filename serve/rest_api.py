@@ -244,11 +244,9 @@ class RestApi:
         inputs, rows = json_inputs(body, {k: dtype for k, (dtype, _) in sig.inputs.items()})
         _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
         answer = _json(json_outputs(outputs, rows))
-        if self.logs is not None and self.logs.wants(spec[0]):
-            self.logs.record(spec[0], servable.version, sig.name, "predict", "rest", started[0],
-                             time.perf_counter_ns() - started[1],
-                             lambda: _predict_protos(spec, signature_name, inputs, servable.version, sig.name, outputs),
-                             rest_format="instances" if rows else "inputs")
+        self._log("predict", spec[0], servable.version, sig.name, started,
+                  lambda: _predict_protos(spec, signature_name, inputs, servable.version, sig.name, outputs),
+                  rest_format="instances" if rows else "inputs")
         return answer
 
     async def classify(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
@@ -257,7 +255,9 @@ class RestApi:
         servable, sig, classes, scores = await self.inference.classify_async(*spec, signature_name, examples)
         result = classification_result(classes, scores)
         answer = _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
-        self._log_examples("classify", spec, signature_name, examples, servable.version, sig.name, result, started)
+        self._log("classify", spec[0], servable.version, sig.name, started,
+                  lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
+                                          result))
         return answer
 
     async def regress(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
@@ -266,15 +266,15 @@ class RestApi:
         servable, sig, values = await self.inference.regress_async(*spec, signature_name, examples)
         result = regression_result(values)
         answer = _json({"results": [r.value for r in result.regressions]})
-        self._log_examples("regress", spec, signature_name, examples, servable.version, sig.name, result, started)
+        self._log("regress", spec[0], servable.version, sig.name, started,
+                  lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
+                                          result))
         return answer
 
-    def _log_examples(self, api: str, spec, signature_name: str, examples: list[bytes], version: int, used: str,
-                      result, started: tuple[int, int]) -> None:
-        if self.logs is None or not self.logs.wants(spec[0]):
-            return
-        self.logs.record(spec[0], version, used, api, "rest", started[0], time.perf_counter_ns() - started[1],
-                         lambda: _example_protos(api, spec, signature_name, examples, version, used, result))
+    def _log(self, api: str, model: str, version: int, used: str, started: tuple[int, int], build,
+             rest_format: str = "") -> None:
+        if self.logs is not None:
+            self.logs.record(model, version, used, api, "rest", started, build, rest_format)
 
 
 def _predict_protos(spec, signature_name: str, inputs: dict, version: int, used: str, outputs: dict):

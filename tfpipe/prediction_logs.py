@@ -16,7 +16,6 @@ This module imports nothing of tfpipe, so every stage may use it.
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,11 +68,7 @@ def log_files(prefix: str) -> list[str]:
     import tensorflow as tf
 
     pattern = f"{prefix}*{SUFFIX}" if prefix.endswith(("/", os.sep)) else f"{prefix}-*{SUFFIX}"
-    if "://" in prefix:
-        files = tf.io.gfile.glob(pattern)
-    else:
-        files = glob.glob(pattern)
-    return sorted(files, key=os.path.basename)
+    return sorted(tf.io.gfile.glob(pattern), key=os.path.basename)
 
 
 @dataclass
