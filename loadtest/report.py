@@ -116,6 +116,39 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
     return "".join(parts)
 
 
+def paired_bar_chart(title: str, ylabel: str, labels: list[str], series: list[tuple[str, str, list[float]]]) -> str:
+    """Bars side by side per label, one colour per series (name, colour, values), with a legend:
+    two distributions over the same bins."""
+    if not labels:
+        return f"<p>{html.escape(title)}: no data</p>"
+    top = max((v for _, _, values in series for v in values), default=0.0) or 1.0
+    slot = (W - 2 * PAD) / len(labels)
+    width = slot * 0.8 / len(series)
+    base = H - PAD + 10
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
+             f'aria-label="{html.escape(title)}">',
+             f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
+             f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
+             f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
+             f'{html.escape(ylabel)}</text>',
+             f'<text x="{PAD}" y="{base - (H - 2 * PAD) - 2:.1f}" font-size="10">{plain(top)}</text>']
+    for k, (name, color, values) in enumerate(series):
+        parts.append(f'<rect x="{W - PAD - 110}" y="{24 + 14 * k}" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{W - PAD - 96}" y="{33 + 14 * k}" font-size="11">{html.escape(name)}</text>')
+        for i, value in enumerate(values):
+            h = value / top * (H - 2 * PAD)
+            x = PAD + i * slot + slot * 0.1 + k * width
+            parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{width:.1f}" height="{h:.1f}" fill="{color}">'
+                         f'<title>{html.escape(name)} {html.escape(labels[i])}: {plain(value)}</title></rect>')
+    size = 11 if len(labels) <= 8 else 8
+    for i, label in enumerate(labels):
+        x = PAD + (i + 0.5) * slot
+        parts.append(f'<text x="{x:.1f}" y="{base + 14}" text-anchor="end" font-size="{size}" '
+                     f'transform="rotate(-30 {x:.1f} {base + 14})">{html.escape(label[:16])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}"
          "svg{margin:8px;border:1px solid #eee}.ok{color:#1a7f37}.bad{color:#c62828;font-weight:bold}"

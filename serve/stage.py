@@ -5,6 +5,7 @@ run in-process. The same files run under tensorflow_model_server (the command is
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -84,6 +85,26 @@ class Deployment:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    @contextlib.contextmanager
+    def logging_requests(self, model: str, prefix: str, rate: float = 1.0):
+        """Log `model`'s requests to the tfrecord collector at `prefix` while the block runs (as a
+        logging_config in the model's config would), then write out what is queued and stop.
+        The generated models.config stays free of logging_config: real tensorflow_model_server
+        has no collector for it."""
+        from tensorflow_serving.config import model_server_config_pb2
+
+        server = self.start()
+        config = model_server_config_pb2.ModelServerConfig()
+        c = config.model_config_list.config.add(name=model)
+        c.logging_config.log_collector_config.type = "tfrecord"
+        c.logging_config.log_collector_config.filename_prefix = prefix
+        c.logging_config.sampling_config.sampling_rate = rate
+        server.request_logs.update(config)
+        try:
+            yield
+        finally:
+            server.request_logs.update(model_server_config_pb2.ModelServerConfig())  # writes the queue, closes
 
     def deploy(self, name: str, base_path: str, version: int, rows: RowSource, tolerance: float,
                log: Callable[[str], None]) -> dict[str, Any]:

@@ -317,7 +317,8 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
     out, workdir = digits["stdout"], Path(digits["workdir"])
     assert "1,797 images -> train" in out and "REST and gRPC answers match the SavedModel" in out
     steps = _json(workdir / "manifest.json")["steps"]
-    assert all(s["status"] == "done" for s in steps.values()) and len(steps) == 5
+    assert all(s["status"] == "done" for s in steps.values()) and len(steps) == 6
+    assert steps["skew"]["summary"] == "skipped: image data (skew compares tabular features)"
     report = (workdir / "report.html").read_text()
     assert "Sample test images" in report and report.count('src="data:image/png;base64,') == 24
     assert "Images per class" in report
@@ -328,7 +329,7 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
                       env=_env(Path(digits["config"]).parent))
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
-    assert out.count("cached") == 5, out  # the image listing's fingerprint is stable
+    assert out.count("cached") == 6, out  # the image listing's fingerprint is stable
     show = run_cli("show", "--workdir", str(workdir))
     assert show.returncode == 0 and "sklearn://digits (written to" in show.stdout, show.stdout + show.stderr
 

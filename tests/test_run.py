@@ -26,7 +26,7 @@ from conftest import ROOT, run_cli, spawn_cli
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("run")
 
-STEPS = ["data", "train", "export", "serve", "loadtest"]
+STEPS = ["data", "train", "export", "serve", "loadtest", "skew"]
 
 
 @pytest.fixture(scope="session")
@@ -155,6 +155,15 @@ def test_first_run_produces_every_artifact_with_reconciling_content(first_run, p
     assert results["slo_passed"] is True
     assert results["config"]["target"].startswith("http://127.0.0.1:")
 
+    # skew: the load test's requests were logged (its warmup too) and its eval rows pass against training
+    skew = load(os.path.join(workdir, "skew", "skew.json"))
+    assert skew["passed"] is True and skew["flagged"] == []
+    assert skew["traffic"]["requests"] >= step["requests"] and skew["traffic"]["by_api"] == {
+        "predict/rest": skew["traffic"]["requests"]}
+    schema = load(os.path.join(workdir, "data", "schema.json"))
+    assert [f["name"] for f in skew["features"]] == [c["name"] for c in schema["features"]]
+    assert all(f["distance"] is not None and f["distance"] <= 0.1 for f in skew["features"])
+
 
 def test_report_renders_in_a_headless_browser(first_run):
     workdir, _ = first_run
@@ -164,8 +173,62 @@ def test_report_renders_in_a_headless_browser(first_run):
     # latency distribution, one time series per load step
     assert page["svgs"] >= 8 and page["empty_svgs"] == 0
     for text in ("Lineage", "penguins version 1", "Rows per split", "Loss per epoch", "float32",
-                 "match", "SLO p99<2000ms,errors<1%: met"):
+                 "match", "SLO p99<2000ms,errors<1%: met", "Every feature within its threshold."):
         assert text in page["text"] or text in open(os.path.join(workdir, "report.html")).read(), text
+
+
+def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_path):
+    """The run's model served with request logging; the eval rows sent as tf.Examples over gRPC
+    Classify and REST :classify, with body mass 3 kg heavier: tfpipe skew exits 1 and names
+    body_mass_g, and only it."""
+    import grpc
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
+
+    from conftest import raw_records, start_cli_server
+
+    workdir, _ = first_run
+    prefix = str(tmp_path / "logs" / "penguins")
+    proc, grpc_port, rest_port = start_cli_server(
+        "--model_name=penguins", f"--model_base_path={workdir}/export/models/penguins",
+        f"--request_log_prefix={prefix}")
+    examples = [example_pb2.Example.FromString(r) for r in raw_records(os.path.join(workdir, "data"), "eval")]
+    rows = []
+    for ex in examples:
+        del ex.features.feature["species"]
+        mass = ex.features.feature["body_mass_g"].int64_list.value
+        if mass:
+            mass[0] += 3000
+        values = {k: f.bytes_list.value or f.float_list.value or f.int64_list.value
+                  for k, f in ex.features.feature.items()}  # a missing value: an empty list, left out here
+        rows.append({k: v[0].decode() if isinstance(v[0], bytes) else v[0] for k, v in values.items() if v})
+    try:
+        request = classification_pb2.ClassificationRequest()
+        request.model_spec.name, request.model_spec.signature_name = "penguins", "classification"
+        request.input.example_list.examples.extend(examples)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for _ in range(3):
+                stub.Classify(request, timeout=30)
+        import requests
+
+        for _ in range(3):
+            r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/penguins:classify",
+                              json={"signature_name": "classification", "examples": rows}, timeout=30)
+            assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    res = run_cli("skew", "--data", os.path.join(workdir, "data"), "--logs", prefix, "--out", str(tmp_path / "skew"))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "skew: 1 of 7 features over their threshold: body_mass_g" in res.stdout
+    skew = load(str(tmp_path / "skew" / "skew.json"))
+    assert skew["flagged"] == ["body_mass_g"]
+    assert skew["traffic"]["requests"] == 6 and skew["traffic"]["rows"] == 6 * len(examples)
+    assert skew["traffic"]["by_api"] == {"classify/grpc": 3, "classify/rest": 3}
+    mass = next(f for f in skew["features"] if f["name"] == "body_mass_g")
+    assert mass["distance"] > 0.5 and mass["out_of_range"]["above_max"] > 0
+    assert mass["reasons"][0].startswith("Jensen-Shannon divergence")
 
 
 def test_show_prints_the_lineage_down_to_the_input_file(first_run, penguins_csv):

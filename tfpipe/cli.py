@@ -181,6 +181,18 @@ def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
         return run(cfg, log=lambda line: print(line, flush=True))
 
 
+def cmd_skew(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.skew.config import SkewConfig
+    from tfpipe.skew.job import check_inputs
+
+    cfg = _section(args, load_config(args.config), "skew", SkewConfig)
+    check_inputs(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
+    with _quiet_native_stderr(not args.debug):
+        from tfpipe.skew.job import run
+
+        return run(cfg, log=lambda line: print(line, flush=True))
+
+
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.run import DEMO_CONFIG, RunRequest, default_workdir, run
 
@@ -326,23 +338,45 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(loadtest, LoadtestConfig)
     loadtest.set_defaults(handler=cmd_loadtest)
 
+    from tfpipe.skew.config import SkewConfig
+
+    skew = sub.add_parser(
+        "skew", parents=[common],
+        help="training/serving skew: logged requests' features against the training split",
+        description=(
+            "Reads a request log written by tfpipe serve (a model's logging_config, or --request_log_prefix): "
+            "the features of every logged Predict (named tensors or serialized tf.Examples), Classify, Regress "
+            "and MultiInference request, REST or gRPC. Computes their statistics with the data stage's combiner "
+            "and compares each feature with the training split of --data, as TFDV does: L-infinity distance over "
+            "value frequencies for categorical features, Jensen-Shannon divergence (in bits, 0 to 1) over the "
+            "training quantile bins for numeric ones. Also reports features never sent, a rise in missing values, "
+            "categories training never saw and values beyond the training range. Writes skew.json and skew.html "
+            "into --out; exits 1 when a feature is over its threshold, 0 when none is."
+        ),
+        epilog=("example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
+                "trip_miles=0.2"),
+    )
+    add_model_flags(skew, SkewConfig)
+    skew.set_defaults(handler=cmd_skew)
+
     from tfpipe.manifest import STEPS
 
     run = sub.add_parser(
         "run", parents=[common],
-        help="the whole pipeline, data -> train -> export -> serve -> loadtest, step-cached, one report",
+        help="the whole pipeline, data -> train -> export -> serve -> loadtest -> skew, step-cached, one report",
         description=textwrap.fill(
             "Runs every stage in one workdir from one config file (a section per stage: [data], [train], "
-            "[export], [serve], [loadtest], [run]); with no --config, the bundled penguins demo "
+            "[export], [serve], [loadtest], [skew], [run]); with no --config, the bundled penguins demo "
             "(examples/penguins.toml). The workdir decides every stage's paths (paths in the stage sections "
             "are for the single-stage commands). Each step is cached by a fingerprint of its config section, "
             "the hashes of its inputs and the tfpipe version: a rerun with nothing changed does no work, a "
             "changed option reruns that step and the ones after it, and a run that failed or was killed "
             "resumes at the step where it stopped (training from its last finished epoch). The model is "
             "served by the embedded server on 127.0.0.1 from the generated TF Serving configs, its answers "
-            "checked against the SavedModel in-process, then load-tested. Writes manifest.json (lineage) "
+            "checked against the SavedModel in-process, then load-tested with its requests logged, and the "
+            "logged features compared with the training data (tfpipe skew). Writes manifest.json (lineage) "
             "and report.html; logs/STEP.log holds each step's output. Exit 1 when the load test misses "
-            "its SLO, 2 on a user error."
+            "its SLO or a feature is skewed, 2 on a user error."
         ),
         epilog=("examples: tfpipe run\n"
                 "          tfpipe run --config examples/chicago_taxi.toml\n"

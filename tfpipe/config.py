@@ -12,6 +12,7 @@ from tfpipe.pipeline.config import DataConfig
 from tfpipe.export.config import ExportConfig
 from tfpipe.loadtest.config import LoadtestConfig
 from tfpipe.serve.config import ServeConfig
+from tfpipe.skew.config import SkewConfig
 from tfpipe.train.config import TrainConfig
 from tfpipe.errors import ConfigError
 
@@ -35,6 +36,7 @@ class Config(BaseModel):
     export: ExportConfig = Field(default_factory=ExportConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
+    skew: SkewConfig = Field(default_factory=SkewConfig)
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:

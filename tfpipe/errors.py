@@ -20,6 +20,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tfpipe.loadtest.errors import LoadtestError
     from tfpipe.pipeline.errors import DataError
     from tfpipe.serve.errors import ServeError
+    from tfpipe.skew.errors import SkewError
     from tfpipe.train.errors import TrainError
 
-    return ConfigError, RunError, DataError, TrainError, ExportError, ServeError, LoadtestError
+    return ConfigError, RunError, DataError, TrainError, ExportError, ServeError, LoadtestError, SkewError

@@ -8,7 +8,7 @@ from typing import Any
 
 from tfpipe.errors import RunError
 
-STEPS = ("data", "train", "export", "serve", "loadtest")
+STEPS = ("data", "train", "export", "serve", "loadtest", "skew")
 
 
 def read_manifest(workdir: str) -> dict[str, Any]:

@@ -218,10 +218,18 @@ def load_section(entry: dict, results: dict) -> str:
     return loadtest_section(results)
 
 
+def skew_report_section(entry: dict, result: dict) -> str:
+    if result.get("skipped"):
+        return f"<p>Skipped: {_esc(result['skipped'])}.</p>"
+    from tfpipe.skew.job import skew_section
+
+    return skew_section(result)
+
+
 def write_run_report(workdir: str, manifest: dict, path: str) -> None:
     sections = [("Data", "data", data_section), ("Training", "train", train_section),
                 ("Export", "export", export_section), ("Serving", "serve", serve_section),
-                ("Load test", "loadtest", load_section)]
+                ("Load test", "loadtest", load_section), ("Training/serving skew", "skew", skew_report_section)]
     body = ""
     for title, step, fn in sections:
         entry = _done(manifest, step)

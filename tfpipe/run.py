@@ -1,4 +1,4 @@
-"""`tfpipe run`: data -> train -> export -> serve -> loadtest in one workdir.
+"""`tfpipe run`: data -> train -> export -> serve -> loadtest -> skew in one workdir.
 
 Each step is cached: its fingerprint is its config section, the hashes of its inputs (the
 previous steps' manifests, or the raw input files for data) and the tfpipe version. A step
@@ -14,6 +14,7 @@ import fcntl
 import importlib.resources
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from tfpipe.files import digest, file_sha256
 from tfpipe.manifest import STEPS, read_manifest
 
 NEEDS = {"data": (), "train": ("data",), "export": ("data", "train"), "serve": ("data", "export"),
-         "loadtest": ("data", "export", "serve")}
+         "loadtest": ("data", "export", "serve"), "skew": ("data", "loadtest")}
 # the demo `tfpipe run` runs without --config: examples/penguins.toml, installed with the package
 DEMO_CONFIG = str(importlib.resources.files("tfpipe.examples") / "penguins.toml")
 
@@ -154,7 +155,7 @@ class Run:
         # each step: log -> (outputs for the manifest, summary line, exit code)
         self.steps: dict[str, Callable[[Callable[[str], None]], tuple[dict[str, Any], str, int]]] = {
             "data": self.step_data, "train": self.step_train, "export": self.step_export,
-            "serve": self.step_serve, "loadtest": self.step_loadtest}
+            "serve": self.step_serve, "loadtest": self.step_loadtest, "skew": self.step_skew}
         assert tuple(self.steps) == STEPS
 
     # paths -------------------------------------------------------------------------------------
@@ -177,6 +178,8 @@ class Run:
             return c.export.model_dump(exclude={"model", "data", "base", "version", "keep"})
         if step == "serve":
             return c.serve.fingerprint_fields()
+        if step == "skew":
+            return c.skew.model_dump(exclude={"data", "logs", "model", "out"})
         return {**c.loadtest.model_dump(exclude={"target", "model", "data", "out", "version", "label", "payload"}),
                 "protocol": c.serve.protocol}
 
@@ -283,6 +286,9 @@ class Run:
             if why is None:
                 self.states[step] = "cached"
                 console.print(f"  {step:<9}cached   {0:6.1f}s  {prev.get('summary', '')}")
+                outputs = prev.get("outputs", {})
+                if outputs.get("slo_passed") is False or outputs.get("passed") is False:
+                    code = max(code, 1)  # a cached verdict stands: the SLO is still missed, the skew still there
                 continue
             code = max(code, self.run_step(step, fp, parts, why, console))
         self.manifest["last_run"]["ended"] = now()
@@ -404,7 +410,13 @@ class Run:
         cfg = self.cfg.loadtest.model_copy(update={"target": target, "model": export["name"],
                                                    "data": self.path("data"), "payload": None, "out": out,
                                                    "version": None, "label": None, "model_path": export["path"]})
-        code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: 130)
+        # The load test's requests are logged for the skew step: this load test's only (rows; the
+        # skew check compares tabular features).
+        shutil.rmtree(self.path("traffic"), ignore_errors=True)
+        images = self.cfg.data.format == "images"
+        with contextlib.nullcontext() if images else self.serving().logging_requests(export["name"],
+                                                                                      self.traffic_prefix):
+            code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: 130)
         if code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
         r = _load(os.path.join(out, "results.json"))
@@ -414,6 +426,33 @@ class Run:
         if r["slo_passed"] is not None:
             summary += f"; SLO {r['slo']} " + ("met" if r["slo_passed"] else "MISSED")
         return self._outputs(os.path.join(out, "results.json"), path=out, slo_passed=r["slo_passed"]), summary, code
+
+    @property
+    def traffic_prefix(self) -> str:
+        return self.path("traffic", "requests")
+
+    def step_skew(self, log: Callable[[str], None]):
+        from tfpipe.files import write_json
+
+        out = self.path("skew")
+        if self.cfg.data.format == "images":
+            os.makedirs(out, exist_ok=True)
+            write_json(os.path.join(out, "skew.json"), {"stage": "skew", "skipped": "image data: tfpipe skew "
+                                                        "compares tabular features"})
+            return (self._outputs(os.path.join(out, "skew.json"), path=out, passed=None),
+                    "skipped: image data (skew compares tabular features)", 0)
+        from tfpipe.skew.job import run
+
+        export = self.manifest["steps"]["export"]["outputs"]
+        cfg = self.cfg.skew.model_copy(update={"data": self.path("data"), "logs": self.traffic_prefix,
+                                               "model": export["name"], "out": out})
+        code = run(cfg, log=log)
+        r = _load(os.path.join(out, "skew.json"))
+        t = r["traffic"]
+        summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows against {r['train']['rows']:,} training rows: "
+                   + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
+                      f"every feature within {r['thresholds']['default']:g}"))
+        return self._outputs(os.path.join(out, "skew.json"), path=out, passed=r["passed"]), summary, code
 
     def _outputs(self, manifest_path: str, **extra: Any) -> dict[str, Any]:
         return {"manifest": manifest_path, "sha256": file_sha256(manifest_path), **extra}
@@ -486,8 +525,7 @@ def _run_locked(r: Run, console: Console) -> int:
         raise
     try:
         _finish_report(r, console)
-        console.print(f"done in {time.monotonic() - started:.0f}s"
-                      + ("; the load test MISSED its SLO" if code == 1 else ""))
+        console.print(f"done in {time.monotonic() - started:.0f}s" + _misses(r))
         if req.serve_after:
             serve = r.manifest["steps"].get("serve", {})
             if serve.get("status") != "done":
@@ -497,6 +535,17 @@ def _run_locked(r: Run, console: Console) -> int:
     finally:
         r.stop_server()
     return code
+
+
+def _misses(r: Run) -> str:
+    """What made the run exit 1: an SLO missed, a skewed feature."""
+    steps = r.manifest.get("steps", {})
+    out = []
+    if steps.get("loadtest", {}).get("outputs", {}).get("slo_passed") is False:
+        out.append("the load test MISSED its SLO")
+    if steps.get("skew", {}).get("outputs", {}).get("passed") is False:
+        out.append("the served traffic is SKEWED from the training data")
+    return "".join(f"; {m}" for m in out)
 
 
 def _finish_report(r: Run, console: Console) -> None:

@@ -1,0 +1,2 @@
+class SkewError(Exception):
+    """A user error (no logs under the prefix, not a tabular data dir, a bad threshold): one line, exit 2."""

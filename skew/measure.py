@@ -1,0 +1,114 @@
+"""The distances `tfpipe skew` uses, the ones TFDV uses for training/serving skew: L-infinity over
+category frequencies, and Jensen-Shannon divergence over histograms of numeric values. Pure numpy,
+so the table-driven tests need no TensorFlow.
+
+Numeric values are binned on the training split's quantiles from stats.json (0.01 ... 0.99): ten
+bins that hold 1, 4, 5, 15, 25, 25, 15, 5, 4 and 1 percent of the training values, fewer where a
+quantile repeats (a feature with few distinct values). Open-ended outer bins take values beyond
+the training range, so a shifted feature moves mass into them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+
+def js_divergence(p: Iterable[float], q: Iterable[float]) -> float:
+    """Jensen-Shannon divergence of two histograms (counts or frequencies), in bits: 0 for the
+    same shape, 1 for histograms with no bin in common."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"histograms of {len(p)} and {len(q)} bins")
+    if p.sum() <= 0 or q.sum() <= 0:
+        raise ValueError("an empty histogram has no distribution")
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray) -> float:
+        used = a > 0
+        return float(np.sum(a[used] * np.log2(a[used] / m[used])))
+
+    return min(1.0, max(0.0, (kl(p) + kl(q)) / 2))
+
+
+def linf(p: Counter, q: Counter) -> tuple[float, Any]:
+    """L-infinity distance between two frequency tables (counts are normalised), and the value
+    whose frequency differs most."""
+    tp, tq = sum(p.values()), sum(q.values())
+    if tp <= 0 or tq <= 0:
+        raise ValueError("an empty table has no distribution")
+    worst, where = 0.0, None
+    for v in sorted(set(p) | set(q), key=str):
+        d = abs(p.get(v, 0) / tp - q.get(v, 0) / tq)
+        if d > worst:
+            worst, where = d, v
+    return worst, where
+
+
+def quantile_edges(quantiles: dict[str, float | None] | list[float | None]) -> np.ndarray:
+    """Bin edges from stats.json's quantiles: sorted, each once, None (no values) dropped."""
+    values = quantiles.values() if isinstance(quantiles, dict) else quantiles
+    return np.unique(np.array([v for v in values if v is not None], dtype=np.float64))
+
+
+def bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts in the len(edges)+1 bins (-inf, e0), [e0, e1), ..., [e_last, inf)."""
+    return np.bincount(np.searchsorted(edges, np.asarray(values, dtype=np.float64), side="right"),
+                       minlength=len(edges) + 1)
+
+
+def bin_labels(edges: np.ndarray) -> list[str]:
+    if not len(edges):
+        return ["all"]
+    fmt = lambda v: f"{v:.4g}"  # noqa: E731
+    return ([f"<{fmt(edges[0])}"] + [f"{fmt(a)}-{fmt(b)}" for a, b in zip(edges[:-1], edges[1:])]
+            + [f">={fmt(edges[-1])}"])
+
+
+def missing_rise(train_missing: int, train_total: int, serving_missing: int, serving_total: int) -> float:
+    """How much larger the fraction of missing values is in serving than in training (0 when smaller)."""
+    if serving_total <= 0:
+        return 0.0
+    train = train_missing / train_total if train_total else 0.0
+    return max(0.0, serving_missing / serving_total - train)
+
+
+def compare_numeric(train: np.ndarray, serving: np.ndarray, train_stats: dict[str, Any]) -> dict[str, Any]:
+    """Histograms of present values on the train quantile bins, their JS divergence, and the
+    serving values beyond the training range."""
+    edges = quantile_edges(train_stats.get("quantiles") or {})
+    tc, sc = bin_counts(train, edges), bin_counts(serving, edges)
+    lo, hi = train_stats.get("min"), train_stats.get("max")
+    below = int(np.sum(serving < lo)) if lo is not None else 0
+    above = int(np.sum(serving > hi)) if hi is not None else 0
+    return {
+        "distance": js_divergence(tc, sc) if tc.sum() and sc.sum() else None,
+        "measure": "jensen_shannon",
+        "bins": bin_labels(edges),
+        "train_histogram": tc.tolist(),
+        "serving_histogram": sc.tolist(),
+        "out_of_range": {"below_min": below, "above_max": above, "train_min": lo, "train_max": hi,
+                         "fraction": (below + above) / len(serving) if len(serving) else 0.0},
+    }
+
+
+def compare_categorical(train: Iterable[Any], serving: Iterable[Any], top: int = 12) -> dict[str, Any]:
+    """Frequency tables of present values, their L-infinity distance, and serving values the
+    training split never had."""
+    tc, sc = Counter(train), Counter(serving)
+    distance, where = linf(tc, sc) if tc and sc else (None, None)
+    new = Counter({v: c for v, c in sc.items() if v not in tc})
+    tt, st = sum(tc.values()) or 1, sum(sc.values()) or 1
+    shown = sorted(set(tc) | set(sc), key=lambda v: (-max(tc[v] / tt, sc[v] / st), str(v)))[:top]
+    return {
+        "distance": distance,
+        "measure": "l_infinity",
+        "most_changed": where,
+        "values": [[v, tc[v] / tt, sc[v] / st] for v in shown],
+        "new_categories": {"values": [[v, c] for v, c in new.most_common(10)], "distinct": len(new),
+                           "fraction": sum(new.values()) / st if sc else 0.0},
+    }

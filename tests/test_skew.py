@@ -1,0 +1,194 @@
+"""`tfpipe skew`'s pieces on tables: the distances, the bins, the thresholds, and the rows it reads
+out of each kind of logged request. The end-to-end checks (eval traffic passes inside `tfpipe run`,
+shifted traffic fails naming the feature) are in test_run.py, on the run's served model."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.parametrize("p, q, want", [
+    ([1, 2, 3], [1, 2, 3], 0.0),
+    ([10, 20, 30], [1, 2, 3], 0.0),          # counts are normalised
+    ([1, 0], [0, 1], 1.0),                   # nothing in common: one bit
+    ([1, 1], [1, 0], 1.5 - 0.75 * math.log2(3)),  # 0.311..., worked by hand
+])
+def test_jensen_shannon_divergence_in_bits(p, q, want):
+    from tfpipe.skew.measure import js_divergence
+
+    assert js_divergence(p, q) == pytest.approx(want, abs=1e-12)
+    assert js_divergence(q, p) == pytest.approx(want, abs=1e-12)  # symmetric
+
+
+@pytest.mark.parametrize("p, q", [([1, 2], [1, 2, 3]), ([0, 0], [1, 1])])
+def test_jensen_shannon_refuses_what_is_not_two_distributions(p, q):
+    from tfpipe.skew.measure import js_divergence
+
+    with pytest.raises(ValueError):
+        js_divergence(p, q)
+
+
+@pytest.mark.parametrize("p, q, distance, where", [
+    ({"a": 5, "b": 5}, {"a": 5, "b": 5}, 0.0, None),
+    ({"a": 5, "b": 5}, {"a": 9, "b": 1}, 0.4, "a"),
+    ({"a": 1}, {"b": 3}, 1.0, "a"),  # ties: the first value in order
+    ({"a": 8, "b": 2}, {"a": 8, "b": 1, "c": 1}, 0.1, "b"),
+])
+def test_l_infinity_names_the_value_that_moved_most(p, q, distance, where):
+    from tfpipe.skew.measure import linf
+
+    d, w = linf(Counter(p), Counter(q))
+    assert d == pytest.approx(distance) and w == where
+
+
+@pytest.mark.parametrize("quantiles, values, edges, counts", [
+    ({"0.25": 1.0, "0.5": 2.0, "0.75": 3.0}, [0.5, 1.0, 1.5, 2.5, 3.0, 9.0], [1, 2, 3], [1, 2, 1, 2]),
+    ({"0.25": 5.0, "0.5": 5.0, "0.75": 7.0}, [4.0, 5.0, 6.0, 7.0], [5, 7], [1, 2, 1]),  # a repeated quantile
+    ({"0.5": None}, [1.0, 2.0], [], [2]),  # a feature with no values in training: one bin
+])
+def test_train_quantiles_become_bins_with_open_outer_ends(quantiles, values, edges, counts):
+    from tfpipe.skew.measure import bin_counts, bin_labels, quantile_edges
+
+    e = quantile_edges(quantiles)
+    assert e.tolist() == edges
+    assert bin_counts(np.array(values), e).tolist() == counts
+    assert len(bin_labels(e)) == len(counts)
+
+
+def test_numeric_comparison_counts_values_beyond_the_training_range():
+    from tfpipe.skew.measure import compare_numeric
+
+    stats = {"min": 0.0, "max": 10.0, "quantiles": {"0.5": 5.0}}
+    train = np.array([1.0, 2.0, 8.0, 9.0])
+    same = compare_numeric(train, train.copy(), stats)
+    assert same["distance"] == 0.0 and same["out_of_range"]["fraction"] == 0.0
+    moved = compare_numeric(train, np.array([-1.0, 12.0, 13.0, 14.0, 3.0]), stats)
+    assert moved["out_of_range"] == {"below_min": 1, "above_max": 3, "train_min": 0.0, "train_max": 10.0,
+                                     "fraction": 0.8}
+    assert moved["serving_histogram"] == [2, 3]
+    up = compare_numeric(train, np.array([6.0, 7.0, 12.0]), stats)
+    assert up["serving_histogram"] == [0, 3] and up["distance"] == pytest.approx(1.5 - 0.75 * math.log2(3))
+    assert compare_numeric(train, np.zeros(0), stats)["distance"] is None  # never sent: no distribution
+
+
+def test_categorical_comparison_lists_values_training_never_saw():
+    from tfpipe.skew.measure import compare_categorical
+
+    r = compare_categorical(["x"] * 6 + ["y"] * 4, ["x"] * 5 + ["z"] * 5)
+    assert r["distance"] == pytest.approx(0.5) and r["most_changed"] == "z"
+    assert r["new_categories"] == {"values": [["z", 5]], "distinct": 1, "fraction": 0.5}
+    assert [v for v, _, _ in r["values"]] == ["x", "z", "y"]
+
+
+@pytest.mark.parametrize("items, default, per_feature", [
+    ([], 0.1, {}),
+    (["0.2"], 0.2, {}),
+    (["fare=0.3", "0.05"], 0.05, {"fare": 0.3}),
+    (["a=b=0.4"], 0.1, {"a=b": 0.4}),  # the last '=' splits
+])
+def test_thresholds_default_and_per_feature(items, default, per_feature):
+    from tfpipe.skew.config import parse_thresholds
+
+    assert parse_thresholds(items) == (default, per_feature)
+
+
+@pytest.mark.parametrize("item", ["1.5", "-0.1", "fare=", "=0.2", "fare=high"])
+def test_bad_thresholds_are_refused_with_the_item(item):
+    from tfpipe.skew.config import parse_thresholds
+
+    with pytest.raises(ValueError, match="threshold"):
+        parse_thresholds([item])
+
+
+@pytest.mark.parametrize("missing_train, n_train, missing_serving, n_serving, rise", [
+    (0, 100, 0, 50, 0.0),
+    (10, 100, 25, 50, 0.4),
+    (50, 100, 0, 50, 0.0),  # fewer missing in serving is no rise
+    (0, 100, 0, 0, 0.0),
+])
+def test_missing_rise(missing_train, n_train, missing_serving, n_serving, rise):
+    from tfpipe.skew.measure import missing_rise
+
+    assert missing_rise(missing_train, n_train, missing_serving, n_serving) == pytest.approx(rise)
+
+
+# ---- the rows of each kind of logged request -------------------------------------------------------
+
+SCHEMA = {"version": 1, "label": {"name": "y", "type": "string", "task": "binary", "classes": ["no", "yes"]},
+          "features": [{"name": "city", "type": "string", "nullable": True},
+                       {"name": "miles", "type": "float", "nullable": True},
+                       {"name": "riders", "type": "int", "nullable": True}],
+          "key": None, "excluded": []}
+
+
+def _example(**features):
+    from tensorflow.core.example import example_pb2
+
+    ex = example_pb2.Example()
+    for k, v in features.items():
+        f = ex.features.feature[k]
+        if isinstance(v, str):
+            f.bytes_list.value.append(v.encode())
+        elif isinstance(v, float):
+            f.float_list.value.append(v)
+        else:
+            f.int64_list.value.append(v)
+    return ex
+
+
+def test_rows_come_out_of_tensors_examples_context_and_serialized_examples():
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from tfpipe.pipeline.schema import Schema
+    from tfpipe.skew.columns import read_traffic
+
+    schema = Schema.from_json(SCHEMA)
+    logs = []
+    # Predict with named tensors: a NaN and an empty string are missing values; 'extra' is no feature
+    lg = prediction_log_pb2.PredictionLog()
+    inputs = lg.predict_log.request.inputs
+    inputs["city"].CopyFrom(tf.make_tensor_proto([b"a", b""]))
+    inputs["miles"].CopyFrom(tf.make_tensor_proto(np.array([1.5, np.nan], np.float32)))
+    inputs["riders"].CopyFrom(tf.make_tensor_proto(np.array([2, 3], np.int64)))
+    inputs["extra"].CopyFrom(tf.make_tensor_proto([1, 2]))
+    logs.append(lg)
+    # Classify with a context: the context fills in what an example lacks; the label is no unknown input
+    lg = prediction_log_pb2.PredictionLog()
+    with_context = lg.classify_log.request.input.example_list_with_context
+    with_context.context.CopyFrom(_example(city="ctx"))
+    with_context.examples.add().CopyFrom(_example(miles=4.0, y="yes"))
+    with_context.examples.add().CopyFrom(_example(city="b", riders=7))
+    logs.append(lg)
+    # Regress with a plain list; a number sent as text for an int feature still reads, a word does not
+    lg = prediction_log_pb2.PredictionLog()
+    lg.regress_log.request.input.example_list.examples.add().CopyFrom(_example(riders="5", miles=2.0))
+    lg.regress_log.request.input.example_list.examples.add().CopyFrom(_example(riders="many"))
+    logs.append(lg)
+    # Predict on a signature taking serialized Examples
+    lg = prediction_log_pb2.PredictionLog()
+    lg.predict_log.request.inputs["examples"].CopyFrom(
+        tf.make_tensor_proto([_example(city="c", miles=8.0).SerializeToString()]))
+    logs.append(lg)
+    # A record with nothing in it
+    logs.append(prediction_log_pb2.PredictionLog())
+    for lg in logs:
+        lg.log_metadata.model_spec.name = "m"
+
+    from tfpipe.prediction_logs import RequestTiming
+
+    traffic = read_traffic([(lg, RequestTiming(protocol="grpc")) for lg in logs], schema, "m")
+    assert traffic.requests == 5 and traffic.rows == 7
+    city, miles, riders = (traffic.column(n) for n in ("city", "miles", "riders"))
+    assert city.values[city.present].tolist() == ["a", "ctx", "b", "c"]
+    assert city.present.tolist() == [True, False, True, True, False, False, True]
+    assert miles.values[miles.present].tolist() == [1.5, 4.0, 2.0, 8.0]
+    assert riders.values[riders.present].tolist() == [2.0, 3.0, 7.0, 5.0]
+    assert traffic.unknown_inputs == Counter({"extra": 2})
+    assert traffic.unreadable == Counter({"riders": 1})
+    assert traffic.by_api == Counter({"predict/grpc": 2, "classify/grpc": 1, "regress/grpc": 1, "unknown/grpc": 1})
+    assert traffic.skipped == Counter({"an empty record": 1})
