@@ -49,6 +49,13 @@ class LoadtestConfig(BaseModel):
                                    "payloads is the baseline that separates serving overhead from model time")
     web: bool = Field(False, description="also serve locust's web UI on 127.0.0.1:--web-port to watch the run live")
     web_port: int = Field(8089, ge=0, le=65535, description="port of locust's web UI with --web")
+    replay: str | None = Field(None, description="a request log's filename_prefix (tfpipe serve's logging_config or "
+                               "--request_log_prefix): send its requests again, each over the API and protocol it "
+                               "came in on, at its recorded time (open model), instead of --data/--payload")
+    speed: float = Field(1.0, gt=0, le=1000, description="with --replay: how much faster than recorded (2.0: twice "
+                         "the rate, half the time)")
+    grpc_target: str | None = Field(None, description="with --replay: grpc://HOST:PORT for the logged gRPC requests "
+                                    "when --target is the REST address")
     slo: str = Field("", description='service level objective, e.g. "p99<20ms,errors<0.1%"; exit 1 when missed')
     out: str = Field("runs/loadtest", description="where results.json and results.csv go")
 
@@ -76,6 +83,9 @@ class LoadtestConfig(BaseModel):
                 raise ValueError(f"--{name.replace('_', '-')} takes HOST:PORT, not {value!r}")
         if self.worker and not self.master:
             raise ValueError("--worker needs --master HOST:PORT (where the master's --master-bind listens)")
+        if self.replay and (self.data or self.payload or self.rate or self.sweep):
+            raise ValueError("--replay sends the logged requests at their recorded times: leave out --data, "
+                             "--payload, --rate and --sweep")
         if self.master and not self.worker:
             raise ValueError("--master is for workers: add --worker (a master listens with --master-bind)")
         if self.expect_workers and not self.master_bind:

@@ -113,6 +113,96 @@ def grpc_user(spec: StepSpec, schedule: Schedule | None):
     return GrpcUser
 
 
+class ReplayClock:
+    """Replay: request i is due at start + offset_i / speed, start being the next whole second
+    (where the measured window begins). Records when each request actually went out."""
+
+    def __init__(self, items: list[list], speed: float):
+        self.offsets = [item[0] / speed for item in items]
+        self.counter = itertools.count()
+        self.start: float | None = None
+        self.sent: list[float] = []  # perf_counter at each send, in the order taken
+
+    def take(self) -> tuple[int, float] | None:
+        """(index, due time) of the next request, after sleeping until it is due; None when all are taken."""
+        if self.start is None:
+            now_wall, now = time.time(), time.perf_counter()
+            self.start = now + (math.ceil(now_wall) - now_wall)
+        i = next(self.counter)
+        if i >= len(self.offsets):
+            return None
+        due = self.start + self.offsets[i]
+        delay = due - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        self.sent.append(time.perf_counter())
+        return i, due
+
+    def summary(self) -> dict:
+        if not self.sent or self.start is None:
+            return {"sent": 0}
+        sent = sorted(self.sent)
+        return {"sent": len(sent), "send_span_s": sent[-1] - sent[0], "first_send_late_s": sent[0] - self.start}
+
+
+def replay_user(spec: StepSpec, clock: ReplayClock):
+    """Sends the logged requests, each over the API and protocol it came in on, at its due time;
+    latency counts from that time."""
+    import grpc
+    import grpc.experimental.gevent as grpc_gevent
+    from locust.exception import StopUser
+    from tensorflow_serving.apis import (classification_pb2, inference_pb2, predict_pb2,
+                                         prediction_service_pb2_grpc, regression_pb2)
+
+    grpc_gevent.init_gevent()
+    messages = {"Predict": predict_pb2.PredictRequest, "Classify": classification_pb2.ClassificationRequest,
+                "Regress": regression_pb2.RegressionRequest, "MultiInference": inference_pb2.MultiInferenceRequest}
+    prepared = []
+    for _, protocol, where, body in spec.replay:
+        if protocol == "rest":
+            prepared.append(("rest", where, build_request(spec.address, "POST", where, body.encode())))
+        else:
+            prepared.append(("grpc", where, messages[where].FromString(base64.b64decode(body))))
+
+    class ReplayUser(User):
+        wait_time = constant(0)
+
+        def on_start(self):
+            self.conn = TimedConnection(spec.address) if spec.address else None
+            self.stub = (prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(spec.grpc_address))
+                         if spec.grpc_address else None)
+
+        def on_stop(self):
+            if self.conn is not None:
+                self.conn.close()
+
+        @task
+        def send(self):
+            taken = clock.take()
+            if taken is None:
+                raise StopUser()
+            i, due = taken
+            protocol, where, payload = prepared[i]
+            error, length = None, 0
+            if protocol == "rest":
+                try:
+                    status, length, _, _ = self.conn.request(payload)
+                    if status != 200:
+                        error = Exception(f"HTTP {status}")
+                except (OSError, HttpError) as e:
+                    error = e
+            else:
+                try:
+                    getattr(self.stub, where)(payload, timeout=30)
+                except grpc.RpcError as e:
+                    error = Exception(f"gRPC {e.code().name}")
+            self.environment.events.request.fire(request_type=protocol, name=where,
+                                                 response_time=(time.perf_counter() - due) * 1000,
+                                                 response_length=length, exception=error, context={})
+
+    return ReplayUser
+
+
 class Recorder:
     """Every answer, by wall-clock second (whole seconds line up across worker processes)."""
 
@@ -153,7 +243,9 @@ def _summarise_window(sources: list[dict[str, dict]], first: int, last: int) -> 
     return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
 
 
-def _user_class(spec: StepSpec, share: float):
+def _user_class(spec: StepSpec, share: float, clock: ReplayClock | None = None):
+    if spec.kind == "replay":
+        return replay_user(spec, clock)
     rate = spec.rate
     schedule = Schedule(rate * share) if rate else None
     return rest_user(spec, schedule) if spec.kind == "rest" else grpc_user(spec, schedule)
@@ -180,8 +272,9 @@ def run(spec: StepSpec) -> dict:
     local, remote = spec.workers, spec.expect_workers
     total = local + remote
     me = psutil.Process()
+    clock = ReplayClock(spec.replay, spec.speed) if spec.kind == "replay" else None
     if total <= 1 and not remote:
-        env = Environment(user_classes=[_user_class(spec, 1.0)])
+        env = Environment(user_classes=[_user_class(spec, 1.0, clock)])
         recorder = Recorder()
         env.events.request.add_listener(recorder.on_request)
         runner = env.create_local_runner()
@@ -235,6 +328,8 @@ def run(spec: StepSpec) -> dict:
         env.web_ui.stop()
     result["workers"] = total
     result["interrupted"] = bool(stop)
+    if clock is not None:
+        result["replay"] = clock.summary()
     return result
 
 

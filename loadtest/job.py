@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import queue
 import shutil
@@ -37,6 +38,8 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     """Run every step; write results into config.out; 1 when an SLO is given and missed, else 0."""
     if config.worker:
         return run_workers(config.master, max(1, config.workers), log)
+    if config.replay:
+        return run_replay(config, log)
     kind, address = parse_target(config.target)
     if not config.model:
         raise LoadtestError("--model is required (the model name on the server)")
@@ -139,6 +142,87 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if interrupted:
         return 130
     return 0 if passed else 1
+
+
+def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
+    """`--replay PREFIX`: one open-model step that sends the logged requests at their recorded
+    offsets (divided by --speed); results compare its rate and latency with the log's."""
+    from tfpipe.loadtest.replay import read_items
+
+    targets = {}
+    for t in (config.target, config.grpc_target):
+        if t:
+            kind, address = parse_target(t)
+            if kind in targets:
+                raise LoadtestError(f"--target and --grpc-target are both {kind.upper()} addresses")
+            targets[kind] = address
+    if config.workers > 1 or config.expect_workers:
+        raise LoadtestError("--replay runs in one generator process: leave out --workers and --expect-workers")
+    terms = parse_slo(config.slo)
+    items, recorded = read_items(config.replay, config.model, config.max_requests)
+    needs = sorted({item[1] for item in items})
+    missing = [p for p in needs if p not in targets]
+    if missing:
+        raise LoadtestError(f"the log holds {' and '.join(p.upper() for p in missing)} requests: give "
+                            + " and ".join("--target http://HOST:PORT" if p == "rest" else
+                                           "--grpc-target grpc://HOST:PORT" for p in missing))
+    span = recorded["span_s"] / config.speed
+    log(f"replaying {len(items):,} logged requests ({', '.join(f'{k} {v:,}' for k, v in recorded['by_api'].items())})"
+        f" recorded over {recorded['span_s']:.1f}s, at {config.speed:g}x: {span:.1f}s")
+    _check_out(config.out)
+    spec = StepSpec(kind="replay", address=targets.get("rest", ""), grpc_address=targets.get("grpc", ""),
+                    users=max(config.users, 8), warmup=0.0, duration=math.ceil(span) + 2.0,
+                    max_requests=len(items) + 1, replay=items, speed=config.speed)
+    result, interrupted = _run_step(spec, timeout=span + 120, label="replay")
+    if result is None or not result["requests"]:
+        if interrupted:
+            log("interrupted before a whole second was measured: nothing to report")
+            return 130
+        raise LoadtestError("the replay measured no request")
+    step = _summarise(1, spec, result)
+    sent = result.get("replay", {})
+    step["rate"] = None
+    step["replay"] = {"sent": sent.get("sent", 0), "send_span_s": sent.get("send_span_s"),
+                      "rate": (sent["sent"] - 1) / sent["send_span_s"] if sent.get("send_span_s") else None}
+    step["slo_failures"] = check(terms, step) if terms else []
+    step["slo_ok"] = not step["slo_failures"] if terms else None
+    step["overhead_p50_ms"] = None
+    want_rate = recorded["rate"] * config.speed if recorded["rate"] else None
+    replay = {"prefix": config.replay, "speed": config.speed, "recorded": recorded,
+              "replayed": {"requests": step["requests"], "errors": step["errors"], "rate": step["replay"]["rate"],
+                           "p50_ms": step["p50_ms"], "p99_ms": step["p99_ms"], "max_ms": step["max_ms"]},
+              "count_ratio": step["requests"] / recorded["requests"],
+              "rate_ratio": step["replay"]["rate"] / want_rate if want_rate and step["replay"]["rate"] else None}
+    passed = not step["slo_failures"] if terms else True
+    results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": "replay",
+               "interrupted": interrupted, "baseline": None, "slo": config.slo,
+               "slo_passed": passed if terms else None, "knee": None, "steps": [step], "replay": replay}
+    _publish(results, [step], config.out)
+    for line in replay_lines(replay):
+        log(line)
+    if terms:
+        log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
+    log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html")
+    return 130 if interrupted else (0 if passed else 1)
+
+
+def replay_lines(replay: dict) -> list[str]:
+    rec, rep = replay["recorded"], replay["replayed"]
+    lat = rec.get("server_latency") or {}
+
+    def ms(v):
+        return "-" if v is None else f"{v:.3f} ms"
+
+    def rate(v):
+        return "-" if v is None else f"{v:.1f} req/s"
+
+    return [f"{'':<10} {'requests':>9} {'rate':>13} {'p50':>11} {'p99':>11}",
+            f"{'recorded':<10} {rec['requests']:>9,} {rate(rec['rate']):>13} {ms(lat.get('p50_ms')):>11} "
+            f"{ms(lat.get('p99_ms')):>11}  (server time, as logged)",
+            f"{'replayed':<10} {rep['requests']:>9,} {rate(rep['rate']):>13} {ms(rep['p50_ms']):>11} "
+            f"{ms(rep['p99_ms']):>11}  (client time from each request's due time; {rep['errors']} errors)",
+            f"count {replay['count_ratio']:.3f}x the log's"
+            + (f", rate {replay['rate_ratio']:.3f}x the log's x {replay['speed']:g}" if replay["rate_ratio"] else "")]
 
 
 def _check_out(out: str) -> None:

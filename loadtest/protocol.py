@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 class StepSpec:
     """One load step."""
 
-    kind: str  # "rest" or "grpc"
-    address: str  # http://HOST:PORT for REST, HOST:PORT for gRPC
+    kind: str  # "rest", "grpc", or "replay" (logged requests over both)
+    address: str  # http://HOST:PORT for REST, HOST:PORT for gRPC; replay: the REST address or ""
     users: int
     warmup: float  # seconds of unmeasured load first
     duration: float  # measured seconds
@@ -31,11 +31,16 @@ class StepSpec:
     last_step: bool = True  # workers from other machines stop after it
     share: float = 1.0  # a worker's part of an open-model rate
     token: str = ""  # the step, as workers tell one master's steps apart
+    # replay: [offset_s, "rest", path, JSON body] or [offset_s, "grpc", method, base64 request], by offset
+    replay: list[list] = field(default_factory=list)
+    grpc_address: str = ""  # replay: where gRPC requests go
+    speed: float = 1.0  # replay: offsets are divided by it
 
     def __post_init__(self):
-        if self.kind not in ("rest", "grpc"):
-            raise ValueError(f"kind must be rest or grpc, not {self.kind!r}")
-        if not (self.bodies if self.kind == "rest" else self.requests):
+        if self.kind not in ("rest", "grpc", "replay"):
+            raise ValueError(f"kind must be rest, grpc or replay, not {self.kind!r}")
+        payloads = {"rest": self.bodies, "grpc": self.requests, "replay": self.replay}[self.kind]
+        if not payloads:
             raise ValueError(f"a {self.kind} step needs its payloads")
 
     def to_json(self) -> dict:

@@ -203,6 +203,19 @@ def loadtest_section(results: dict) -> str:
                  f"{base['p50_ms']:.3f} ms, p99 {base['p99_ms']:.3f} ms over {base['calls']} calls. Serving "
                  f"overhead at p50: " + ", ".join(f"step {s['step']} {s['overhead_p50_ms']:+.3f} ms" for s in steps)
                  + ".</p>") if base else ""
+    replay = results.get("replay")
+    if replay:
+        rec, rep = replay["recorded"], replay["replayed"]
+        lat = rec.get("server_latency") or {}
+        fmt = lambda v, unit: "-" if v is None else f"{v:.3f} {unit}"  # noqa: E731
+        base_html += (f"<p>Replay of the request log <code>{html.escape(replay['prefix'])}</code> at "
+                      f"{replay['speed']:g}x: {replay['count_ratio']:.3f}x its request count"
+                      + (f", {replay['rate_ratio']:.3f}x its rate" if replay.get("rate_ratio") else "") + ".</p>"
+                      + table_html(["", "requests", "req/s", "p50", "p99", "measured as"], [
+                          ["recorded", rec["requests"], fmt(rec["rate"], ""), fmt(lat.get("p50_ms"), "ms"),
+                           fmt(lat.get("p99_ms"), "ms"), "server time, as logged"],
+                          ["replayed", rep["requests"], fmt(rep["rate"], ""), fmt(rep["p50_ms"], "ms"),
+                           fmt(rep["p99_ms"], "ms"), "client time from each request's due time"]]))
     partial = ('<p class="bad">Interrupted: the last step is partial (whole seconds measured before the stop).</p>'
                if results.get("interrupted") else "")
     return f"""{partial}<p>Target {html.escape(str(cfg.get('target')))}, model {html.escape(str(cfg.get('model')))}, signature

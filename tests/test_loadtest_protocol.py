@@ -35,9 +35,10 @@ def test_a_step_spec_survives_json_and_a_worker_gets_only_its_part():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"kind": "soap"}, "kind must be rest or grpc"),
+    ({"kind": "soap"}, "kind must be rest, grpc or replay"),
     ({"bodies": []}, "needs its payloads"),
     ({"kind": "grpc"}, "needs its payloads"),  # gRPC takes requests, not bodies
+    ({"kind": "replay"}, "needs its payloads"),  # replay takes logged requests
 ])
 def test_a_step_spec_refuses_what_cannot_run(change, message):
     with pytest.raises(ValueError, match=message):

@@ -30,17 +30,19 @@ def _logging(prefix: str, rate: float, kind: str = "tfrecord") -> str:
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
-    """A server with two copies of TF Serving's half_plus_two (TF1: predict, classify and
-    regress signatures): `full` logs every request, `tenth` one in ten."""
+    """A server with copies of TF Serving's half_plus_two (TF1: predict, classify and regress
+    signatures): `full` logs every request, `tenth` one in ten, `paced` every request (for the
+    replay test alone), `quiet` none."""
     from serving_models import save_half_plus_two_tf1
 
     from tfpipe.serve.server import ServerThread
 
     root = tmp_path_factory.mktemp("request_log")
-    for name in ("full", "tenth"):
+    for name in ("full", "tenth", "paced", "quiet"):
         save_half_plus_two_tf1(str(root / name / "1"))
     models = "".join(f'  config {{ name: "{name}" base_path: "{root / name}" model_platform: "tensorflow" '
-                     f'{_logging(root / "logs" / name, rate)} }}\n' for name, rate in (("full", 1.0), ("tenth", 0.1)))
+                     f'{_logging(root / "logs" / name, rate) if rate else ""} }}\n'
+                     for name, rate in (("full", 1.0), ("tenth", 0.1), ("paced", 1.0), ("quiet", None)))
     (root / "models.config").write_text(f"model_config_list {{\n{models}}}")
     (root / "monitoring.config").write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }')
     opts = _opts(model_config_file=str(root / "models.config"), monitoring_config_file=str(root / "monitoring.config"))
@@ -336,3 +338,75 @@ def test_tensorflow_model_server_is_not_given_a_logging_config_it_would_refuse(t
     with pytest.raises(ServeError, match="No request-logger-creator provided"):
         write_configs(_opts(model_name="m", model_base_path=str(tmp_path), request_log_prefix=str(tmp_path / "l")),
                       str(tmp_path / "cfg"))
+
+
+def test_replay_sends_every_logged_request_at_the_logged_rate_over_its_own_api(logged, tmp_path):
+    """60 requests to `paced` over 3 s, paced at 20/s, over every API and both protocols; then
+    `tfpipe loadtest --replay` at 2x speed to `quiet`: the same count, at twice the rate, within 5%,
+    all answered."""
+    import json
+
+    import tensorflow as tf
+    from tensorflow_serving.apis import classification_pb2, inference_pb2, predict_pb2, regression_pb2
+
+    from conftest import run_cli
+
+    def grpc_predict():
+        r = predict_pb2.PredictRequest()
+        r.model_spec.name = "paced"
+        r.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0], [2.0]], np.float32)))
+        logged.stub.Predict(r, 10)
+
+    def grpc_classify():
+        r = classification_pb2.ClassificationRequest()
+        r.model_spec.name, r.model_spec.signature_name = "paced", "classify_x_to_y"
+        r.input.example_list.examples.extend([_example(3.0)])
+        logged.stub.Classify(r, 10)
+
+    def grpc_regress():
+        r = regression_pb2.RegressionRequest()
+        r.model_spec.name, r.model_spec.signature_name = "paced", "regress_x_to_y"
+        r.input.example_list.examples.extend([_example(4.0)])
+        logged.stub.Regress(r, 10)
+
+    def grpc_multi():
+        r = inference_pb2.MultiInferenceRequest()
+        task = r.tasks.add()
+        task.model_spec.name, task.model_spec.signature_name = "paced", "regress_x_to_y"
+        task.method_name = "tensorflow/serving/regress"
+        r.input.example_list.examples.extend([_example(5.0)])
+        logged.stub.MultiInference(r, 10)
+
+    def rest(path, body):
+        def call():
+            assert requests.post(f"{logged.url}/v1/models/paced:{path}", json=body, timeout=10).status_code == 200
+        return call
+
+    calls = [grpc_predict, grpc_classify, grpc_regress, grpc_multi, rest("predict", {"instances": [[1.0], [2.0]]}),
+             rest("predict", {"inputs": {"x": [[3.0]]}}),
+             rest("classify", {"signature_name": "classify_x_to_y", "examples": [{"x": 6.0}]}),
+             rest("regress", {"signature_name": "regress_x_to_y", "context": {"x2": 1.0}, "examples": [{"x": 7.0}]})]
+    t0 = time.perf_counter()
+    for k in range(60):
+        time.sleep(max(0.0, t0 + k / 20 - time.perf_counter()))
+        calls[k % len(calls)]()
+    logged.request_logs.flush()
+
+    out = tmp_path / "replay"
+    res = run_cli("loadtest", "--replay", str(logged.root / "logs" / "paced"), "--target", logged.url,
+                  "--grpc-target", f"grpc://127.0.0.1:{logged.grpc_port}", "--model", "quiet", "--speed", "2",
+                  "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    replay = json.load(open(out / "results.json"))["replay"]
+    assert replay["recorded"]["requests"] == 60
+    assert replay["recorded"]["by_api"] == {"predict/grpc": 8, "classify/grpc": 8, "regress/grpc": 8,
+                                            "multi_inference/grpc": 8, "predict/rest": 14, "classify/rest": 7,
+                                            "regress/rest": 7}
+    assert replay["recorded"]["rate"] == pytest.approx(20, rel=0.05)
+    assert replay["replayed"]["errors"] == 0, res.stdout
+    assert 0.95 <= replay["count_ratio"] <= 1.05 and 0.95 <= replay["rate_ratio"] <= 1.05, replay
+    assert "replayed" in res.stdout and "recorded" in res.stdout
+    # what `quiet` answered, by API (REST and gRPC alike): every replayed request, over its own API
+    answered = {api: n for (model, api, status), n in logged.metrics.requests.items() if model == "quiet"
+                and status in ("OK", "200")}
+    assert answered == {"predict": 22, "classify": 15, "regress": 15, "multi_inference": 8}, answered

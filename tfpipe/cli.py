@@ -330,10 +330,15 @@ def build_parser() -> argparse.ArgumentParser:
             "answer) or open model (--rate R requests/s on a schedule, latency counted from the intended "
             "send time). Every response time is kept with microsecond resolution; prints p50/p90/p95/p99/"
             "p99.9/max per step, finds the knee of a --sweep, writes results.json and results.csv, and "
-            "exits 1 when --slo is missed (0 when met). Requests go only to --target."
+            "exits 1 when --slo is missed (0 when met). With --replay PREFIX it sends a request log's requests "
+            "again (written by tfpipe serve's logging_config or --request_log_prefix), each over the API and "
+            "protocol it came in on, at its recorded time times 1/--speed, and compares count, rate and latency "
+            "with the log's. Requests go only to --target (and --grpc-target)."
         ),
-        epilog=('example: tfpipe loadtest --target http://127.0.0.1:8501 --model taxi --data runs/taxi/data '
-                '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"'),
+        epilog=('examples: tfpipe loadtest --target http://127.0.0.1:8501 --model taxi --data runs/taxi/data '
+                '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"; '
+                'tfpipe loadtest --replay logs/taxi --target http://127.0.0.1:8501 '
+                '--grpc-target grpc://127.0.0.1:8500 --speed 2'),
     )
     add_model_flags(loadtest, LoadtestConfig)
     loadtest.set_defaults(handler=cmd_loadtest)
