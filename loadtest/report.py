@@ -90,6 +90,16 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x:
     return "".join(parts)
 
 
+def _bar_frame(title: str, ylabel: str, base: float) -> list[str]:
+    """A bar chart's opening: the svg element, the title, the baseline and the y-axis label."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
+            f'aria-label="{html.escape(title)}">',
+            f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
+            f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
+            f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
+            f'{html.escape(ylabel)}</text>']
+
+
 def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str = "#1f77b4") -> str:
     """Labelled vertical bars with their values written on top."""
     if not bars:
@@ -97,12 +107,7 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
     top = max(v for _, v in bars) or 1.0
     slot = (W - 2 * PAD) / len(bars)
     base = H - PAD + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
-             f'aria-label="{html.escape(title)}">',
-             f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
-             f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
-             f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
-             f'{html.escape(ylabel)}</text>']
+    parts = _bar_frame(title, ylabel, base)
     for i, (label, value) in enumerate(bars):
         h = value / top * (H - 2 * PAD)
         x = PAD + i * slot + slot * 0.15
@@ -125,13 +130,8 @@ def paired_bar_chart(title: str, ylabel: str, labels: list[str], series: list[tu
     slot = (W - 2 * PAD) / len(labels)
     width = slot * 0.8 / len(series)
     base = H - PAD + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
-             f'aria-label="{html.escape(title)}">',
-             f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
-             f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
-             f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
-             f'{html.escape(ylabel)}</text>',
-             f'<text x="{PAD}" y="{base - (H - 2 * PAD) - 2:.1f}" font-size="10">{plain(top)}</text>']
+    parts = _bar_frame(title, ylabel, base)
+    parts.append(f'<text x="{PAD}" y="{base - (H - 2 * PAD) - 2:.1f}" font-size="10">{plain(top)}</text>')
     for k, (name, color, values) in enumerate(series):
         parts.append(f'<rect x="{W - PAD - 110}" y="{24 + 14 * k}" width="10" height="10" fill="{color}"/>'
                      f'<text x="{W - PAD - 96}" y="{33 + 14 * k}" font-size="11">{html.escape(name)}</text>')

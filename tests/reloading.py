@@ -32,7 +32,7 @@ def publish_and_wait(source: str, base: str, version: int, url: str, model: str,
     raise AssertionError(f"version {version} did not take over: {states}")
 
 
-def metrics_readings(url: str, n: int = 5) -> list[str]:
+def metrics_readings(url: str, n: int = 3) -> list[str]:
     """`n` readings of the Prometheus page, 0.1 s apart: RSS moves with the requests in flight,
     so callers take the least of them."""
     texts = []
