@@ -146,6 +146,8 @@ def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, s
         reasons.append(f"missing in {(n_serving - len(s_values)) / n_serving:.1%} of rows "
                        f"(training {(n_train - len(t_values)) / max(n_train, 1):.1%})")
     notes = []
+    if not len(t_values) and len(s_values):
+        notes.append(f"training has no value of it; the traffic has {len(s_values):,}")
     if kind == "categorical" and cmp["new_categories"]["distinct"]:
         nc = cmp["new_categories"]
         notes.append(f"{nc['distinct']} value(s) never seen in training, {nc['fraction']:.1%} of rows: "
