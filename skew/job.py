@@ -41,6 +41,11 @@ def check_inputs(cfg: SkewConfig):
     if data.images:
         raise SkewError(f"{cfg.data} holds images: tfpipe skew compares tabular features "
                         "(named tensors and tf.Examples of a tfpipe data directory of rows)")
+    out = cfg.out
+    if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out)
+                                                          and not os.path.exists(os.path.join(out, "skew.json")))):
+        raise SkewError(f"--out {out} exists and is not a tfpipe skew output (no skew.json); it would be replaced "
+                        "whole: choose another --out or remove it")
     default, per_feature = parse_thresholds(cfg.threshold)
     names = {c.name for c in data.schema.features}
     unknown = sorted(set(per_feature) - names)

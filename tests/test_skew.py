@@ -192,3 +192,20 @@ def test_rows_come_out_of_tensors_examples_context_and_serialized_examples():
     assert traffic.unreadable == Counter({"riders": 1})
     assert traffic.by_api == Counter({"predict/grpc": 2, "classify/grpc": 1, "regress/grpc": 1, "unknown/grpc": 1})
     assert traffic.skipped == Counter({"an empty record": 1})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--logs", "{tmp}/nothing/here"], "no request log files at"),
+    (["--logs", "{tmp}/x", "--threshold", "beak=0.2"], "--threshold names beak, not a feature of"),
+    (["--logs", "{tmp}/x", "--threshold", "2"], "distances run from 0 to 1"),
+    (["--logs", "{tmp}/x", "--out", "{data}"], "is not a tfpipe skew output"),
+    (["--threshold", "0.1"], "no request log: pass --logs PREFIX"),
+])
+def test_bad_input_exits_2_with_one_line(penguins_data, tmp_path, args, message):
+    from conftest import run_cli
+
+    args = [a.format(tmp=tmp_path, data=penguins_data) for a in args]
+    res = run_cli("skew", "--data", penguins_data, "--out", str(tmp_path / "skew"), *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfpipe skew: error:") and message in lines[0], res.stderr

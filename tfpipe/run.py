@@ -441,8 +441,12 @@ class Run:
                                                         "compares tabular features"})
             return (self._outputs(os.path.join(out, "skew.json"), path=out, passed=None),
                     "skipped: image data (skew compares tabular features)", 0)
+        from tfpipe.prediction_logs import log_files
         from tfpipe.skew.job import run
 
+        if not log_files(self.traffic_prefix):
+            raise RunError(f"the load test's request log is gone ({shown(self.path('traffic'))}): "
+                           "run again with --from loadtest")
         export = self.manifest["steps"]["export"]["outputs"]
         cfg = self.cfg.skew.model_copy(update={"data": self.path("data"), "logs": self.traffic_prefix,
                                                "model": export["name"], "out": out})
@@ -451,7 +455,7 @@ class Run:
         t = r["traffic"]
         summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows against {r['train']['rows']:,} training rows: "
                    + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
-                      f"every feature within {r['thresholds']['default']:g}"))
+                      "every feature within its threshold"))
         return self._outputs(os.path.join(out, "skew.json"), path=out, passed=r["passed"]), summary, code
 
     def _outputs(self, manifest_path: str, **extra: Any) -> dict[str, Any]:
