@@ -10,6 +10,7 @@ import math
 import os
 import urllib.error
 import urllib.request
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -89,9 +90,24 @@ def _error_text(e: urllib.error.HTTPError) -> str:
         return e.reason
 
 
+def rest_value(value: Any, binary: bool) -> Any:
+    """A value (nested lists too) as TF Serving's REST API writes it: bytes as {"b64": ...} when
+    `binary` (an input named *_bytes, an encoded image) or not UTF-8, else as text."""
+    if isinstance(value, list):
+        return [rest_value(v, binary) for v in value]
+    if isinstance(value, bytes):
+        if not binary:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    return value
+
+
 def json_row(row: dict) -> dict:
     """A row as a REST instance: bytes values (encoded images) as {"b64": ...}, TF Serving's way."""
-    return {k: {"b64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v for k, v in row.items()}
+    return {k: rest_value(v, binary=True) for k, v in row.items()}
 
 
 def image_rows(data_dir: str, inputs: dict[str, str], limit: int) -> list[dict]:

@@ -20,23 +20,10 @@ from typing import Any
 
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
+from tfpipe.loadtest.payloads import rest_value
 
 GRPC_METHODS = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
                 "multi_inference": "MultiInference"}
-
-
-def _json_value(value: Any, binary: bool) -> Any:
-    """A tensor's value as TF Serving's REST API writes it: binary strings as {"b64": ...}."""
-    if isinstance(value, list):
-        return [_json_value(v, binary) for v in value]
-    if isinstance(value, bytes):
-        if not binary:
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        return {"b64": base64.b64encode(value).decode("ascii")}
-    return value
 
 
 def predict_json(request, signature: str, rest_format: str) -> dict[str, Any]:
@@ -44,7 +31,7 @@ def predict_json(request, signature: str, rest_format: str) -> dict[str, Any]:
     import tensorflow as tf
 
     # TF Serving's convention: an input whose name ends in _bytes holds binary data.
-    tensors = {k: _json_value(tf.make_ndarray(t).tolist(), k.endswith("_bytes")) for k, t in request.inputs.items()}
+    tensors = {k: rest_value(tf.make_ndarray(t).tolist(), k.endswith("_bytes")) for k, t in request.inputs.items()}
     body: dict[str, Any] = {"signature_name": signature} if signature else {}
     if rest_format == "inputs":
         body["inputs"] = tensors
@@ -61,7 +48,7 @@ def _features_json(example) -> dict[str, Any]:
     for key, f in example.features.feature.items():
         kind = f.WhichOneof("kind")
         values = list(getattr(f, kind).value) if kind else []
-        values = _json_value(values, key.endswith("_bytes"))
+        values = rest_value(values, key.endswith("_bytes"))
         out[key] = values[0] if len(values) == 1 else values
     return out
 

@@ -29,7 +29,6 @@ class Traffic:
     rows: int = 0
     requests: int = 0
     by_api: Counter = field(default_factory=Counter)  # "predict/grpc" -> requests
-    by_model: Counter = field(default_factory=Counter)  # every model in the log, chosen or not
     unknown_inputs: Counter = field(default_factory=Counter)  # input or feature names not in the schema -> rows
     unreadable: Counter = field(default_factory=Counter)  # feature -> values that could not be read as its type
     skipped: Counter = field(default_factory=Counter)  # why a request gave no rows -> requests
@@ -53,20 +52,14 @@ class Traffic:
             self._present[name].append(present)
         self.rows += n
 
-    def columns(self) -> dict[str, Column]:
-        out = {}
+    def freeze(self) -> None:
+        """Join the chunks into `columns` (after the last `add`)."""
+        self.columns: dict[str, Column] = {}
         for name, kind in self.kinds.items():
             empty = np.zeros(0, dtype=object if kind == "string" else np.float64)
-            out[name] = Column(np.concatenate(self._values[name]) if self._values[name] else empty,
-                               np.concatenate(self._present[name]) if self._present[name] else np.zeros(0, bool))
-        return out
-
-    def freeze(self) -> None:
-        """Join the chunks (after the last `add`); `column` reads from the joined columns."""
-        self._cols = self.columns()
-
-    def column(self, name: str) -> Column:
-        return self._cols[name]
+            self.columns[name] = Column(np.concatenate(self._values[name]) if self._values[name] else empty,
+                                        np.concatenate(self._present[name]) if self._present[name]
+                                        else np.zeros(0, bool))
 
 
 def typed(name: str, kind: str, raw: np.ndarray, traffic: Traffic) -> tuple[np.ndarray, np.ndarray]:
@@ -176,9 +169,7 @@ def read_traffic(logs: list[tuple], schema: Schema, model: str | None) -> Traffi
     """The rows of (PredictionLog, RequestTiming) pairs, those to `model` only when it is given."""
     traffic = Traffic(schema)
     for log, timing in logs:
-        name = log.log_metadata.model_spec.name
-        traffic.by_model[name] += 1
-        if model is not None and name != model:
+        if model is not None and log.log_metadata.model_spec.name != model:
             continue
         traffic.requests += 1
         api = log.WhichOneof("log_type") or "unknown"
@@ -215,6 +206,5 @@ def read_split(files: list[str], schema: Schema) -> Traffic:
                 values[present] = firsts.astype(np.float64)
             chunk[c.name] = (values, present)
         traffic.add(chunk, n or 0)
-        traffic.requests += 1
     traffic.freeze()
     return traffic

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -73,7 +74,7 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
         + (f"; stopped at --max-records {cfg.max_records:,}" if len(read.records) >= cfg.max_records else ""))
     schema = data.schema
     logs = list(iter_logs(read.records))
-    models = {lg.log_metadata.model_spec.name for lg, _ in logs}
+    models = Counter(lg.log_metadata.model_spec.name for lg, _ in logs)  # requests per model
     model = cfg.model
     if model is None and len(models) > 1:
         raise SkewError(f"the log holds requests to {len(models)} models ({', '.join(sorted(models))}): "
@@ -93,14 +94,14 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     with open(os.path.join(data.path, "schema.json")) as f:
         schema_json = json.load(f)
     combiner = SplitStatsFn(schema_json, TOP_K)
-    acc = combiner.add_input(combiner.create_accumulator(), traffic.columns())
+    acc = combiner.add_input(combiner.create_accumulator(), traffic.columns)
     serving_stats = combiner.extract_output(acc)["features"]
     train_stats = data.train_stats()["features"]
 
     features = []
     for c in schema.features:
         threshold = per_feature.get(c.name, default)
-        features.append(_feature(c.name, c.type, train.column(c.name), traffic.column(c.name), train_stats[c.name],
+        features.append(_feature(c.name, c.type, train.columns[c.name], traffic.columns[c.name], train_stats[c.name],
                                  serving_stats[c.name], threshold))
     flagged = [f["name"] for f in features if f["flagged"]]
     result = {
@@ -109,7 +110,7 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
         "log": {"files": len(read.files), "records": len(read.records), "truncated": read.truncated,
                 "max_records": cfg.max_records},
         "traffic": {"requests": traffic.requests, "rows": traffic.rows, "by_api": dict(traffic.by_api),
-                    "by_model": dict(traffic.by_model), "unknown_inputs": dict(traffic.unknown_inputs),
+                    "by_model": dict(models), "unknown_inputs": dict(traffic.unknown_inputs),
                     "unreadable": dict(traffic.unreadable), "skipped": dict(traffic.skipped)},
         "train": {"rows": train.rows},
         "thresholds": {"default": default, "per_feature": per_feature},

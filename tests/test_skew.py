@@ -183,7 +183,7 @@ def test_rows_come_out_of_tensors_examples_context_and_serialized_examples():
 
     traffic = read_traffic([(lg, RequestTiming(protocol="grpc")) for lg in logs], schema, "m")
     assert traffic.requests == 5 and traffic.rows == 7
-    city, miles, riders = (traffic.column(n) for n in ("city", "miles", "riders"))
+    city, miles, riders = (traffic.columns[n] for n in ("city", "miles", "riders"))
     assert city.values[city.present].tolist() == ["a", "ctx", "b", "c"]
     assert city.present.tolist() == [True, False, True, True, False, False, True]
     assert miles.values[miles.present].tolist() == [1.5, 4.0, 2.0, 8.0]
