@@ -70,6 +70,8 @@ def build_items(logs: list[tuple], model: str | None) -> tuple[list[list], dict[
     """[[offset_s, protocol, path or gRPC method, body (REST JSON text, or base64 gRPC request)], ...]
     in the order the requests came in, and what the log recorded (count, span, rate, latency)."""
     timed = [(t.start_unix_nanos or lg.log_metadata.timestamp_secs * 10**9, lg, t) for lg, t in logs]
+    if not timed:
+        raise LoadtestError("the request log holds no request to replay")
     timed.sort(key=lambda x: x[0])
     first = timed[0][0]
     items, latency, kinds = [], LatencyHistogram(), {}

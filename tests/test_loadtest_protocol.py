@@ -57,3 +57,26 @@ def test_unknown_spec_fields_are_named():
 ])
 def test_the_generators_command_line(argv, expected):
     assert vars(parse_args(argv)) == expected
+
+
+def test_replay_rebuilds_rest_bodies_as_the_client_laid_them_out_and_refuses_an_empty_log():
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.loadtest.errors import LoadtestError
+    from tfpipe.loadtest.replay import build_items, predict_json
+
+    req = predict_pb2.PredictRequest()
+    req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.5, 2.5], np.float32)))
+    req.inputs["name"].CopyFrom(tf.make_tensor_proto([b"a", b"\xff"]))
+    req.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([b"ok", b"ok"]))
+    rows = predict_json(req, "serving_default", "instances")
+    assert rows == {"signature_name": "serving_default", "instances": [
+        {"x": 1.5, "name": "a", "image_bytes": {"b64": "b2s="}},
+        {"x": 2.5, "name": {"b64": "/w=="}, "image_bytes": {"b64": "b2s="}}]}
+    cols = predict_json(req, "", "inputs")
+    assert cols == {"inputs": {"x": [1.5, 2.5], "name": ["a", {"b64": "/w=="}],
+                               "image_bytes": [{"b64": "b2s="}, {"b64": "b2s="}]}}
+    with pytest.raises(LoadtestError, match="no request to replay"):
+        build_items([], None)
