@@ -240,7 +240,8 @@ def _summarise_window(sources: list[dict[str, dict]], first: int, last: int) -> 
             requests += sec["requests"]
         hist.merge(h)
         series.append({"second": k - first, "answered": h.n, "p99_ms": h.percentile(99) if h.n else None})
-    return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first), "series": series}
+    return {"histogram": hist.to_json(), "requests": requests, "errors": errors, "elapsed_s": float(last - first),
+            "series": series}
 
 
 def _user_class(spec: StepSpec, share: float, clock: ReplayClock | None = None):
@@ -333,28 +334,38 @@ def run(spec: StepSpec) -> dict:
     return result
 
 
+def _unused_port(bind: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((bind, 0))
+        return sock.getsockname()[1]
+
+
 class Master:
     """The master side of a distributed step: binds, starts the local workers, hands every
     worker the spec, waits until all are ready, merges their reports per worker."""
 
     def __init__(self, env: Environment, spec: StepSpec, local: int, remote: int):
         bind = spec.master_bind or "127.0.0.1"
-        port = spec.master_port
-        if not port:
-            with socket.socket() as sock:
-                sock.bind((bind, 0))
-                port = sock.getsockname()[1]
-        self.expected, self.remote, self.address = local + remote, remote, f"{bind}:{port}"
+        self.expected, self.remote = local + remote, remote
         self.wait_s = spec.worker_wait_s
         self.token = uuid.uuid4().hex  # this step, as workers tell masters apart
         self.worker_spec = spec.for_worker(share=1.0 / self.expected, token=self.token).to_json()
         self.ready: set[str] = set()
         self.reports: dict[str, dict[str, dict]] = {}  # worker -> second -> its answers
         self.cpu_reports: dict[str, list[tuple[float, float]]] = {}  # worker -> (time, its CPU seconds)
-        try:
-            self.runner = env.create_master_runner(bind, port)
-        except Exception as e:  # zmq's error for a port in use or an address not on this machine
-            raise SystemExit(f"cannot listen for workers on {self.address}: {e}") from None
+        # A port of our choosing is one the OS just handed out and let go, which any outgoing
+        # connection may take before zmq binds it: such a port is chosen again, a given one is not.
+        self.address = f"{bind}:{spec.master_port or 0}"
+        for _ in range(1 if spec.master_port else 5):
+            try:
+                port = spec.master_port or _unused_port(bind)
+                self.address = f"{bind}:{port}"
+                self.runner = env.create_master_runner(bind, port)
+                break
+            except Exception as e:  # a port in use, or an address not on this machine (zmq's error or the OS's)
+                error = e
+        else:
+            raise SystemExit(f"cannot listen for workers on {self.address}: {error}") from None
         # A worker asks once its handlers are in place (a spec sent on connect could arrive first).
         self.runner.register_message(
             "tfpipe_hello", lambda msg, **_: self.runner.send_message("tfpipe_spec", self.worker_spec, msg.data))

@@ -41,11 +41,50 @@ def chicago_csv() -> str:
     return CHICAGO
 
 
+def _port_slice() -> range:
+    """This worker's own ports, below the kernel's ephemeral range.
+
+    A port the OS hands out for bind(0) comes from the range outgoing connections also draw
+    from, so between closing it and the server binding it, any client socket on the machine
+    could take it (CI saw exactly that: "address already in use"). Ports below the range are
+    never taken that way; each xdist worker gets its own slice, starting at a random offset so
+    that two test runs at once on a shared machine rarely meet, and none is handed out twice."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    worker = re.sub(r"\D", "", os.environ.get("PYTEST_XDIST_WORKER", "")) or "0"
+    size = 1500
+    start = low - size * (int(worker) % 8 + 1)
+    return range(max(start, 1024), max(start + size, 1024))
+
+
+_PORTS: list[int] = []
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that the OS has just handed out (for command lines that name one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on, for command lines that must name one.
+
+    Taken from this worker's slice below the ephemeral range (see _port_slice), checked by
+    binding it, and never handed out twice in a session."""
+    if not _PORTS:
+        ports = list(_port_slice())
+        if not ports:  # an unusual kernel range: fall back to the OS's choice
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+        cut = int.from_bytes(os.urandom(2), "big") % len(ports)
+        _PORTS.extend(reversed(ports[cut:] + ports[:cut]))
+    while _PORTS:
+        port = _PORTS.pop()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("this test worker has used every port in its slice")
 
 
 def run_cli(*args: str, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
@@ -231,7 +231,6 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
     machine would (`tfpipe loadtest --worker --master HOST:PORT`); both run each step of the
     sweep, the worker reconnecting between steps, and the merged counts are the sum of
     what each worker reported."""
-    import socket
     import subprocess
     import sys
 
@@ -239,9 +238,7 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
 
     server, _ = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     worker = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "loadtest", "--worker", "--master",
                                f"127.0.0.1:{port}", "--workers", "1"], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
@@ -269,7 +266,6 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
 def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
     """--model-path measures the SavedModel in-process first; --web serves locust's own UI and
     stats while a step runs; the report renders in headless Chromium without errors."""
-    import socket
     import subprocess
     import sys
     import time
@@ -280,9 +276,7 @@ def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
 
     server, root = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [{"x": 1.0}, {"x": 3.0}]}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        web_port = s.getsockname()[1]
+    web_port = free_port()
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfpipe.cli", "loadtest", "--target", f"http://127.0.0.1:{server.rest_port}",

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
-from conftest import run_cli, start_cli_server
+from conftest import free_port, run_cli, start_cli_server
 from reloading import metric, metrics_readings, publish_and_wait
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
@@ -594,13 +594,14 @@ def test_real_tensorflow_model_server_answers_like_the_embedded_one(tmp_path):  
     from serving_models import save_half
 
     save_half(str(tmp_path / "half" / "1"))
-    proc = subprocess.Popen(["tensorflow_model_server", "--port=0", "--rest_api_port=18541", "--model_name=half",
+    rest_port = free_port()
+    proc = subprocess.Popen(["tensorflow_model_server", "--port=0", f"--rest_api_port={rest_port}", "--model_name=half",
                              f"--model_base_path={tmp_path / 'half'}"])
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
-                r = requests.post("http://127.0.0.1:18541/v1/models/half:predict", data='{"instances": [1.0]}')
+                r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", data='{"instances": [1.0]}')
                 break
             except requests.ConnectionError:
                 time.sleep(0.5)

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import backup_epoch, kill_after_epochs, run_cli, spawn_cli
+from conftest import backup_epoch, free_port, kill_after_epochs, run_cli, spawn_cli
 
 
 def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -225,22 +225,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_data, case):
     assert not (tmp_path / "out").exists()
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     # Two real processes on 127.0.0.1, each reading its own shard of the train files
     # (the data fixture writes 2 shards per split), gradients all-reduced every step.
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in (free_port(), free_port())]}
     out = tmp_path / "mw"
     procs = []
     for index in range(2):
