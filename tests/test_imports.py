@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # repository folder -> installed package (pyproject.toml's package-dir)
 FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.train",
            "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest",
-           "skew": "tfpipe.skew", "examples": "tfpipe.examples"}
-STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew")
+           "skew": "tfpipe.skew", "tune": "tfpipe.tune", "examples": "tfpipe.examples"}
+STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
            "tfpipe.manifest")
 
@@ -70,6 +70,8 @@ def allowed(importer: str, imported: str) -> bool:
         return False  # no stage imports the CLI or the orchestrator
     if src == "skew":
         return True  # the last stage reads the others' outputs with their own readers and charts
+    if src == "tune":
+        return dst in ("serve", "loadtest")  # it starts servers and load-tests them
     if src in ("pipeline", "serve", "loadtest"):
         return dst not in STAGES
     if src in ("train", "export"):
@@ -98,6 +100,10 @@ def allowed(importer: str, imported: str) -> bool:
     ("tfpipe.skew.job", "tfpipe.pipeline.stats", True),
     ("tfpipe.skew.job", "tfpipe.run", False),
     ("tfpipe.serve.server", "tfpipe.skew.job", False),
+    ("tfpipe.tune.job", "tfpipe.loadtest.job", True),
+    ("tfpipe.tune.job", "tfpipe.serve.configs", True),
+    ("tfpipe.tune.job", "tfpipe.train.data", False),
+    ("tfpipe.serve.server", "tfpipe.tune.search", False),
 ])
 def test_the_rules_themselves(importer, imported, ok):
     assert allowed(importer, imported) is ok

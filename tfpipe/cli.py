@@ -32,8 +32,10 @@ def _on_signal(signum, frame):
     raise KeyboardInterrupt
 
 
-def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
-    """One flag per config key, named after the key (`max_bad_fraction` -> `--max-bad-fraction`).
+def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset(),
+                    underscores: bool = False) -> None:
+    """One flag per config key, named after the key (`max_bad_fraction` -> `--max-bad-fraction`;
+    with `underscores`, `--max_bad_fraction` as well, TF Serving's spelling).
 
     Flags default to 'not given', so only flags on the command line override the config file.
     """
@@ -68,7 +70,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
             help_ += " (default: " + ",".join(f"{k}={v}" for k, v in field.default_factory().items()) + ")"
         elif field.default_factory is not None and typing.get_args(ann) == (int,):
             help_ += " (default: " + ",".join(map(str, field.default_factory())) + ")"
-        parser.add_argument(flag, help=help_.replace("%", "%%"), **kw)  # argparse formats help with %
+        names = [flag] + (["--" + key] if underscores and "_" in key else [])
+        parser.add_argument(*names, help=help_.replace("%", "%%"), **kw)  # argparse formats help with %
 
 
 def _arg_type(parse):
@@ -190,6 +193,16 @@ def cmd_skew(args: argparse.Namespace, extra: list[str]) -> int:
     with _quiet_native_stderr(not args.debug):
         from tfpipe.skew.job import run
 
+        return run(cfg, log=lambda line: print(line, flush=True))
+
+
+def cmd_tune(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.tune.config import TuneConfig
+    from tfpipe.tune.job import check_inputs, run
+
+    cfg = _section(args, load_config(args.config), "tune", TuneConfig)
+    check_inputs(cfg)
+    with _quiet_native_stderr(not args.debug):  # TensorFlow builds the load test's requests
         return run(cfg, log=lambda line: print(line, flush=True))
 
 
@@ -363,6 +376,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flags(skew, SkewConfig)
     skew.set_defaults(handler=cmd_skew)
+
+    from tfpipe.tune.config import TuneConfig
+
+    tune = sub.add_parser(
+        "tune", parents=[common],
+        help="batching tuned by measurement: TF Serving's BatchingParameters searched with the load generator",
+        description=(
+            "Searches max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches and "
+            "allowed_batch_sizes for the highest throughput within --slo. Each trial starts the server (--backend: "
+            "tfpipe's embedded server, tensorflow_model_server or the tensorflow/serving container, through tfpipe "
+            "serve) on the model with one candidate batching.config, load-tests it with tfpipe loadtest's generator "
+            "at each load level, lowest first, until one misses the SLO, and stops it. The candidates come coarse to "
+            "fine from the TF Serving batching guide's CPU starting point (num_batch_threads = cores, "
+            "batch_timeout_micros 0, max_batch_size 32): a 3x3 grid of batch size and timeout, the best pair's "
+            "neighbours, thread counts, the queue length and padding, and the start and the leader measured again; "
+            "at most --trials (20). Writes batching.config (the best), tune.json and tune.html (every trial) into "
+            "--out; exits 1 when no candidate met the SLO. A killed tune resumes where it stopped when run again. "
+            "Flags take TF Serving's spelling (--model_base_path) or tfpipe's (--model-base-path)."
+        ),
+        epilog=('example: tfpipe tune --model_name taxi --model_base_path runs/taxi/export/serving '
+                '--data runs/taxi/data --clients 32 --slo "p99<20ms" --out runs/taxi-tune; then: tfpipe serve '
+                '--model_name taxi --model_base_path ... --enable_batching '
+                '--batching_parameters_file runs/taxi-tune/batching.config'),
+    )
+    add_model_flags(tune, TuneConfig, underscores=True)
+    tune.set_defaults(handler=cmd_tune)
 
     from tfpipe.manifest import STEPS
 

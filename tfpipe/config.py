@@ -14,6 +14,7 @@ from tfpipe.loadtest.config import LoadtestConfig
 from tfpipe.serve.config import ServeConfig
 from tfpipe.skew.config import SkewConfig
 from tfpipe.train.config import TrainConfig
+from tfpipe.tune.config import TuneConfig
 from tfpipe.errors import ConfigError
 
 
@@ -37,6 +38,7 @@ class Config(BaseModel):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
     skew: SkewConfig = Field(default_factory=SkewConfig)
+    tune: TuneConfig = Field(default_factory=TuneConfig)
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:

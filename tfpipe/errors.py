@@ -22,5 +22,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tfpipe.serve.errors import ServeError
     from tfpipe.skew.errors import SkewError
     from tfpipe.train.errors import TrainError
+    from tfpipe.tune.errors import TuneError
 
-    return ConfigError, RunError, DataError, TrainError, ExportError, ServeError, LoadtestError, SkewError
+    return (ConfigError, RunError, DataError, TrainError, ExportError, ServeError, LoadtestError, SkewError,
+            TuneError)

@@ -1,0 +1,2 @@
+class TuneError(Exception):
+    """A user error (no model at the path, no request source, a server that will not start): one line, exit 2."""
