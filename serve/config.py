@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ServeConfig(BaseModel):
@@ -22,8 +22,30 @@ class ServeConfig(BaseModel):
     batch_timeout_micros: int = Field(1000, ge=0, description="batching: longest wait to fill a batch")
     max_enqueued_batches: int = Field(100, ge=1, description="batching: queue length before 503/UNAVAILABLE")
     num_batch_threads: int = Field(0, ge=0, description="batching: model calls in parallel (0: one per core)")
+    allowed_batch_sizes: list[int] = Field(default_factory=list, description="batching: sizes a batch is padded up "
+                                           "to, the last equal to max_batch_size (empty: no padding)")
+    batching: Literal["config", "tune"] = Field(
+        "config", description="where batching.config comes from: 'config' the keys above (with enable_batching), "
+        "'tune' tfpipe tune on the exported model before serving (its settings in [tune]; batching on)")
     check_rows: int = Field(32, ge=1, le=1000, description="eval rows whose served predictions (REST and gRPC) "
                             "must match the SavedModel run in-process")
+
+    def batching_on(self) -> bool:
+        return self.enable_batching or self.batching == "tune"
+
+    @field_validator("allowed_batch_sizes")
+    @classmethod
+    def _sizes_rise(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:])) or any(x < 1 for x in v):
+            raise ValueError("allowed_batch_sizes must be positive and rising, e.g. [8, 16, 32]")
+        return v
+
+    @model_validator(mode="after")
+    def _padding_ends_at_the_batch_size(self):
+        if self.allowed_batch_sizes and self.allowed_batch_sizes[-1] != self.max_batch_size:
+            raise ValueError(f"the last of allowed_batch_sizes ({self.allowed_batch_sizes[-1]}) must equal "
+                             f"max_batch_size ({self.max_batch_size}), as TF Serving requires")
+        return self
 
     def fingerprint_fields(self) -> dict:
         """What decides the serve step's result; where it listens does not."""

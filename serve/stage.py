@@ -36,6 +36,7 @@ def write_batching(path: str, cfg: ServeConfig) -> str:
     p.batch_timeout_micros.value = cfg.batch_timeout_micros
     p.max_enqueued_batches.value = cfg.max_enqueued_batches
     p.num_batch_threads.value = cfg.num_batch_threads or (os.cpu_count() or 1)
+    p.allowed_batch_sizes.extend(cfg.allowed_batch_sizes)
     return write_text_proto(path, p)
 
 
@@ -56,8 +57,8 @@ class Deployment:
         paths = {k: os.path.join(self.config_dir, f"{k}.config") for k in ("models", "batching", "monitoring")}
         return ServeOptions(port=c.port, rest_api_port=c.rest_api_port, host=c.host,
                             model_config_file=paths["models"], monitoring_config_file=paths["monitoring"],
-                            enable_batching=c.enable_batching,
-                            batching_parameters_file=paths["batching"] if c.enable_batching else "",
+                            enable_batching=c.batching_on(),
+                            batching_parameters_file=paths["batching"] if c.batching_on() else "",
                             file_system_poll_wait_seconds=1, drain_seconds=5.0, config_dir=self.config_dir)
 
     def start(self):
@@ -107,9 +108,9 @@ class Deployment:
             server.request_logs.update(model_server_config_pb2.ModelServerConfig())  # writes the queue, closes
 
     def deploy(self, name: str, base_path: str, version: int, rows: RowSource, tolerance: float,
-               log: Callable[[str], None]) -> dict[str, Any]:
+               log: Callable[[str], None], notes: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the configs for model `name` at `base_path`, (re)start the server on them, check it
-        against that version's SavedModel on `rows`, write serve.json; return its content."""
+        against that version's SavedModel on `rows`, write serve.json (with `notes`); return its content."""
         from tfpipe.serve.flags import ServeOptions
         from tfpipe.serve.tfserving import server_flags, write_configs
 
@@ -117,13 +118,13 @@ class Deployment:
         self.stop()  # a new model version or new settings: start afresh on the new configs
         c = self.cfg
         batching = os.path.join(self.config_dir, "batching.config")
-        if c.enable_batching:
+        if c.batching_on():
             write_batching(batching, c)
         elif os.path.exists(batching):
             os.remove(batching)
         # Written by the code `tfpipe serve --backend tfserving` uses: tensorflow_model_server runs these files.
-        seed = ServeOptions(model_name=name, model_base_path=base_path, enable_batching=c.enable_batching,
-                            batching_parameters_file=batching if c.enable_batching else "")
+        seed = ServeOptions(model_name=name, model_base_path=base_path, enable_batching=c.batching_on(),
+                            batching_parameters_file=batching if c.batching_on() else "")
         paths = write_configs(seed, self.config_dir)
         server = self.start()
         log(f"embedded server: gRPC {c.host}:{server.grpc_port}, REST {c.host}:{server.rest_port}")
@@ -133,7 +134,7 @@ class Deployment:
             "model": name, "version": version, "model_path": model_path, "configs": paths,
             "tensorflow_model_server": ["tensorflow_model_server", "--port=8500", "--rest_api_port=8501",
                                         *server_flags(self.options(), paths, ports=False)],
-            "check": check, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "check": check, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **(notes or {}),
         }
         write_json(os.path.join(self.config_dir, "serve.json"), result)
         return result

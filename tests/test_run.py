@@ -254,6 +254,27 @@ def test_a_second_run_is_all_cache_hits(run_copy, config):
     assert [v for v in os.listdir(os.path.join(workdir, "export", "models", "penguins")) if v.isdigit()] == ["1"]
 
 
+def test_batching_tune_reruns_serve_onwards_and_serves_the_tuned_config(run_copy, config):
+    """[serve] batching = "tune": the serve step runs tfpipe tune on the exported model (here one
+    trial, the start) and serves with its batching.config; the report shows the trials."""
+    workdir = run_copy
+    res = run_cli("run", "--config", config, "--workdir", workdir, "--set", "serve.batching=tune",
+                  "--set", "tune.trials=1", "--set", 'tune.levels="2"', "--set", 'tune.duration="0.5s"',
+                  "--set", 'tune.warmup="0.2s"', "--set", 'tune.slo="p99<2000ms"')
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert states(res.stdout) == {**dict.fromkeys(STEPS[:3], "cached"), **dict.fromkeys(STEPS[3:], "done")}
+    assert "batching tuned: max_batch_size=32 batch_timeout_micros=0" in res.stdout, res.stdout
+    tuned = load(os.path.join(workdir, "tune", "tune.json"))
+    assert len(tuned["trials"]) == 1 and tuned["trials"][0]["score_rps"] > 0
+    serve = load(os.path.join(workdir, "serve", "serve.json"))
+    assert serve["tune"] == os.path.join(workdir, "tune", "tune.json")
+    assert "--enable_batching=true" in serve["tensorflow_model_server"]
+    assert (open(os.path.join(workdir, "serve", "batching.config")).read()
+            == open(os.path.join(workdir, "tune", "batching.config")).read())
+    report = open(os.path.join(workdir, "report.html")).read()
+    assert "Batching tuned by measurement" in report
+
+
 def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_copy, config):
     workdir = run_copy
     data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]

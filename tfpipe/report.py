@@ -211,7 +211,17 @@ def serve_section(entry: dict, s: dict) -> str:
             f"(outputs {_esc(', '.join(c['outputs']))}; largest difference {c['max_abs_diff']:.1e}, "
             f"tolerance {c['tolerance']:g}).</p>"
             f"<p>TF Serving configs: {configs}. The same model with real TensorFlow Serving:</p>"
-            f"<pre>{_esc(' '.join(s['tensorflow_model_server']))}</pre>")
+            f"<pre>{_esc(' '.join(s['tensorflow_model_server']))}</pre>" + _tuned(s))
+
+
+def _tuned(s: dict) -> str:
+    """The batching tune that chose batching.config, when [serve] batching = "tune"."""
+    result = read_json(s["tune"]) if s.get("tune") else None
+    if not result:
+        return ""
+    from tfpipe.tune.report import tune_section
+
+    return tune_section(result).replace("<h2>", "<h3>").replace("</h2>", "</h3>")
 
 
 def load_section(entry: dict, results: dict) -> str:

@@ -177,7 +177,10 @@ class Run:
         if step == "export":
             return c.export.model_dump(exclude={"model", "data", "base", "version", "keep"})
         if step == "serve":
-            return c.serve.fingerprint_fields()
+            fields = c.serve.fingerprint_fields()
+            if c.serve.batching == "tune":
+                fields["tune"] = c.tune.model_dump(exclude={"model_name", "model_base_path", "data", "payload", "out"})
+            return fields
         if step == "skew":
             return c.skew.model_dump(exclude={"data", "logs", "model", "out"})
         return {**c.loadtest.model_dump(exclude={"target", "model", "data", "out", "version", "label", "payload"}),
@@ -389,14 +392,36 @@ class Run:
 
         export = self.manifest["steps"]["export"]["outputs"]
         data = self.path("data")
+        notes, tuned = {}, ""
+        if self.cfg.serve.batching == "tune":
+            best = self.tune_batching(export["name"], log)
+            self.serving().cfg = self.cfg.serve.model_copy(update=best["candidate"])
+            notes["tune"] = os.path.join(self.path("tune"), "tune.json")
+            tuned = f"; batching tuned: {best['label']}"
         result = self.serving().deploy(export["name"], self.model_base, export["version"],
                                        lambda inputs, n: rows_from_data(data, inputs, n),
-                                       self.cfg.export.tolerance, log)
+                                       self.cfg.export.tolerance, log, notes=notes)
         check = result["check"]
         summary = (f"{export['name']} version {export['version']} on the embedded server: REST and gRPC answers "
                    f"match the SavedModel on {check['rows']} {'images' if self.cfg.data.format == 'images' else 'rows'} "
-                   f"(max diff {check['max_abs_diff']:.1e})")
+                   f"(max diff {check['max_abs_diff']:.1e})" + tuned)
         return self._outputs(self.path("serve", "serve.json"), path=self.path("serve")), summary, 0
+
+    def tune_batching(self, name: str, log: Callable[[str], None]) -> dict[str, Any]:
+        """`tfpipe tune` on the exported model with the [tune] settings, into the workdir's tune/;
+        the best candidate (tune.json's `best`)."""
+        from tfpipe.tune.job import check_inputs, run
+
+        self.serving().stop()  # the trials get the machine to themselves
+        cfg = self.cfg.tune.model_copy(update={"model_name": name, "model_base_path": self.model_base,
+                                               "data": self.path("data"), "payload": None, "out": self.path("tune"),
+                                               "protocol": self.cfg.serve.protocol})
+        check_inputs(cfg)
+        code = run(cfg, log=lambda line: log("  " + line))
+        best = _load(os.path.join(self.path("tune"), "tune.json"))["best"]
+        if code:
+            log("  no candidate met the [tune] SLO: serving with the best of them anyway")
+        return best
 
     def step_loadtest(self, log: Callable[[str], None]):
         from tfpipe.loadtest.job import run
