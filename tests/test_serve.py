@@ -648,6 +648,9 @@ def test_emit_k8s_writes_deployment_service_and_autoscaler(tmp_path):
     assert config.model_config_list.config[0].base_path == "/models/taxi"
 
 
+PACE_S = 0.005  # each reload-test client's pause between requests
+
+
 def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     """20 versions published one after another while clients call REST and gRPC, batching on,
     two malloc arenas (MALLOC_ARENA_MAX=2, as the README advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
@@ -678,9 +681,11 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
                                                         dtype=tf.string if isinstance(v, str) else None))
     stop, outcomes, lock = threading.Event(), [], threading.Lock()
 
+    # Steady load rather than as much as three threads can send: a reload's load and warmup
+    # share the two cores with the clients, and unpaced clients made each reload take ~3 s.
     def rest_client():
         session = requests.Session()
-        while not stop.is_set():
+        while not stop.wait(PACE_S):
             r = session.post(f"{url}/v1/models/penguins:predict", json={"instances": [row]}, timeout=60)
             with lock:
                 outcomes.append(r.status_code == 200 and r.json()["predictions"][0]["classes"] == "Gentoo")
@@ -688,7 +693,7 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     def grpc_client():
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 try:
                     answer = stub.Predict(request, timeout=60)
                     ok = tf.make_ndarray(answer.outputs["classes"]).tolist() == [b"Gentoo"]

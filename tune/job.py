@@ -62,18 +62,29 @@ def fingerprint(cfg: TuneConfig, cores: int) -> str:
 
 def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
     """0 when the best candidate met the SLO at some level, 1 when no candidate did."""
-    from tfpipe.tune.trial import run_trial
-
     check_inputs(cfg)
     cores = cfg.cores or os.cpu_count() or 1
-    search = CoarseToFine(cores, cfg.trials)
     work = work_dir(cfg.out)
     os.makedirs(work, exist_ok=True)
-    lock = open(os.path.join(work, "lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise TuneError(f"another tfpipe tune is writing {cfg.out} (its trials are in {work})") from None
+    with open(os.path.join(work, "lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TuneError(f"another tfpipe tune is writing {cfg.out} (its trials are in {work})") from None
+        result = _tune(cfg, cores, work, log)
+    shutil.rmtree(work, ignore_errors=True)
+    for line in summary_lines(result):
+        log(line)
+    log(f"wrote {os.path.join(cfg.out, 'batching.config')}, tune.json and tune.html")
+    return 0 if result["best"]["score_rps"] > 0 else 1
+
+
+def _tune(cfg: TuneConfig, cores: int, work: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """The trials (those of an interrupted tune with the same settings reused), then the
+    published output; returns tune.json's content."""
+    from tfpipe.tune.trial import run_trial
+
+    search = CoarseToFine(cores, cfg.trials)
     state_path = os.path.join(work, "state.json")
     state = read_json(state_path) or {}
     key = fingerprint(cfg, cores)
@@ -114,15 +125,12 @@ def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
     write_html(result, os.path.join(tmp, "tune.html"))
     write_json(os.path.join(tmp, "tune.json"), result)  # last: its presence marks a whole output
     publish_dir(tmp, cfg.out)
-    lock.close()
-    shutil.rmtree(work, ignore_errors=True)
-    for line in summary_lines(result):
-        log(line)
-    log(f"wrote {os.path.join(cfg.out, 'batching.config')}, tune.json and tune.html")
-    return 0 if result["best"]["score_rps"] > 0 else 1
+    return result
 
 
 def _verdict(cfg: TuneConfig, record: dict) -> str:
+    if record.get("failed"):
+        return f"failed: {record['failed']}"
     unit = "req/s" if not cfg.rate else "req/s answered"
     levels = "; ".join(f"{lv['level']:g}: {lv['rps']:.0f} p99 {lv['p99_ms']:.1f} ms"
                        + ("" if lv["slo_ok"] is not False and not lv["errors"] else " MISS") for lv in record["levels"])

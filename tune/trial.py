@@ -158,28 +158,30 @@ def run_trial(cfg: TuneConfig, candidate: Candidate, trial_dir: str) -> dict:
     shutil.rmtree(trial_dir, ignore_errors=True)  # what a killed tune left of this trial
     os.makedirs(trial_dir)
     batching_file = write_text_proto(os.path.join(trial_dir, "batching.config"), candidate.to_proto())
-    levels = []
+    levels, failed = [], None
     with Server(cfg, batching_file, trial_dir) as server:
         for i, level in enumerate(cfg.load_levels()):
             out = os.path.join(trial_dir, f"level-{i + 1}")
             try:
                 loadtest(level_config(cfg, server, level, out), log=lambda _line: None)
             except LoadtestError as e:
-                raise TuneError(f"the load test of trial {os.path.basename(trial_dir)} failed: {e}") from None
+                if server.proc.poll() is None:
+                    raise TuneError(f"the load test of trial {os.path.basename(trial_dir)} failed: {e}") from None
+            if server.proc.poll() is not None:  # e.g. out of memory with this candidate's batches
+                failed = (f"the server exited ({server.proc.returncode}) under {level:g} "
+                          f"{'requests/s' if cfg.rate else 'clients'}; its log: {server.log_path}")
+                break
             with open(os.path.join(out, "results.json")) as f:
                 step = json.load(f)["steps"][0]
             levels.append({"level": level, "rps": step["rps"], "requests": step["requests"], "errors": step["errors"],
                            **{q: step[q] for q in ("p50_ms", "p90_ms", "p99_ms")},
                            "slo_ok": step["slo_ok"], "slo_failures": step["slo_failures"],
                            "generator_bound": step.get("generator_bound", False)})
-            if server.proc.poll() is not None:
-                raise TuneError(f"the server of trial {os.path.basename(trial_dir)} exited during the load test "
-                                f"(log: {server.log_path})")
             if levels[-1]["slo_ok"] is False or levels[-1]["errors"]:
                 break  # more load only adds latency from here
-    value, best = score(levels)
+    value, best = score(levels) if not failed else (0.0, None)
     record = {"candidate": candidate.to_json(), "score_rps": round(value, 2),
               "best_level": best["level"] if best else None, "levels": levels,
-              "server_start_s": round(server.started_s, 2)}
+              "server_start_s": round(server.started_s, 2), "failed": failed}
     write_json(os.path.join(trial_dir, "trial.json"), record)
     return record
