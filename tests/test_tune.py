@@ -74,6 +74,30 @@ def test_the_search_climbs_towards_the_peak_and_ranks_by_the_mean():
     assert search.best() == best
 
 
+def test_a_candidate_leading_on_one_measurement_is_measured_again():
+    """Every candidate reads 200 req/s lower the second time: the confirmed leader falls behind
+    single measurements one after another, and each new leader is measured again, until the
+    leader is one measured twice."""
+    def fading():
+        seen: dict = {}
+
+        def score(c) -> float:
+            seen[c] = seen.get(c, 0) + 1
+            return _peak(c) - (200 if seen[c] > 1 else 0)
+        return score
+
+    search = _search(30, fading())
+    scores = search.scores()
+    extra = [c for _, c, _ in search.trials[19:]]  # beyond start, coarse ... padding and the first two confirmations
+    assert len(extra) == 3 and all(s == "confirm" for s, _, _ in search.trials[17:])
+    assert all(len(scores[c]) == 2 for c in extra)  # each measured once before, once again here
+    assert len(scores[search.best()]) == 2 and len(search.trials) < 30
+    # a budget that runs out first stops the re-measuring
+    assert len(_search(20, fading()).trials) == 20
+    # with a steady landscape nothing is measured beyond the first confirmation
+    assert len(_search(24, _peak).trials) == 19
+
+
 def test_nothing_meeting_the_slo_leaves_the_start():
     search = _search(8, lambda c: 0.0)
     assert search.best() == search.start

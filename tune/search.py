@@ -11,7 +11,8 @@ batch_timeout_micros 0, a large max_enqueued_batches while experimenting) with m
 4. queue: max_enqueued_batches = num_batch_threads, the guide's setting for online serving;
 5. padding: allowed_batch_sizes, the powers of two up to max_batch_size;
 6. confirm: the start and the leader measured once more, alternately, so that the winner is not
-   just the luckiest of many single noisy measurements.
+   just the luckiest of many single noisy measurements; then, while the budget lasts, any
+   candidate that leads on one measurement alone is measured again.
 
 A stage that would run past the budget is cut short (the confirm stage's two trials are kept
 back when the budget allows). Candidates are ranked by the mean of their scores.
@@ -155,7 +156,9 @@ class CoarseToFine:
                     return stage, c
             stage = next(self._stages, None)
             if stage is None:
-                return None
+                best = self.best()
+                # a leader on one measurement (the confirmed one fell behind it): measure it again
+                return ("confirm", best) if self._confirmed and len(measured[best]) < 2 else None
             if stage != "confirm" and room <= 0:
                 continue  # no room left before the confirmation: skip to it
             self._pending = [(stage, c) for c in self._stage(stage)]
