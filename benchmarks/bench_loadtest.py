@@ -1,6 +1,6 @@
 """Benchmark the load generator itself, in one run.
 
-    python benchmarks/bench_loadtest.py [--seconds 8] [--users 16] [--only throughput|rest|grpc]
+    python benchmarks/bench_loadtest.py [--seconds 8] [--users 16] [--rounds 5] [--only throughput|rest|grpc]
 
 1. Requests/s sustained against a no-op REST endpoint (benchmarks/noop_endpoint.py):
    `tfpipe loadtest --workers 2` against one plain locust process with an `HttpUser`
@@ -8,12 +8,12 @@
 2. Percentile error against an endpoint that holds every request 5 ms (target: p50 and p99
    within 0.2 ms of the truth), one user. Two truths are printed:
    - the latency a minimal client sees: a blocking socket sending the same bytes and timing
-     sendall..last byte with perf_counter, run alternately with `tfpipe loadtest` (three
-     rounds each; the median of the rounds), so the difference is what the load tester adds;
+     sendall..last byte with perf_counter, run alternately with `tfpipe loadtest` (--rounds
+     rounds each, who goes first swapping every round; the median of the rounds), so the difference is what the load tester adds;
    - the endpoint's own record of how long it held each request, which leaves out HTTP
      parsing and the loopback round trip that every client sees.
 3. The same for gRPC against benchmarks/noop_grpc_endpoint.py holding each Predict 5 ms: the
-   load test's gRPC user against a plain loop of the official stub (grpc, no gevent), three
+   load test's gRPC user against a plain loop of the official stub (grpc, no gevent), in
    alternating rounds (target: p50 and p99 within 0.2 ms).
 Everything runs on this machine and 127.0.0.1; the endpoint shares the cores. `--only PART`
 runs one of throughput, rest, grpc.
@@ -138,13 +138,18 @@ def minimal_stub(url: str, seconds: float) -> dict:
     return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}
 
 
-def alternate(reference, url: str, tmp: str, seconds: float, rounds: int = 3) -> list[tuple[dict, dict]]:
-    """(reference client, tfpipe loadtest) at one user, taking turns."""
-    return [(reference(url, seconds), tfpipe_loadtest(url, tmp, 1, 1, seconds)) for _ in range(rounds)]
+def alternate(reference, url: str, tmp: str, seconds: float, first: int) -> tuple[dict, dict]:
+    """One round of (reference client, tfpipe loadtest) at one user; round `first` (0, 1, 2, ...)
+    decides which goes first, so neither always runs on the warmer server."""
+    if first % 2:
+        tool = tfpipe_loadtest(url, tmp, 1, 1, seconds)
+        return reference(url, seconds), tool
+    ref = reference(url, seconds)
+    return ref, tfpipe_loadtest(url, tmp, 1, 1, seconds)
 
 
 def print_rounds(title: str, rounds: list[tuple[dict, dict]], held: list | None = None) -> None:
-    print(f"\n{title}; three alternating rounds, median of the rounds")
+    print(f"\n{title}; {len(rounds)} alternating rounds, median of the rounds")
     for q in ("p50", "p99"):
         tool = float(np.median([r[1][f"{q}_ms"] for r in rounds]))
         ref = float(np.median([r[0][f"{q}_ms"] for r in rounds]))
@@ -162,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--users", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the latency parts")
     ap.add_argument("--only", choices=("throughput", "rest", "grpc"), help="run one part")
     args = ap.parse_args()
     parts = [args.only] if args.only else ["throughput", "rest", "grpc"]
@@ -183,8 +189,8 @@ def main() -> None:
             proc, url = endpoint(5.0)
             try:
                 rounds, held = [], []
-                for _ in range(3):
-                    rounds += alternate(minimal_client, url, tmp, args.seconds, rounds=1)
+                for i in range(args.rounds):
+                    rounds.append(alternate(minimal_client, url, tmp, args.seconds, i))
                     with urllib.request.urlopen(url + "/held") as r:
                         held.append(np.array(json.load(r)))
                     urllib.request.urlopen(urllib.request.Request(url + "/reset", method="POST")).read()
@@ -194,7 +200,7 @@ def main() -> None:
         if "grpc" in parts:
             proc, url = grpc_endpoint(5.0)
             try:
-                rounds = alternate(minimal_stub, url, tmp, args.seconds)
+                rounds = [alternate(minimal_stub, url, tmp, args.seconds, i) for i in range(args.rounds)]
             finally:
                 proc.terminate()
             print_rounds("gRPC endpoint holding each request 5 ms, 1 user, reference: a loop of the official stub",
