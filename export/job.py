@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
-from tfpipe.export.signatures import TF_DTYPES, ServingModule, set_method_names
+from tfpipe.export.signatures import ServingModule, serving_dtype, set_method_names
 from tfpipe import __version__
 from tfpipe.files import clean_stale, publish_dir, read_json
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
@@ -112,7 +112,7 @@ def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
                 model_spec=model_pb2.ModelSpec(name=config.name, signature_name="serving_default"))
             for c in data.schema.features:
                 value = rows[c.name][i:i + 1]
-                request.inputs[c.name].CopyFrom(tf.make_tensor_proto(value, dtype=TF_DTYPES[c.type]))
+                request.inputs[c.name].CopyFrom(tf.make_tensor_proto(value, dtype=serving_dtype(c)))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
             n += 1
@@ -120,8 +120,7 @@ def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
 
 
 def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
-    """Up to `limit` rows of a split as serving_default inputs (ints as int64; a missing int
-    becomes 0, since a raw tensor cannot say 'missing' for an int)."""
+    """Up to `limit` rows of a split as serving_default inputs (see _serving_rows)."""
     return _serving_rows(_labelled_rows(data, split, limit)[0], data.schema)
 
 
@@ -191,8 +190,10 @@ def _labelled_rows(data, split: str, limit: int = 100000) -> tuple[dict[str, np.
 
 
 def _serving_rows(raw: dict[str, np.ndarray], schema) -> dict[str, np.ndarray]:
-    return {c.name: (np.nan_to_num(raw[c.name]).astype(np.int64) if c.type == "int" else raw[c.name])
-            for c in schema.features}
+    """Raw features as serving_default takes them: a nullable int stays float64 with NaN for
+    missing, any other int (never missing in the data) is int64."""
+    return {c.name: (raw[c.name] if c.type != "int" else raw[c.name].astype(np.float64) if c.nullable
+                     else np.nan_to_num(raw[c.name]).astype(np.int64)) for c in schema.features}
 
 
 def _serialized(data, split: str) -> list[bytes]:

@@ -1,7 +1,7 @@
 """The SavedModel's signatures, the way TF Serving wants them.
 
 serving_default: raw features as named tensors with a batch dimension (dtypes from
-schema.json) -> named outputs. predict_examples: serialized tf.train.Example strings ->
+schema.json; an int feature that can be missing is float64, NaN = missing) -> named outputs. predict_examples: serialized tf.train.Example strings ->
 the same outputs, for Example-based clients and batch scoring (a missing value is simply
 an absent feature there). classification (or regression): serialized Examples under TF
 Serving's conventional input name `inputs` -> `classes` and `scores` (or `outputs`), with
@@ -23,6 +23,15 @@ from tfpipe.train.data import parse_spec, raw_inputs
 TF_DTYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
 
 
+def serving_dtype(feature) -> tf.DType:
+    """The serving_default input dtype of a schema feature. An int64 tensor cannot say that
+    a value is missing, so an int feature that was missing in the data (nullable) is taken as
+    float64 with NaN for missing, the way the model reads it; the others keep int64."""
+    if feature.type == "int" and feature.nullable:
+        return tf.float64
+    return TF_DTYPES[feature.type]
+
+
 class ServingModule(tf.Module):
     """Wraps the end-to-end Keras model with TF Serving signatures."""
 
@@ -34,7 +43,7 @@ class ServingModule(tf.Module):
         self._classes = None
         if label.task != "regression":
             self._classes = tf.constant([str(c) for c in label.classes])
-        spec = {c.name: tf.TensorSpec([None], TF_DTYPES[c.type], name=c.name) for c in schema.features}
+        spec = {c.name: tf.TensorSpec([None], serving_dtype(c), name=c.name) for c in schema.features}
         self.serve = tf.function(self._serve_raw, input_signature=[spec])
         self.serve_examples = tf.function(
             self._serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="examples")])

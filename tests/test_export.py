@@ -38,14 +38,34 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     assert graph.signature_def["classification"].method_name == "tensorflow/serving/classify"
     assert graph.signature_def["serving_default"].method_name == "tensorflow/serving/predict"
 
-    # Raw features in, named outputs out.
+    # Raw features in, named outputs out. An int that the data has missing values of is taken
+    # as float64, so NaN can say missing (an int64 tensor cannot); year never is, so it is int64.
+    inputs = graph.signature_def["serving_default"].inputs
+    assert {k: tf.as_dtype(inputs[k].dtype).name for k in ("flipper_length_mm", "body_mass_g", "year")} == {
+        "flipper_length_mm": "float64", "body_mass_g": "float64", "year": "int64"}
     raw = loaded.signatures["serving_default"](
         island=tf.constant(["Biscoe", "Torgersen"]), bill_length_mm=tf.constant([48.0, 38.0]),
-        bill_depth_mm=tf.constant([15.0, 19.0]), flipper_length_mm=tf.constant([220, 185], tf.int64),
-        body_mass_g=tf.constant([5400, 3600], tf.int64), sex=tf.constant(["male", ""]),
+        bill_depth_mm=tf.constant([15.0, 19.0]), flipper_length_mm=tf.constant([220, 185], tf.float64),
+        body_mass_g=tf.constant([5400, 3600], tf.float64), sex=tf.constant(["male", ""]),
         year=tf.constant([2008, 2007], tf.int64))
     assert [c.decode() for c in raw["classes"].numpy()] == ["Gentoo", "Adelie"]
     assert raw["probabilities"].shape == (2, 3) and raw["class_ids"].numpy().tolist() == [2, 0]
+
+    # A missing int sent as NaN is what an absent feature is in a tf.Example: the same answer.
+    gentoo = tf.train.Example()
+    for k, v in {"island": b"Biscoe", "sex": b"male"}.items():
+        gentoo.features.feature[k].bytes_list.value.append(v)
+    for k, v in {"bill_length_mm": 48.0, "bill_depth_mm": 15.0}.items():
+        gentoo.features.feature[k].float_list.value.append(v)
+    for k, v in {"flipper_length_mm": 220, "year": 2008}.items():  # no body_mass_g
+        gentoo.features.feature[k].int64_list.value.append(v)
+    missing = loaded.signatures["serving_default"](
+        island=tf.constant(["Biscoe"]), bill_length_mm=tf.constant([48.0]), bill_depth_mm=tf.constant([15.0]),
+        flipper_length_mm=tf.constant([220.0], tf.float64), body_mass_g=tf.constant([float("nan")], tf.float64),
+        sex=tf.constant(["male"]), year=tf.constant([2008], tf.int64))["probabilities"].numpy()
+    absent = loaded.signatures["predict_examples"](
+        examples=tf.constant([gentoo.SerializeToString()]))["probabilities"].numpy()
+    assert np.all(np.isfinite(missing)) and np.allclose(missing, absent, atol=1e-6)
 
     # Serialized tf.Examples in (the test split as the data stage wrote it): the same answers
     # as the raw signature on the same rows, and right on most of them.
