@@ -185,9 +185,14 @@ def rows_from_payload(path: str) -> list[dict] | dict:
 
 
 def chunks(rows: list[dict], batch_size: int) -> list[list[dict]]:
-    """Up to MAX_PAYLOADS requests of batch_size rows each, cycling through the rows."""
+    """Up to MAX_PAYLOADS requests of batch_size rows each: cycling through the rows when they
+    are fewer than the requests hold, else rows spread evenly over all of them, so the traffic
+    is a sample of the whole split and not of its first rows (which may be in time or file order)."""
     n = min(MAX_PAYLOADS, max(1, math.ceil(len(rows) / batch_size)))
-    return [[rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)] for i in range(n)]
+    need = n * batch_size
+    picked = [rows[k * len(rows) // need] for k in range(need)] if len(rows) > need else \
+        [rows[k % len(rows)] for k in range(need)]
+    return [picked[i * batch_size:(i + 1) * batch_size] for i in range(n)]
 
 
 def rest_bodies(rows: list[dict], batch_size: int, signature: str) -> list[str]:

@@ -152,6 +152,24 @@ def test_slo_check_names_each_broken_term(slo, step, failed):
     assert check(parse_slo(slo), step) == failed
 
 
+@pytest.mark.parametrize("n_rows,batch_size,requests,first_rows", [
+    (3, 1, 3, [[0], [1], [2]]),                     # fewer rows than requests: each once
+    (3, 2, 2, [[0, 1], [2, 0]]),                    # a batch wraps around to the first row
+    (2000, 1, 200, [[0], [10], [20]]),              # more rows than 200 requests hold: spread over all
+    (2000, 4, 200, [[0, 2, 5, 7], [10, 12, 15, 17]]),
+    (450, 4, 113, [[0, 1, 2, 3], [4, 5, 6, 7]]),    # 452 slots for 450 rows: cycle, no row left out
+])
+def test_load_test_requests_sample_the_whole_split(n_rows, batch_size, requests, first_rows):
+    from tfpipe.loadtest.payloads import chunks
+
+    rows = [{"i": i} for i in range(n_rows)]
+    got = [[r["i"] for r in chunk] for chunk in chunks(rows, batch_size)]
+    assert len(got) == requests and all(len(c) == batch_size for c in got)
+    assert got[:len(first_rows)] == first_rows
+    sent = {i for c in got for i in c}
+    assert sent == set(range(n_rows)) if n_rows <= requests * batch_size else max(sent) >= n_rows * 0.99
+
+
 @pytest.mark.parametrize("seconds,p,expected_ms", [
     ([0.001] * 99 + [0.5], 50, 1.0),
     ([0.001] * 99 + [0.5], 99, 1.0),
