@@ -9,7 +9,8 @@
    within 0.2 ms of the truth), one user. Two truths are printed:
    - the latency a minimal client sees: a blocking socket sending the same bytes and timing
      sendall..last byte with perf_counter, run alternately with `tfpipe loadtest` (--rounds
-     rounds each, who goes first swapping every round; the median of the rounds), so the difference is what the load tester adds;
+     rounds each, who goes first swapping every round; the median of the rounds), so the
+     difference is what the load tester adds;
    - the endpoint's own record of how long it held each request, which leaves out HTTP
      parsing and the loopback round trip that every client sees.
 3. The same for gRPC against benchmarks/noop_grpc_endpoint.py holding each Predict 5 ms: the
@@ -138,10 +139,10 @@ def minimal_stub(url: str, seconds: float) -> dict:
     return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}
 
 
-def alternate(reference, url: str, tmp: str, seconds: float, first: int) -> tuple[dict, dict]:
-    """One round of (reference client, tfpipe loadtest) at one user; round `first` (0, 1, 2, ...)
-    decides which goes first, so neither always runs on the warmer server."""
-    if first % 2:
+def alternate(reference, url: str, tmp: str, seconds: float, round_no: int) -> tuple[dict, dict]:
+    """One round of (reference client, tfpipe loadtest) at one user; the round's number (0, 1,
+    2, ...) decides which goes first, so neither always runs on the warmer server."""
+    if round_no % 2:
         tool = tfpipe_loadtest(url, tmp, 1, 1, seconds)
         return reference(url, seconds), tool
     ref = reference(url, seconds)

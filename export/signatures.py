@@ -1,12 +1,13 @@
 """The SavedModel's signatures, the way TF Serving wants them.
 
 serving_default: raw features as named tensors with a batch dimension (dtypes from
-schema.json; an int feature that can be missing is float64, NaN = missing) -> named outputs. predict_examples: serialized tf.train.Example strings ->
-the same outputs, for Example-based clients and batch scoring (a missing value is simply
-an absent feature there). classification (or regression): serialized Examples under TF
-Serving's conventional input name `inputs` -> `classes` and `scores` (or `outputs`), with
-the classify (regress) method name, so TF Serving's Classify / Regress / MultiInference
-APIs and REST :classify / :regress work on the model too.
+schema.json; an int feature that can be missing is float64, NaN = missing) -> named
+outputs. predict_examples: serialized tf.train.Example strings -> the same outputs, for
+Example-based clients and batch scoring (a missing value is simply an absent feature
+there). classification (or regression): serialized Examples under TF Serving's
+conventional input name `inputs` -> `classes` and `scores` (or `outputs`), with the
+classify (regress) method name, so TF Serving's Classify / Regress / MultiInference APIs
+and REST :classify / :regress work on the model too.
 """
 
 from __future__ import annotations
