@@ -31,8 +31,7 @@ def tune(key: str, trials: int, clients: int) -> dict:
     work = os.path.join(ROOT, m["workdir"])
     base = os.path.join(work, "export", "models", m["name"])
     if not os.path.isdir(base):
-        sys.exit(f"{base} is missing: run tfpipe run --config examples/{'chicago_taxi' if key == 'taxi' else key}"
-                 ".toml first")
+        sys.exit(f"{base} is missing: run tfpipe run --config examples/{m['name']}.toml first")
     out = os.path.join(ROOT, "runs", f"tune-{key}")
     cmd = [sys.executable, "-m", "tfpipe.cli", "tune", "--model_name", m["name"], "--model_base_path", base,
            "--data", os.path.join(work, "data"), "--protocol", m["protocol"], "--slo", m["slo"],

@@ -190,10 +190,10 @@ def _labelled_rows(data, split: str, limit: int = 100000) -> tuple[dict[str, np.
 
 
 def _serving_rows(raw: dict[str, np.ndarray], schema) -> dict[str, np.ndarray]:
-    """Raw features as serving_default takes them: a nullable int stays float64 with NaN for
-    missing, any other int (never missing in the data) is int64."""
-    return {c.name: (raw[c.name] if c.type != "int" else raw[c.name].astype(np.float64) if c.nullable
-                     else np.nan_to_num(raw[c.name]).astype(np.int64)) for c in schema.features}
+    """Raw features (ints as float64, NaN = missing) as serving_default takes them: only the
+    inputs serving_dtype makes int64 (ints never missing in the data) are converted."""
+    return {c.name: (np.nan_to_num(raw[c.name]).astype(np.int64) if serving_dtype(c) == tf.int64 else raw[c.name])
+            for c in schema.features}
 
 
 def _serialized(data, split: str) -> list[bytes]:
