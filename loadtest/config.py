@@ -26,7 +26,7 @@ class LoadtestConfig(BaseModel):
     label: str | None = Field(None, description="model version label (instead of --version)")
     signature: str = Field("serving_default", description="signature to call")
     data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows "
-                                "(images: its test images, sent as encoded bytes)")
+                                "(and its test rows when the eval split has under 200; images: its test images, sent as encoded bytes)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     users: int = Field(8, ge=1, le=10000, description="closed model: concurrent users, each waits for its answer")
@@ -57,7 +57,7 @@ class LoadtestConfig(BaseModel):
     grpc_target: str | None = Field(None, description="with --replay: grpc://HOST:PORT for the logged gRPC requests "
                                     "when --target is the REST address")
     slo: str = Field("", description='service level objective, e.g. "p99<20ms,errors<0.1%"; exit 1 when missed')
-    out: str = Field("runs/loadtest", description="where results.json and results.csv go")
+    out: str = Field("runs/loadtest", description="where results.json, results.csv and report.html go")
 
     @field_validator("sweep")
     @classmethod

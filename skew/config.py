@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_THRESHOLD = 0.1
+DEFAULT_CONFIDENCE = 0.99
 
 
 def parse_thresholds(items: list[str]) -> tuple[float, dict[str, float]]:
@@ -42,6 +43,9 @@ class SkewConfig(BaseModel):
                                  f"every feature, FEATURE=NUMBER for one (default {DEFAULT_THRESHOLD}: L-infinity over "
                                  "category frequencies, Jensen-Shannon divergence over the train quantile bins, "
                                  "and the rise in the fraction of missing values)")
+    confidence: float = Field(DEFAULT_CONFIDENCE, gt=0.5, lt=1.0,
+                              description="a distance over its threshold is skew only when samples of the traffic's "
+                              "size drawn from the training split stay under it this often (the noise bound)")
     max_records: int = Field(100_000, ge=1, description="read at most this many logged requests, oldest first")
     out: str = Field("runs/skew", description="where skew.json and skew.html go")
 

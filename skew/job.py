@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from tfpipe.files import publish_dir, temp_dir, write_json
-from tfpipe.skew.config import SkewConfig, parse_thresholds
+from tfpipe.skew.config import DEFAULT_CONFIDENCE, SkewConfig, parse_thresholds
 from tfpipe.skew.errors import SkewError
-from tfpipe.skew.measure import compare_categorical, compare_numeric, missing_rise
+from tfpipe.skew.measure import (NOISE_DRAWS, compare_categorical, compare_numeric, effective_rows,
+                                 missing_noise_bound, missing_rise, noise_bound)
 
 TOP_K = 10
 
@@ -98,11 +99,14 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     serving_stats = combiner.extract_output(acc)["features"]
     train_stats = data.train_stats()["features"]
 
+    n_eff = effective_rows([_codes(traffic.columns[c.name]) for c in schema.features])
+    log(f"{n_eff:,.0f} effective rows (identical rows sent again count once): the noise bounds are what "
+        f"samples of that size drawn from training reach at {cfg.confidence:.0%}")
     features = []
     for c in schema.features:
         threshold = per_feature.get(c.name, default)
         features.append(_feature(c.name, c.type, train.columns[c.name], traffic.columns[c.name], train_stats[c.name],
-                                 serving_stats[c.name], threshold))
+                                 serving_stats[c.name], threshold, n_eff, cfg.confidence))
     flagged = [f["name"] for f in features if f["flagged"]]
     result = {
         "stage": "skew", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -114,6 +118,9 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
                     "unreadable": dict(traffic.unreadable), "skipped": dict(traffic.skipped)},
         "train": {"rows": train.rows},
         "thresholds": {"default": default, "per_feature": per_feature},
+        "noise": {"effective_rows": n_eff, "confidence": cfg.confidence, "draws": NOISE_DRAWS,
+                  "method": "the confidence quantile of the distance between training and multinomial samples of "
+                            "effective_rows drawn from it (per feature: its share of rows with a value)"},
         "features": features, "flagged": flagged, "passed": not flagged,
     }
     for line in summary_lines(result):
@@ -132,25 +139,51 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     return 1 if flagged else 0
 
 
+def _codes(col) -> np.ndarray:
+    """A column as integer codes, equal values equal codes, -1 for missing (for effective_rows)."""
+    codes = np.full(len(col.present), -1, dtype=np.int64)
+    if col.present.any():
+        codes[col.present] = np.unique(col.values[col.present], return_inverse=True)[1].reshape(-1)
+    return codes
+
+
 def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, serving_stats: dict,
-             threshold: float) -> dict[str, Any]:
+             threshold: float, n_eff: float | None = None, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+    """One feature's comparison and verdict: skewed when a distance is over its threshold and beyond
+    its noise bound, "within noise" when it is over the threshold only."""
     t_values, s_values = train_col.values[train_col.present], serving_col.values[serving_col.present]
     if type_ == "string":
         kind, cmp = "categorical", compare_categorical(t_values.tolist(), s_values.tolist())
+        train_counts = np.array(list(Counter(t_values.tolist()).values()), dtype=np.float64)
     else:
         kind, cmp = "numeric", compare_numeric(t_values.astype(np.float64), s_values.astype(np.float64), train_stats)
+        train_counts = np.asarray(cmp["train_histogram"], dtype=np.float64)
     n_train, n_serving = len(train_col.present), len(serving_col.present)
+    n_eff = float(n_serving) if n_eff is None else n_eff
+    train_missing = (n_train - len(t_values)) / max(n_train, 1)
     rise = missing_rise(n_train - len(t_values), n_train, n_serving - len(s_values), n_serving)
-    reasons = []
+    present_rows = n_eff * len(s_values) / n_serving if n_serving else 0.0
+    bound = noise_bound(train_counts, present_rows, cmp["measure"], confidence) if cmp["distance"] is not None else None
+    missing_bound = missing_noise_bound(train_missing, n_eff, confidence) if n_serving else None
+    reasons, within_noise = [], []
+    what = "L-infinity" if kind == "categorical" else "Jensen-Shannon divergence"
     if not len(s_values) and len(t_values):
         reasons.append("never sent: missing from every request")
     elif cmp["distance"] is not None and cmp["distance"] > threshold:
-        what = "L-infinity" if kind == "categorical" else "Jensen-Shannon divergence"
-        where = f" (most changed: {cmp['most_changed']!r})" if kind == "categorical" else ""
-        reasons.append(f"{what} {cmp['distance']:.3f} over {threshold:g}{where}")
+        if bound is not None and cmp["distance"] <= bound:
+            within_noise.append(f"{what} {cmp['distance']:.3f} over {threshold:g} but within the noise of "
+                                f"{present_rows:,.0f} rows ({bound:.3f} at {confidence:.0%})")
+        else:
+            where = f" (most changed: {cmp['most_changed']!r})" if kind == "categorical" else ""
+            beyond = "" if bound is None else f" and beyond the noise bound {bound:.3f}"
+            reasons.append(f"{what} {cmp['distance']:.3f} over {threshold:g}{beyond}{where}")
     if rise > threshold and len(s_values):
-        reasons.append(f"missing in {(n_serving - len(s_values)) / n_serving:.1%} of rows "
-                       f"(training {(n_train - len(t_values)) / max(n_train, 1):.1%})")
+        text = (f"missing in {(n_serving - len(s_values)) / n_serving:.1%} of rows (training "
+                f"{train_missing:.1%})")
+        if missing_bound is not None and rise <= missing_bound:
+            within_noise.append(f"{text}, within the noise of {n_eff:,.0f} rows ({missing_bound:.3f})")
+        else:
+            reasons.append(text)
     notes = []
     if not len(t_values) and len(s_values):
         notes.append(f"training has no value of it; the traffic has {len(s_values):,}")
@@ -162,28 +195,50 @@ def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, s
         o = cmp["out_of_range"]
         notes.append(f"{o['fraction']:.1%} of values outside the training range [{o['train_min']:g}, "
                      f"{o['train_max']:g}]")
+    verdict = "skewed" if reasons else "within noise" if within_noise else "ok"
     return {"name": name, "type": type_, "kind": kind, "threshold": threshold, **cmp,
-            "missing": {"train_fraction": (n_train - len(t_values)) / max(n_train, 1),
-                        "serving_fraction": (n_serving - len(s_values)) / max(n_serving, 1), "rise": rise},
+            "noise_bound": bound, "effective_rows": present_rows,
+            "missing": {"train_fraction": train_missing,
+                        "serving_fraction": (n_serving - len(s_values)) / max(n_serving, 1), "rise": rise,
+                        "noise_bound": missing_bound},
             "train_stats": train_stats, "serving_stats": serving_stats,
-            "flagged": bool(reasons), "reasons": reasons, "notes": notes}
+            "verdict": verdict, "flagged": bool(reasons), "reasons": reasons, "within_noise": within_noise,
+            "notes": notes}
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    lines = [f"{'feature':<24} {'kind':<12} {'distance':>9} {'threshold':>9} {'missing':>8}  verdict"]
+    lines = [f"{'feature':<24} {'kind':<12} {'distance':>9} {'noise':>7} {'threshold':>9} {'missing':>8}  verdict"]
     for f in result["features"]:
-        d = "-" if f["distance"] is None else f"{f['distance']:.4f}"
-        verdict = "SKEWED: " + "; ".join(f["reasons"]) if f["flagged"] else "ok"
+        verdict = verdict_text(f)
         if f["notes"]:
             verdict += " (" + "; ".join(f["notes"]) + ")"
-        lines.append(f"{f['name']:<24} {f['kind']:<12} {d:>9} {f['threshold']:>9g} "
-                     f"{f['missing']['serving_fraction']:>8.1%}  {verdict}")
+        lines.append(f"{f['name']:<24} {f['kind']:<12} {_num(f['distance']):>9} {_num(f.get('noise_bound'), 3):>7} "
+                     f"{f['threshold']:>9g} {f['missing']['serving_fraction']:>8.1%}  {verdict}")
     flagged = result["flagged"]
-    lines.append(f"skew: {len(flagged)} of {len(result['features'])} features over their threshold: "
-                 + ", ".join(flagged) if flagged else
-                 f"skew: every feature within its threshold ({len(result['features'])} features, "
-                 f"{result['traffic']['rows']:,} rows of traffic against {result['train']['rows']:,} training rows)")
+    noisy = [f["name"] for f in result["features"] if f.get("verdict") == "within noise"]
+    rows = (f"{result['traffic']['rows']:,} rows of traffic ({result['noise']['effective_rows']:,.0f} effective) "
+            f"against {result['train']['rows']:,} training rows")
+    if flagged:
+        lines.append(f"skew: {len(flagged)} of {len(result['features'])} features over their threshold and beyond "
+                     f"the noise: {', '.join(flagged)}")
+    elif noisy:
+        lines.append(f"skew: no feature skewed; {', '.join(noisy)} over the threshold but within the noise of "
+                     f"{rows}")
+    else:
+        lines.append(f"skew: every feature within its threshold ({len(result['features'])} features, {rows})")
     return lines
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def verdict_text(f: dict[str, Any]) -> str:
+    if f["flagged"]:
+        return "SKEWED: " + "; ".join(f["reasons"])
+    if f.get("verdict") == "within noise":
+        return "within noise: " + "; ".join(f["within_noise"])
+    return "ok"
 
 
 def skew_section(result: dict[str, Any]) -> str:
@@ -192,12 +247,16 @@ def skew_section(result: dict[str, Any]) -> str:
     from tfpipe.loadtest.report import paired_bar_chart, table_html
 
     t = result["traffic"]
+    noisy = [f["name"] for f in result["features"] if f.get("verdict") == "within noise"]
     verdict = (f'<p class="bad"><b>Skewed: {html.escape(", ".join(result["flagged"]))}</b></p>' if result["flagged"]
+               else f'<p class="ok"><b>No feature skewed: {html.escape(", ".join(noisy))} over the threshold but within '
+                    'the noise of a sample this size.</b></p>' if noisy
                else '<p class="ok"><b>Every feature within its threshold.</b></p>')
-    rows = [[f["name"], f["kind"], "-" if f["distance"] is None else f"{f['distance']:.4f}", f"{f['threshold']:g}",
+    rows = [[f["name"], f["kind"], _num(f["distance"]), _num(f.get("noise_bound"), 3), f"{f['threshold']:g}",
              f"{f['missing']['train_fraction']:.1%}", f"{f['missing']['serving_fraction']:.1%}",
-             "SKEWED: " + "; ".join(f["reasons"]) if f["flagged"] else "ok", "; ".join(f["notes"])]
+             verdict_text(f), "; ".join(f["notes"])]
             for f in result["features"]]
+    noise = result.get("noise", {})
     charts = []
     for f in sorted(result["features"], key=lambda f: (not f["flagged"], f["name"])):
         if f["kind"] == "numeric":
@@ -224,10 +283,13 @@ def skew_section(result: dict[str, Any]) -> str:
             f"({html.escape(', '.join(f'{k} {v:,}' for k, v in sorted(t['by_api'].items())))}), {t['rows']:,} rows, "
             f"against {result['train']['rows']:,} training rows. Categorical features: L-infinity distance over "
             "value frequencies; numeric features: Jensen-Shannon divergence (bits) over the training quantile bins. "
-            "A feature also fails when its fraction of missing values rises by more than its threshold.</p>"
+            "A feature also fails when its fraction of missing values rises by more than its threshold. "
+            f"The noise bound is the distance that {noise.get('confidence', DEFAULT_CONFIDENCE):.0%} of samples of "
+            f"the traffic's size ({noise.get('effective_rows', t['rows']):,.0f} effective rows: a row sent again counts "
+            "once) drawn from the training split stay under; a distance within it is chance, not skew.</p>"
             + "".join(f"<p>{e}</p>" for e in extra)
-            + table_html(["feature", "kind", "distance", "threshold", "missing (train)", "missing (served)", "verdict",
-                          "notes"], rows)
+            + table_html(["feature", "kind", "distance", "noise bound", "threshold", "missing (train)",
+                          "missing (served)", "verdict", "notes"], rows)
             + f"<div>{''.join(charts)}</div>")
 
 

@@ -221,7 +221,7 @@ def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_
         proc.wait(timeout=60)
     res = run_cli("skew", "--data", os.path.join(workdir, "data"), "--logs", prefix, "--out", str(tmp_path / "skew"))
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "skew: 1 of 7 features over their threshold: body_mass_g" in res.stdout
+    assert "skew: 1 of 7 features over their threshold and beyond the noise: body_mass_g" in res.stdout
     skew = load(str(tmp_path / "skew" / "skew.json"))
     assert skew["flagged"] == ["body_mass_g"]
     assert skew["traffic"]["requests"] == 6 and skew["traffic"]["rows"] == 6 * len(examples)

@@ -116,6 +116,109 @@ def test_missing_rise(missing_train, n_train, missing_serving, n_serving, rise):
     assert missing_rise(missing_train, n_train, missing_serving, n_serving) == pytest.approx(rise)
 
 
+# ---- the noise bound: how far chance alone moves a sample of the traffic's size ----------------------
+
+@pytest.mark.parametrize("p, n, confidence", [(0.5, 34, 0.99), (0.3, 50, 0.99), (0.5, 400, 0.95), (0.1, 1000, 0.99)])
+def test_l_infinity_noise_bound_matches_the_binomial_by_hand(p, n, confidence):
+    """Two categories: the L-infinity distance of a sample is |k/n - p| with k ~ Binomial(n, p), so
+    the bound must be that distance's exact quantile, here summed from scipy's binomial pmf."""
+    from scipy.stats import binom
+
+    from tfpipe.skew.measure import noise_bound
+
+    k = np.arange(n + 1)
+    d, w = np.abs(k / n - p), binom.pmf(k, n, p)
+    order = np.argsort(d)
+    exact = d[order][np.searchsorted(np.cumsum(w[order]), confidence)]
+    got = noise_bound([p * 1000, (1 - p) * 1000], n, "l_infinity", confidence)
+    assert abs(got - exact) <= 1.5 / n + 1e-9  # within about one step of the sample's 1/n grid
+
+
+@pytest.mark.parametrize("n", [34, 200, 5000])
+def test_jensen_shannon_noise_bound_shrinks_with_the_sample_and_holds_its_confidence(n):
+    """Samples drawn anew (another seed than the bound's) stay under the bound about as often as
+    its confidence says, and the bound falls like 1/n (the divergence of a sample is ~ chi2/n)."""
+    from tfpipe.skew.measure import js_divergence, noise_bound
+
+    train = np.array([1, 4, 5, 15, 25, 25, 15, 5, 4, 1], dtype=float)
+    bound = noise_bound(train, n, "jensen_shannon", 0.99)
+    rng = np.random.default_rng(7)
+    under = np.mean([js_divergence(train, rng.multinomial(n, train / train.sum()) + 0.0) <= bound
+                     for _ in range(1000)])
+    assert 0.975 <= under <= 1.0
+    if n == 5000:
+        assert bound < noise_bound(train, 200, "jensen_shannon", 0.99) / 10
+
+
+@pytest.mark.parametrize("codes, want", [
+    ([np.arange(100)], 100.0),                              # every row distinct
+    ([np.tile(np.arange(34), 500)], 34.0),                  # 34 rows sent 500 times each: 34
+    ([np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])], 4.0),  # distinct as whole rows
+    ([np.array([0, 0, 0, 1])], 1.6),                        # 3 and 1: 16 / 10
+    ([np.zeros(0, dtype=int)], 0.0),
+])
+def test_effective_rows_count_a_repeated_row_once(codes, want):
+    from tfpipe.skew.measure import effective_rows
+
+    assert effective_rows(codes) == pytest.approx(want)
+
+
+def test_missing_noise_bound_is_zero_when_training_never_misses():
+    from tfpipe.skew.measure import missing_noise_bound
+
+    assert missing_noise_bound(0.0, 50, 0.99) == 0.0
+    assert 0.05 < missing_noise_bound(0.1, 50, 0.99) < 0.2  # Binomial(50, 0.1): 99th percentile 11/50 - 0.1
+    assert missing_noise_bound(0.1, 0, 0.99) is None
+
+
+def _column(values):
+    from tfpipe.pipeline.readers import Column
+
+    values = np.array(values, dtype=object if isinstance(values[0], str) else np.float64)
+    present = values != "" if values.dtype == object else ~np.isnan(values)
+    return Column(values, present)
+
+
+@pytest.mark.parametrize("serving, n_eff, verdict", [
+    # training: red 40%, green 30%, blue 30%. 34 rows at 56% red: 0.16 over the 0.1 threshold, within
+    # the noise of 34 rows (about 0.22 at 99%)
+    (["red"] * 19 + ["green"] * 8 + ["blue"] * 7, None, "within noise"),
+    # the same shares as 3,400 rows that are 34 rows sent 100 times: still 34 rows' worth of evidence
+    ((["red"] * 19 + ["green"] * 8 + ["blue"] * 7) * 100, 34.0, "within noise"),
+    # 3,400 distinct rows with those shares: skew
+    ((["red"] * 19 + ["green"] * 8 + ["blue"] * 7) * 100, None, "skewed"),
+    # 50 rows with red's share moved by 0.5 (90%): skew
+    (["red"] * 45 + ["green"] * 3 + ["blue"] * 2, None, "skewed"),
+    (["red"] * 4 + ["green"] * 3 + ["blue"] * 3, None, "ok"),
+])
+def test_categorical_verdict_weighs_the_distance_against_the_noise(serving, n_eff, verdict):
+    from tfpipe.skew.job import _feature
+
+    train = _column(["red"] * 400 + ["green"] * 300 + ["blue"] * 300)
+    f = _feature("color", "string", train, _column(serving), {}, {}, 0.1, n_eff, 0.99)
+    assert f["verdict"] == verdict and f["flagged"] == (verdict == "skewed")
+    assert f["noise_bound"] is not None and f["measure"] == "l_infinity"
+    if verdict == "within noise":
+        assert f["distance"] > 0.1 and f["distance"] <= f["noise_bound"] and not f["reasons"]
+        assert "within the noise of 34 rows" in f["within_noise"][0]
+    if verdict == "skewed":
+        assert f["distance"] > f["noise_bound"] and "beyond the noise bound" in f["reasons"][0]
+
+
+def test_numeric_verdict_flags_a_shift_that_a_small_sample_cannot_explain():
+    from tfpipe.skew.job import _feature
+
+    rng = np.random.default_rng(3)
+    train_values = rng.normal(50, 10, 2000)
+    stats = {"min": float(train_values.min()), "max": float(train_values.max()),
+             "quantiles": {str(q): float(np.quantile(train_values, q)) for q in (0.01, 0.05, 0.1, 0.25, 0.5, 0.75,
+                                                                              0.9, 0.95, 0.99)}}
+    same = _feature("x", "float", _column(train_values), _column(rng.normal(50, 10, 30)), stats, {}, 0.1)
+    assert not same["flagged"] and same["noise_bound"] > 0.05  # 30 rows on 10 bins are noisy
+    moved = _feature("x", "float", _column(train_values), _column(rng.normal(80, 10, 30)), stats, {}, 0.1)
+    assert moved["verdict"] == "skewed" and moved["distance"] > moved["noise_bound"]
+
+
 # ---- the rows of each kind of logged request -------------------------------------------------------
 
 SCHEMA = {"version": 1, "label": {"name": "y", "type": "string", "task": "binary", "classes": ["no", "yes"]},

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from tfpipe import __version__
 from tfpipe.config import Config, load_config, validate
-from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, user_errors
+from tfpipe.errors import ConfigError, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, user_errors
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()
@@ -206,25 +206,41 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> int:
         return run(cfg, log=lambda line: print(line, flush=True))
 
 
-def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.run import DEMO_CONFIG, RunRequest, default_workdir, run
+def run_request_config(args: argparse.Namespace) -> tuple[Config, str | None, str]:
+    """The config, its path and the workdir of `tfpipe run`/`tfpipe show`. Three cases:
+    --config FILE; --input FILE with no --config (the user's own data: workdir runs/<file stem>,
+    model named after the file, every other setting the stages' defaults); neither (the demo)."""
+    from tfpipe.run import DEMO_CONFIG, default_workdir, own_data_name
 
-    path = args.config or DEMO_CONFIG
-    overrides = list(args.set or [])
-    if args.input:
-        overrides.append("data.input=" + json.dumps(args.input))
-    config = load_config(path, overrides)
-    workdir = args.workdir or default_workdir(config, path)
+    inputs = getattr(args, "input", None)
+    overrides = list(getattr(args, "set", None) or [])
+    if inputs:
+        overrides.append("data.input=" + json.dumps(inputs))
+    if getattr(args, "label", None):
+        overrides.append("data.label=" + json.dumps(args.label))
+    if args.config or not inputs:
+        path = args.config or DEMO_CONFIG
+        config = load_config(path, overrides)
+        return config, path, args.workdir or default_workdir(config, path)
+    name = own_data_name(inputs)
+    config = load_config(None, [f"export.name={json.dumps(name)}"] + overrides)
+    if not config.data.label and args.command == "run":
+        raise ConfigError(f"tfpipe run --input {' '.join(inputs)}: name the column to predict with --label COLUMN")
+    return config, None, args.workdir or config.run.workdir or os.path.join("runs", name)
+
+
+def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.run import RunRequest, run
+
+    config, path, workdir = run_request_config(args)
     return run(RunRequest(config=config, config_path=path, workdir=workdir, from_step=args.from_step,
                           only=args.only, force=args.force, serve_after=args.serve_after, debug=args.debug))
 
 
 def cmd_show(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.run import DEMO_CONFIG, default_workdir
     from tfpipe.show import show
 
-    path = args.config or DEMO_CONFIG
-    workdir = args.workdir or default_workdir(load_config(path), path)
+    _, _, workdir = run_request_config(args)
     return show(workdir, as_json=args.json)
 
 
@@ -337,13 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
         "loadtest", parents=[common],
         help="load-test a TF Serving endpoint (REST or gRPC) with locust: true percentiles, sweeps, an SLO gate",
         description=(
-            "Builds requests from real eval rows of a tfpipe data directory (or takes --payload), shaped "
+            "Builds requests from real eval rows of a tfpipe data directory (with its test rows too when the eval "
+            "split has under 200; or takes --payload), shaped "
             "for the signature the server reports, checks that the server accepts one, then runs locust "
             "as a library in its own process per step: closed model (--users N, each user waits for its "
             "answer) or open model (--rate R requests/s on a schedule, latency counted from the intended "
             "send time). Every response time is kept with microsecond resolution; prints p50/p90/p95/p99/"
-            "p99.9/max per step, finds the knee of a --sweep, writes results.json and results.csv, and "
-            "exits 1 when --slo is missed (0 when met). With --replay PREFIX it sends a request log's requests "
+            "p99.9/max per step, finds the knee of a --sweep, writes results.json, results.csv and report.html "
+            "into --out (default runs/loadtest), and exits 1 when --slo is missed (0 when met). With --replay PREFIX it sends a request log's requests "
             "again (written by tfpipe serve's logging_config or --request_log_prefix), each over the API and "
             "protocol it came in on, at its recorded time times 1/--speed, and compares count, rate and latency "
             "with the log's. Requests go only to --target (and --grpc-target)."
@@ -437,7 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rerun every step, cached or not")
     run.add_argument("--serve-after", action="store_true",
                      help="keep serving the model in the foreground afterwards, printing curl and Python calls")
-    run.add_argument("--input", nargs="+", metavar="PATH", help="the data's input files (overrides [data] input)")
+    run.add_argument("--input", nargs="+", metavar="PATH",
+                     help="the data's input files (overrides [data] input); without --config, your own data: "
+                          "the workdir is runs/<file stem> and the model is named after the file")
+    run.add_argument("--label", metavar="COLUMN", help="the column to predict (overrides [data] label; needed "
+                     "with --input and no --config)")
     run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                      help="override one config key, e.g. --set train.learning_rate=0.003 (repeatable)")
     run.set_defaults(handler=cmd_run)
@@ -449,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "fingerprint, inputs and outputs; then which data made the model version being served.",
     )
     show.add_argument("--workdir", metavar="DIR", help="the run's workdir (default: as tfpipe run picks it)")
+    show.add_argument("--input", nargs="+", metavar="PATH", help="the input files a run without --config was given "
+                      "(its workdir is runs/<file stem>)")
     show.add_argument("--json", action="store_true", help="print manifest.json itself")
     show.set_defaults(handler=cmd_show)
     return parser

@@ -14,6 +14,7 @@ import fcntl
 import importlib.resources
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -62,6 +63,18 @@ def default_workdir(config: Config, config_path: str | None) -> str:
         return config.run.workdir
     stem = os.path.splitext(os.path.basename(config_path or DEMO_CONFIG))[0]
     return os.path.join("runs", stem)
+
+
+def own_data_name(inputs: list[str]) -> str:
+    """The name of a run on the user's own files (`tfpipe run --input FILE`): the first file's stem
+    (its folder's name for a pattern such as raw/*.csv or a pkg:// path's file), as a model name
+    may spell it."""
+    first = inputs[0].rstrip("/")
+    stem = os.path.splitext(os.path.basename(first))[0]
+    if not stem or any(c in stem for c in "*?["):
+        stem = os.path.basename(os.path.dirname(first)) or "data"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "data"
+    return name
 
 
 def shown(path: str) -> str:
@@ -356,7 +369,7 @@ class Run:
                              fingerprint=m["fingerprint"]), summary, 0
 
     def step_train(self, log: Callable[[str], None]):
-        from tfpipe.train.job import run
+        from tfpipe.train.job import epochs_text, run
 
         cfg = self.cfg.train.model_copy(update={"data": self.path("data"), "out": self.path("train"),
                                                 "force": True})  # the run owns the cache
@@ -364,10 +377,10 @@ class Run:
         m = _load(self.path("train", "train.json"))
         split = "eval" if "eval" in m["metrics"] else next(iter(m["metrics"]), None)
         metrics = m["metrics"].get(split, {})
-        shown = next((k for k in ("accuracy", "auc", "mae", "rmse") if k in metrics), None)
-        summary = (f"{m['epochs_run']} epochs" + (f" (resumed after epoch {m['resumed_from_epoch']})"
-                                                  if m.get("resumed_from_epoch") else "")
-                   + (f", {split} {shown} {metrics[shown]:.3f}" if shown else "")
+        metric = next((k for k in ("accuracy", "auc", "mae", "rmse") if k in metrics), None)
+        summary = (epochs_text(m) + (f" (resumed after epoch {m['resumed_from_epoch']})"
+                                     if m.get("resumed_from_epoch") else "")
+                   + (f", {split} {metric} {metrics[metric]:.3f}" if metric else "")
                    + f", {m['precision']['policy']}, {m.get('examples_per_s', 0):,.0f} examples/s")
         return self._outputs(self.path("train", "train.json"), path=self.path("train"),
                              fingerprint=m["fingerprint"]), summary, 0
@@ -478,8 +491,11 @@ class Run:
         code = run(cfg, log=log)
         r = _load(os.path.join(out, "skew.json"))
         t = r["traffic"]
-        summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows against {r['train']['rows']:,} training rows: "
+        noisy = [f["name"] for f in r["features"] if f.get("verdict") == "within noise"]
+        summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows ({r['noise']['effective_rows']:,.0f} "
+                   f"effective) against {r['train']['rows']:,} training rows: "
                    + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
+                      f"no feature skewed ({', '.join(noisy)} within the noise)" if noisy else
                       "every feature within its threshold"))
         return self._outputs(os.path.join(out, "skew.json"), path=out, passed=r["passed"]), summary, code
 
@@ -533,8 +549,10 @@ def run(req: RunRequest) -> int:
 
 def _run_locked(r: Run, console: Console) -> int:
     req, started = r.req, time.monotonic()
-    console.print(f"tfpipe run: {shown(req.config_path) if req.config_path else 'the penguins demo'}"
-                  f" -> {shown(r.workdir)}")
+    d = req.config.data
+    source = (shown(req.config_path) if req.config_path
+              else f"{', '.join(d.input)} (label {d.label!r}, model {req.config.export.name!r})")
+    console.print(f"tfpipe run: {source} -> {shown(r.workdir)}")
     try:
         code = r.execute(console)
     except StepFailed as e:

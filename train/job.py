@@ -356,10 +356,21 @@ def _publish(work: str, out: str) -> None:
     publish_dir(work, out)
 
 
+def epochs_text(m: dict[str, Any]) -> str:
+    """'40 epochs', or '13 of 20 epochs (early stopping: ...)' from a train.json."""
+    run, cfg = m["epochs_run"], m.get("config", {})
+    planned = cfg.get("epochs")
+    if not planned or run >= planned:
+        return f"{run} epochs"
+    why = (f"early stopping: eval loss not better for {cfg.get('patience')} epochs" if not cfg.get("time_limit")
+           else "early stopping or the time limit")
+    return f"{run} of {planned} epochs ({why})"
+
+
 def _print_summary(m: dict[str, Any], out: str, log) -> None:
     for split, metrics in m["metrics"].items():
         log(f"  {split:5s} " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     if "examples_per_s" in m:
-        log(f"  {m['epochs_run']} epochs, {m['examples_per_s']:,.0f} examples/s, step {m['mean_step_s'] * 1000:.2f} ms "
+        log(f"  {epochs_text(m)}, {m['examples_per_s']:,.0f} examples/s, step {m['mean_step_s'] * 1000:.2f} ms "
             f"(input wait {m['input_wait_fraction']:.1%})")
     log(f"wrote {out} in {m['elapsed_s']:.1f} s")
