@@ -78,9 +78,73 @@ class Signature:
 
 
 def _shape(info) -> tf.TensorShape:
-    if info.tensor_shape.unknown_rank:
+    if info.tensor_shape.unknown_rank or not info.HasField("tensor_shape"):  # TF 1.0's TensorInfo had none
         return tf.TensorShape(None)
     return tf.TensorShape([d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
+
+
+def _fed_dtype(fn, name: str, info) -> tf.DType:
+    """The dtype the loaded function takes for input `name`: the signature's, unless the graph's
+    tensor says otherwise (TF 1.0's saved_model_half_plus_three declares its serialized tf.Examples
+    DT_FLOAT; TF Serving feeds what the graph takes)."""
+    try:
+        spec = fn.structured_input_signature[1].get(name)
+    except (AttributeError, IndexError, TypeError):
+        spec = None
+    return spec.dtype if isinstance(spec, tf.TensorSpec) else tf.as_dtype(info.dtype)
+
+
+def load_saved_model(path: str, tags: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
+    """The loaded SavedModel and the signatures that could not be loaded (key -> why).
+
+    A TF2 SavedModel (one with an object graph) loads with tf.saved_model.load. A TF1 graph
+    loads signature by signature, as TF Serving's session only meets a signature's ops when it
+    is called: TensorFlow's own loader gives up on the whole model when one signature cannot be
+    pruned from the graph. Graphs of TensorFlow 1.0 (TF Serving's saved_model_half_plus_three) also
+    need their old meaning kept: a signature tensor without a shape, and a Placeholder whose shape
+    is empty, are of unknown shape there; newer TensorFlow reads both as scalars, and then cannot
+    feed a scalar to ParseExample."""
+    from tensorflow.python.saved_model import load_v1_in_v2, loader_impl
+
+    tags = list(tags)
+    if loader_impl.parse_saved_model(path).meta_graphs[0].object_graph_def.nodes:
+        return tf.saved_model.load(path, tags=tags), {}
+    broken: dict[str, str] = {}
+
+    class PerSignatureLoader(load_v1_in_v2._EagerSavedModelLoader):  # TF <2.22 is pinned (pyproject)
+        def get_meta_graph_def_from_tags(self, tags):
+            graph = meta_graph_pb2.MetaGraphDef()
+            graph.CopyFrom(super().get_meta_graph_def_from_tags(tags))
+            for sig in graph.signature_def.values():
+                for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+                    if not info.HasField("tensor_shape"):  # no shape given: any shape, not a scalar
+                        info.tensor_shape.unknown_rank = True
+            if graph.graph_def.versions.producer < 22:
+                # Before GraphDef version 22 a Placeholder's empty shape meant "unknown" (TensorFlow's
+                # version.h); TensorFlow imports it so, but pruning copies the op into a new graph,
+                # where it would become a scalar.
+                for node in graph.graph_def.node:
+                    shape = node.attr["shape"].shape if node.op == "Placeholder" and "shape" in node.attr else None
+                    if shape is not None and not shape.dim and not shape.unknown_rank:
+                        shape.unknown_rank = True
+            return graph
+
+        def _extract_signatures(self, wrapped, meta_graph_def):
+            functions = {}
+            for key, sig in meta_graph_def.signature_def.items():
+                one = meta_graph_pb2.MetaGraphDef()
+                one.signature_def[key].CopyFrom(sig)
+                try:
+                    functions.update(super()._extract_signatures(wrapped, one))
+                except Exception as e:  # noqa: BLE001 (whatever stops one signature stops only it)
+                    broken[key] = _first_line(e)
+            return functions
+
+    loaded = PerSignatureLoader(path).load(tags=tags)
+    if not loaded.signatures and broken:
+        key, why = next(iter(broken.items()))
+        raise ValueError(f"no signature of the SavedModel could be loaded ({key}: {why})")
+    return loaded, broken
 
 
 def meta_graph(proto: saved_model_pb2.SavedModel, tags: tuple[str, ...]) -> meta_graph_pb2.MetaGraphDef:
@@ -109,14 +173,14 @@ class Servable:
         self.signature_defs = meta_graph(proto, settings.tags).signature_def
         del proto  # only the signature defs are kept (as remove_unused_fields_from_bundle_metagraph)
         self.batching_params = self._batching_params() if settings.per_model_batching else None
-        loaded = tf.saved_model.load(path, tags=list(settings.tags))
+        loaded, self.broken = load_saved_model(path, settings.tags)
         self._loaded = loaded  # keeps the variables the functions read alive
         self.signatures: dict[str, Signature] = {}
         for key, sig_def in self.signature_defs.items():
             if key.startswith("__") or key not in loaded.signatures:
                 continue
             s = Signature(key, sig_def, loaded.signatures[key])
-            s.inputs = {k: (tf.as_dtype(v.dtype), _shape(v)) for k, v in sig_def.inputs.items()}
+            s.inputs = {k: (_fed_dtype(s.function, k, v), _shape(v)) for k, v in sig_def.inputs.items()}
             s.outputs = {k: tf.as_dtype(v.dtype) for k, v in sig_def.outputs.items()}
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
                               for k, (d, _) in s.inputs.items()}
@@ -145,6 +209,8 @@ class Servable:
 
     def signature(self, name: str) -> Signature:
         key = name or DEFAULT_SIGNATURE
+        if key in self.broken:
+            raise precondition(f'Serving signature "{key}" could not be loaded: {self.broken[key]}')
         if key not in self.signatures:
             raise precondition(f'Serving signature key "{key}" not found.')
         return self.signatures[key]
@@ -215,6 +281,8 @@ class Servable:
 
     def _example_signature(self, name: str, method: str, kind: str) -> Signature:
         key = name or DEFAULT_SIGNATURE
+        if key in self.broken:
+            raise precondition(f'Serving signature "{key}" could not be loaded: {self.broken[key]}')
         if key not in self.signatures:
             raise invalid(f"No signature was found with the name: {key}")
         sig = self.signatures[key]

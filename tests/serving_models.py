@@ -155,6 +155,70 @@ def save_half_plus_two_tf1(export_dir: str, b: float = 2.0, c: float = 3.0, clas
     return export_dir
 
 
+def save_half_plus_three_tf1_0(export_dir: str) -> str:
+    """TF Serving's checked-in saved_model_half_plus_three as TensorFlow 1.0.0-rc2 wrote it, read
+    off that file: x = Identity(ParseExample(tf_example)) with the v1 ParseExample op, y = 0.5*x + 3;
+    serving_default feeds x, tensorflow/serving/regress feeds tf_example and fetches Identity(y).
+    Its quirks, which newer TensorFlow reads otherwise, are put back after saving: no GraphDef
+    version (producer 0: an empty Placeholder shape means unknown), TensorInfos without shapes,
+    and the regress input declared DT_FLOAT though it takes serialized tf.Examples."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    tf1 = tf.compat.v1
+    info = tf1.saved_model.utils.build_tensor_info
+    build = tf1.saved_model.signature_def_utils.build_signature_def
+    builder = tf1.saved_model.builder.SavedModelBuilder(export_dir)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        a, b, _ = tf1.Variable(0.5, name="a"), tf1.Variable(3.0, name="b"), tf1.Variable(3.0, name="c")
+        serialized = tf1.placeholder(tf.string, name="tf_example")
+        parsed = tf.raw_ops.ParseExample(serialized=serialized, names=tf.constant([], tf.string), sparse_keys=[],
+                                         dense_keys=[tf.constant("x")], dense_defaults=[tf.constant([], tf.float32)],
+                                         sparse_types=[], dense_shapes=[[1]])
+        x = tf.identity(parsed.dense_values[0], name="x")
+        y = tf.add(a * x, b, name="y")
+        out = tf.identity(y, name="Identity")
+        sess.run(tf1.global_variables_initializer())
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+            "serving_default": build({"x": info(x)}, {"y": info(y)}, "tensorflow/serving/predict"),
+            "tensorflow/serving/regress": build({"inputs": info(serialized)}, {"outputs": info(out)},
+                                                "tensorflow/serving/regress")})
+    builder.save()
+    pb = os.path.join(export_dir, "saved_model.pb")
+    model = saved_model_pb2.SavedModel.FromString(open(pb, "rb").read())
+    graph = model.meta_graphs[0]
+    graph.graph_def.ClearField("versions")
+    for node in graph.graph_def.node:
+        if node.name == "tf_example":
+            node.attr["shape"].shape.Clear()
+    for sig in graph.signature_def.values():
+        for t in list(sig.inputs.values()) + list(sig.outputs.values()):
+            t.ClearField("tensor_shape")
+    graph.signature_def["tensorflow/serving/regress"].inputs["inputs"].dtype = types_pb2.DT_FLOAT
+    with open(pb, "wb") as f:
+        f.write(model.SerializeToString())
+    return export_dir
+
+
+def save_one_broken_signature(export_dir: str) -> str:
+    """A TF1 graph with a good signature (x -> 2x) and one whose output needs a placeholder it does
+    not take as an input, which TensorFlow cannot prune into a function."""
+    tf1 = tf.compat.v1
+    info = tf1.saved_model.utils.build_tensor_info
+    build = tf1.saved_model.signature_def_utils.build_signature_def
+    builder = tf1.saved_model.builder.SavedModelBuilder(export_dir)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        x = tf1.placeholder(tf.float32, [None], name="x")
+        hidden = tf1.placeholder(tf.float32, [None], name="hidden")
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+            "serving_default": build({"x": info(x)}, {"y": info(tf.multiply(x, 2.0, name="y"))},
+                                     "tensorflow/serving/predict"),
+            "needs_hidden": build({"x": info(x)}, {"z": info(tf.add(x, hidden, name="z"))},
+                                  "tensorflow/serving/predict")})
+    builder.save()
+    return export_dir
+
+
 class HalfPlusTwoTF2(tf.Module):
     """The same model with native TF2 APIs: every signature's method is `predict`, `x` is [1]."""
 
@@ -214,7 +278,8 @@ def build_tf_serving_testdata(root: str) -> None:
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     j = os.path.join
     save_half_plus_two_tf1(j(root, "saved_model_half_plus_two_cpu", "00000123"))
-    save_half_plus_two_tf1(j(root, "saved_model_half_plus_three", "00000123"), b=3.0)
+    save_half_plus_three_tf1_0(j(root, "saved_model_half_plus_three", "00000123"))
+    save_one_broken_signature(j(root, "one_broken_signature", "00000001"))
     for v in ("00000123", "00000124"):
         save_half_plus_two_tf1(j(root, "saved_model_half_plus_two_2_versions", v), classify_x2=True)
     save_half_plus_two_tf2(j(root, "saved_model_half_plus_two_tf2_cpu", "00000123"))

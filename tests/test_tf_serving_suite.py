@@ -286,6 +286,7 @@ def servers(paths, tmp_path_factory):
         dict(model_name="default", model_path=paths.half_plus_two, monitoring_config_file=paths.monitoring),
         dict(model_name="default", model_path=paths.half_plus_two, batching_parameters_file=paths.batching),
         *(dict(model_name="default", model_path=paths.model(name)) for name in SAVED_MODEL_CASES),
+        dict(model_name="default", model_path=paths.model("one_broken_signature")),
         dict(model_config_file=paths.rest),
     ])
     yield s
@@ -478,6 +479,74 @@ def test_good_model_config(servers, paths):
         verify_predict(server.grpc, model_name=name, expected_output=expected, expected_version=_model_version(path))
         verify_predict(server.grpc, model_name=name, expected_output=expected, specify_output=False,
                        expected_version=_model_version(path))
+
+
+def test_half_plus_three_as_tensorflow_1_0_saved_it_regresses_too(servers, paths):
+    """Beyond testGoodModelConfig: the regress signature of TF 1.0's half_plus_three, which feeds
+    serialized tf.Examples to a scalar placeholder declared DT_FLOAT, answers as TF Serving does."""
+    from tensorflow_serving.apis import regression_pb2
+
+    server = servers.run(None, None, model_config_file=paths.good_config)
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = "half_plus_three"
+    request.model_spec.signature_name = "tensorflow/serving/regress"
+    for x in (2.0, 4.0):
+        request.input.example_list.examples.add().features.feature["x"].float_list.value.append(x)
+    result = _stub(server.grpc).Regress(request, RPC_TIMEOUT)
+    assert [r.value for r in result.result.regressions] == [4.0, 5.0]
+
+
+def test_a_signature_that_cannot_load_answers_an_error_and_the_rest_serve(servers, paths):
+    """A TF1 model whose `needs_hidden` signature cannot be pruned from its graph loads; the load
+    log names the signature; calling it is FAILED_PRECONDITION (REST 400) naming why; the good
+    signature answers before and after, and the metadata still lists both."""
+    import grpc
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    path = paths.model("one_broken_signature")
+    server = servers.run("default", path)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "default", "needs_hidden"
+    request.inputs["x"].dtype = types_pb2.DT_FLOAT
+    request.inputs["x"].float_val.append(2.0)
+    request.inputs["x"].tensor_shape.dim.add().size = 1
+    with pytest.raises(grpc.RpcError) as e:
+        _stub(server.grpc).Predict(request, RPC_TIMEOUT)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert 'Serving signature "needs_hidden" could not be loaded' in e.value.details()
+    assert "placeholder which is not an input" in e.value.details()
+    status, body, _ = call_rest(f"http://{server.rest}/v1/models/default:predict",
+                                {"signature_name": "needs_hidden", "instances": [2.0]})
+    assert status == 400 and "could not be loaded" in body["error"]
+    status, body, _ = call_rest(f"http://{server.rest}/v1/models/default:predict", {"instances": [2.0, 3.0]})
+    assert status == 200 and body == {"predictions": [4.0, 6.0]}
+    status, body, _ = call_rest(f"http://{server.rest}/v1/models/default/metadata", None)
+    assert status == 200
+    assert set(body["metadata"]["signature_def"]["signature_def"]) == {"serving_default", "needs_hidden"}
+    with open(server.log) as f:
+        assert "signature 'needs_hidden' of default version 1 could not be loaded" in f.read()
+
+
+@pytest.mark.skipif(not os.environ.get("TFPIPE_TF_SERVING_TESTDATA"),
+                    reason="TFPIPE_TF_SERVING_TESTDATA is not set (a tensorflow/serving checkout's "
+                           "tensorflow_serving/servables/tensorflow/testdata, whose SavedModels this repository "
+                           "does not carry)")
+def test_tf_servings_own_half_plus_three_file_serves_both_signatures():
+    """TF Serving's checked-in saved_model_half_plus_three (TensorFlow 1.0.0-rc2), when a checkout
+    is at hand: both signatures load and answer 0.5 * x + 3."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfpipe.serve.servable import Servable
+
+    path = os.path.join(os.environ["TFPIPE_TF_SERVING_TESTDATA"], "saved_model_half_plus_three", "00000123")
+    servable = Servable("half_plus_three", 123, path)
+    assert servable.broken == {}
+    assert servable.run(servable.signature(""), {"x": np.array([2.0], np.float32)})["y"].tolist() == [4.0]
+    ex = tf.train.Example()
+    ex.features.feature["x"].float_list.value.append(2.0)
+    assert servable.regress("tensorflow/serving/regress", [ex.SerializeToString()])[1].tolist() == [4.0]
 
 
 def test_bad_model_config(paths, tmp_path):
