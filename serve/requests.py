@@ -121,7 +121,14 @@ _DEBUG_BYTES = 256  # TF Serving cuts the JSON it quotes in errors at this lengt
 
 
 def json_debug(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    except RecursionError:  # nested deeper than the encoder goes: quote its start
+        opening = ""
+        while isinstance(value, (list, dict)) and value and len(opening) < _DEBUG_BYTES:
+            opening += "[" if isinstance(value, list) else "{"
+            value = value[0] if isinstance(value, list) else next(iter(value.values()))
+        text = opening + "..."
     return text if len(text) <= _DEBUG_BYTES else text[:_DEBUG_BYTES]
 
 
@@ -192,18 +199,31 @@ def _json_int_range(dtype: tf.DType) -> np.iinfo:
 
 def _array_of(flat: list, shape: list[int], dtype: tf.DType) -> np.ndarray:
     """Values gathered in row-major order as a tensor of `shape` (strings as bytes objects)."""
+    _check_rank(len(shape))  # the instances' own dimension comes on top of each instance's
     if dtype == tf.string:
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
     else:
-        arr = np.array(flat, dtype=_numpy_dtype(dtype))
+        with np.errstate(over="ignore"):  # a float beyond the dtype's range is inf, as rapidjson's GetFloat gives
+            arr = np.array(flat, dtype=_numpy_dtype(dtype))
     return arr.reshape(shape)
+
+
+# numpy's limit on dimensions (TensorFlow's is 254): a list nested deeper is a client's error, a 400
+MAX_TENSOR_RANK = 64
+
+
+def _check_rank(rank: int) -> None:
+    if rank > MAX_TENSOR_RANK:
+        raise invalid(f"JSON value nested more than {MAX_TENSOR_RANK} lists deep: a tensor here has at most "
+                      f"{MAX_TENSOR_RANK} dimensions")
 
 
 def _dense_shape(value: Any) -> list[int]:
     shape = []
     while isinstance(value, list):
         shape.append(len(value))
+        _check_rank(len(shape))
         if not value:
             break
         value = value[0]
@@ -255,7 +275,8 @@ def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
     if dtype == tf.bool:
         return arr if kind == "b" else None
     if dtype.is_floating and kind in "iuf":
-        return arr.astype(_numpy_dtype(dtype), copy=False)
+        with np.errstate(over="ignore"):  # beyond the dtype's range is inf, as rapidjson's GetFloat gives
+            return arr.astype(_numpy_dtype(dtype), copy=False)
     if dtype.is_integer and kind in "iu" and arr.size:
         info = _json_int_range(dtype)
         if info.min <= arr.min() and arr.max() <= info.max:
@@ -304,7 +325,8 @@ def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.nda
         try:
             return {name: _stacked([(i, item) for i, item in enumerate(instances)], inputs[name])}
         except ServingError as e:
-            raise invalid(f"Failed to process element: {e.item} of 'instances' list. Error: {_status(e)}") from None
+            raise invalid(f"Failed to process element: {getattr(e, 'item', 0)} of 'instances' list. "
+                          f"Error: {_status(e)}") from None
     columns: dict[str, list] = {n: [] for n in names}
     for i, item in enumerate(instances):
         if not is_object(item):
@@ -322,7 +344,7 @@ def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.nda
         try:
             out[name] = _stacked(columns[name], inputs[name])
         except ServingError as e:
-            raise invalid(f"Failed to process element: {e.item} key: {name} of 'instances' list. Error: "
+            raise invalid(f"Failed to process element: {getattr(e, 'item', 0)} key: {name} of 'instances' list. Error: "
                           f"{_status(e)}") from None
     return out
 
