@@ -187,6 +187,45 @@ def _example_rows(data_dir: str, files: list[str], inputs: dict[str, str], limit
     return rows
 
 
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+def newest_version(base: str) -> str | None:
+    """The newest numbered version directory under a model base path (None: none)."""
+    versions = [v for v in os.listdir(base) if v.isdigit() and os.path.isdir(os.path.join(base, v))]
+    return os.path.join(base, max(versions, key=int)) if versions else None
+
+
+def rows_from_warmup(version_dir: str, signature: str = "serving_default") -> list[dict]:
+    """The rows of the Predict requests in a SavedModel's warmup records (TF Serving's
+    assets.extra/tf_serving_warmup_requests, which tfpipe export writes) to `signature`, as
+    REST instances ({input: value}, bytes as {"b64": ...} for *_bytes inputs and non-UTF-8)."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(version_dir, WARMUP_FILE)
+    if not os.path.exists(path):
+        raise LoadtestError(f"{version_dir} has no warmup records ({WARMUP_FILE}): give --data or --payload")
+    rows: list[dict] = []
+    for record in tf.data.TFRecordDataset(path).take(1000):
+        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        if log.WhichOneof("log_type") != "predict_log":
+            continue
+        req = log.predict_log.request
+        if (req.model_spec.signature_name or "serving_default") != signature:
+            continue
+        tensors = {k: rest_value(tf.make_ndarray(t).tolist(), k.endswith("_bytes")) for k, t in req.inputs.items()}
+        lengths = {len(v) if isinstance(v, list) else None for v in tensors.values()}
+        if len(lengths) != 1 or None in lengths:
+            continue  # not a batch of rows (scalars, or inputs of different lengths)
+        n = lengths.pop()
+        rows.extend({k: v[i] for k, v in tensors.items()} for i in range(n))
+    if not rows:
+        raise LoadtestError(f"the warmup records of {version_dir} hold no Predict request to {signature!r} with rows: "
+                            "give --data or --payload")
+    return rows
+
+
 def rows_from_payload(path: str) -> list[dict] | dict:
     try:
         with open(path) as f:

@@ -132,7 +132,9 @@ class Deployment:
         check = check_served(server, model_path, name, rows, c.check_rows, tolerance, log)
         result = {
             "model": name, "version": version, "model_path": model_path, "configs": paths,
-            "tensorflow_model_server": ["tensorflow_model_server", "--port=8500", "--rest_api_port=8501",
+            # the ports this deployment's server listened on (fixed ones: --set serve.port=8500 ...)
+            "tensorflow_model_server": ["tensorflow_model_server", f"--port={server.grpc_port}",
+                                        f"--rest_api_port={server.rest_port}",
                                         *server_flags(self.options(), paths, ports=False)],
             "check": check, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **(notes or {}),
         }

@@ -154,6 +154,10 @@ def test_first_run_produces_every_artifact_with_reconciling_content(first_run, p
     assert step["requests"] > 50 and step["errors"] == 0 and 0 < step["p50_ms"] <= step["p99_ms"]
     assert results["slo_passed"] is True
     assert results["config"]["target"].startswith("http://127.0.0.1:")
+    # the tensorflow_model_server command in serve.json names the ports this run's server used
+    rest_port = int(results["config"]["target"].rsplit(":", 1)[1])
+    assert f"--rest_api_port={rest_port}" in served["tensorflow_model_server"]
+    assert "--port=8500" not in served["tensorflow_model_server"]
 
     # skew: the load test's requests were logged (its warmup too) and its eval rows pass against training
     skew = load(os.path.join(workdir, "skew", "skew.json"))

@@ -170,6 +170,40 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
+def test_without_data_or_payload_the_warmup_records_are_the_requests(tmp_path):
+    """tfpipe tune on a SavedModel alone: the newest version's assets.extra warmup records (3 Predict
+    requests of one row each) are the load; one short trial runs on them without errors."""
+    from serving_models import save_half
+
+    save_half(str(tmp_path / "half" / "1"))  # no warmup records: not chosen
+    save_half(str(tmp_path / "half" / "2"), warmup=3)
+    out = tmp_path / "tuned"
+    res = run_cli("tune", "--model_name", "half", "--model_base_path", str(tmp_path / "half"), "--levels", "2",
+                  "--trials", "1", "--duration", "0.3s", "--warmup", "0.1s", "--slo", "p99<2000ms", "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"requests: the 3 row(s) of {tmp_path / 'half' / '2' / 'assets.extra'}" in res.stdout
+    (trial,) = json.loads((out / "tune.json").read_text())["trials"]
+    (level,) = trial["levels"]
+    assert level["requests"] > 0 and level["errors"] == 0
+
+
+def test_warmup_rows_come_out_as_rest_instances(tmp_path):
+    from serving_models import save_half
+
+    from tfpipe.loadtest.errors import LoadtestError
+    from tfpipe.loadtest.payloads import newest_version, rows_from_warmup
+
+    save_half(str(tmp_path / "half" / "7"), warmup=2)
+    save_half(str(tmp_path / "half" / "10"), warmup=3)
+    assert newest_version(str(tmp_path / "half")) == str(tmp_path / "half" / "10")  # by number, not by name
+    assert rows_from_warmup(str(tmp_path / "half" / "10")) == [{"x": 0.0}, {"x": 1.0}, {"x": 2.0}]
+    with pytest.raises(LoadtestError, match="no Predict request to 'other'"):
+        rows_from_warmup(str(tmp_path / "half" / "10"), "other")
+    save_half(str(tmp_path / "bare" / "1"))
+    with pytest.raises(LoadtestError, match="has no warmup records"):
+        rows_from_warmup(str(tmp_path / "bare" / "1"))
+
+
 def _servers_of(path: str) -> list:
     import psutil
 

@@ -27,7 +27,9 @@ class TuneConfig(BaseModel):
     serve_args: list[str] = Field(default_factory=list, description="more tfpipe serve / tensorflow_model_server flags "
                                   "for every trial, e.g. --serve-args=--tensorflow_intra_op_parallelism=2")
     protocol: Literal["rest", "grpc"] = Field("rest", description="the API the load calls")
-    data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows")
+    data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows "
+                             "(default: the rows of the newest version's warmup records, assets.extra/"
+                             "tf_serving_warmup_requests)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     clients: int | None = Field(None, ge=1, le=10000, description="closed model: the most concurrent clients; each "

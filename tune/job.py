@@ -41,13 +41,37 @@ def check_inputs(cfg: TuneConfig) -> None:
         if not versions:
             raise TuneError(f"--model_base_path {base} holds no numbered version directory (e.g. {base}/1/ with a "
                             "SavedModel)")
-    if not (cfg.data or cfg.payload):
+    if not (cfg.data or cfg.payload) and "://" not in base:
+        from tfpipe.loadtest.payloads import WARMUP_FILE, newest_version
+
+        newest = newest_version(base)
+        if not os.path.exists(os.path.join(newest, WARMUP_FILE)):
+            raise TuneError(f"{newest} has no warmup records ({WARMUP_FILE}) to build requests from: give --data (a "
+                            "tfpipe data directory) or --payload (a JSON request body)")
+    elif not (cfg.data or cfg.payload):
         raise TuneError("give --data (a tfpipe data directory) or --payload (a JSON request body) for the requests")
     out = cfg.out
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out)
                                                           and not os.path.exists(os.path.join(out, "tune.json")))):
         raise TuneError(f"--out {out} exists and is not a tfpipe tune output (no tune.json); it would be replaced "
                         "whole: choose another --out or remove it")
+
+
+def warmup_payload(cfg: TuneConfig, work: str, log: Callable[[str], None]) -> str:
+    """A request body of the rows in the newest version's warmup records (the default request
+    source: what TF Serving users ship in assets.extra), written into the work dir."""
+    from tfpipe.loadtest.errors import LoadtestError
+    from tfpipe.loadtest.payloads import newest_version, rows_from_warmup
+
+    version = newest_version(cfg.model_base_path)
+    try:
+        rows = rows_from_warmup(version)
+    except LoadtestError as e:
+        raise TuneError(str(e)) from None
+    path = os.path.join(work, "warmup_payload.json")
+    write_json(path, {"instances": rows})
+    log(f"requests: the {len(rows)} row(s) of {os.path.join(version, 'assets.extra', 'tf_serving_warmup_requests')}")
+    return path
 
 
 def work_dir(out: str) -> str:
@@ -71,6 +95,8 @@ def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise TuneError(f"another tfpipe tune is writing {cfg.out} (its trials are in {work})") from None
+        if not (cfg.data or cfg.payload):
+            cfg = cfg.model_copy(update={"payload": warmup_payload(cfg, work, log)})
         result = _tune(cfg, cores, work, log)
     shutil.rmtree(work, ignore_errors=True)
     for line in summary_lines(result):
