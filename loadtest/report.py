@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
 W, H, PAD = 560, 260, 48
+TOP = PAD + 8  # a line chart's plot starts here, under the title and the legend row
+
+
+def _legend(entries: list[tuple[str, str]], y: float) -> list[str]:
+    """A legend in one row from the left (name, colour): a swatch and the name each, clear of the plot."""
+    parts, x = [], PAD
+    for name, color in entries:
+        parts.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{x + 14}" y="{y}" font-size="11">{html.escape(name)}</text>')
+        x += 24 + 6.5 * len(name)
+    return parts
 
 
 def _scale(values, lo_zero=True):
@@ -26,10 +38,23 @@ def plain(v: float) -> str:
     return text
 
 
+def tick(v: float) -> str:
+    """An axis label short enough for the margin: 62.4k rather than 62,364."""
+    return f"{v / 1000:.3g}k" if abs(v) >= 10_000 else plain(v)
+
+
 def _ticks(lo: float, hi: float, integer: bool) -> list[float]:
-    """Three ticks over [lo, hi]; whole numbers only on an integer axis (epochs, steps)."""
-    ticks = [lo + f * (hi - lo) for f in (0, 0.5, 1)]
-    return sorted({float(round(t)) for t in ticks if lo - 1e-9 <= round(t) <= hi + 1e-9}) if integer else ticks
+    """Three ticks over [lo, hi]; on an integer axis (epochs, steps, seconds) whole numbers evenly
+    spaced by 1, 2 or 5 times a power of ten, at most seven of them."""
+    if not integer:
+        return [lo + f * (hi - lo) for f in (0, 0.5, 1)]
+    first, last = math.ceil(lo - 1e-9), math.floor(hi + 1e-9)
+    if last <= first:
+        return [float(first)]
+    step = 1
+    while (last - first) / step > 6:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2  # 1, 2, 5, 10, 20, 50, ...
+    return [float(v) for v in range(math.ceil(first / step) * step, last + 1, step)]
 
 
 def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x: bool = False,
@@ -52,19 +77,19 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x:
 
     def py(y, side="left"):
         y0, y1 = scales[side]
-        return H - PAD + 10 - (y - y0) / (y1 - y0) * (H - 2 * PAD)
+        return H - PAD + 10 - (y - y0) / (y1 - y0) * (H - PAD + 10 - TOP)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
              f'aria-label="{html.escape(title)}">',
              f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
              f'<line x1="{PAD}" y1="{H - PAD + 10}" x2="{W - PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
-             f'<line x1="{PAD}" y1="{PAD - 10}" x2="{PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
+             f'<line x1="{PAD}" y1="{TOP}" x2="{PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
              f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle">{html.escape(xlabel)}</text>',
              f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
              f'{html.escape(ylabel)}</text>']
     sides = ["left"] + (["right"] if right else [])
     if right:
-        parts += [f'<line x1="{W - PAD}" y1="{PAD - 10}" x2="{W - PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
+        parts += [f'<line x1="{W - PAD}" y1="{TOP}" x2="{W - PAD}" y2="{H - PAD + 10}" stroke="#333"/>',
                   f'<text x="{W - 10}" y="{H / 2}" transform="rotate(90 {W - 10} {H / 2})" text-anchor="middle">'
                   f'{html.escape(right_label or "")}</text>']
     for side in sides:
@@ -72,31 +97,30 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x:
         x, anchor = (PAD - 4, "end") if side == "left" else (W - PAD + 4, "start")
         for yv in _ticks(lo, hi, integer=False):
             parts.append(f'<text x="{x}" y="{py(yv, side) + 4:.1f}" text-anchor="{anchor}" font-size="10">'
-                         f'{plain(yv)}</text>')
+                         f'{tick(yv)}</text>')
     for xv in _ticks(x0, x1, integer=integer_x and not log_x):
         label = 10 ** xv if log_x else xv
         parts.append(f'<text x="{PAD + (xv - x0) / (x1 - x0) * (W - 2 * PAD):.1f}" y="{H - PAD + 24}" '
                      f'text-anchor="middle" font-size="10">{plain(label)}</text>')
-    for i, (name, color, pts, *side) in enumerate(series):
+    for name, color, pts, *side in series:
         side = "right" if side else "left"
         coords = " ".join(f"{px(p[0]):.1f},{py(p[1], side):.1f}" for p in pts)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
         parts += [f'<circle cx="{px(p[0]):.1f}" cy="{py(p[1], side):.1f}" r="3" fill="{color}"/>' for p in pts]
-        parts += [f'<text x="{px(p[0]) + 5:.1f}" y="{py(p[1], side) - 5:.1f}" font-size="9" fill="{color}">'
+        parts += [f'<text x="{px(p[0]) + 5:.1f}" y="{py(p[1], side) - 5:.1f}" font-size="10" fill="{color}">'
                   f'{html.escape(str(p[2]))}</text>' for p in pts if len(p) > 2]
-        parts.append(f'<text x="{W - PAD}" y="{PAD - 10 + 14 * i}" text-anchor="end" fill="{color}" '
-                     f'font-size="11">{html.escape(name)}{" (right axis)" if side == "right" else ""}</text>')
+    parts += _legend([(name + (" (right axis)" if side else ""), color) for name, color, _, *side in series], 36)
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _bar_frame(title: str, ylabel: str, base: float) -> list[str]:
+def _bar_frame(title: str, ylabel: str, base: float, height: int = H) -> list[str]:
     """A bar chart's opening: the svg element, the title, the baseline and the y-axis label."""
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" role="img" '
             f'aria-label="{html.escape(title)}">',
             f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
             f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
-            f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" text-anchor="middle">'
+            f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" text-anchor="middle">'
             f'{html.escape(ylabel)}</text>']
 
 
@@ -122,45 +146,67 @@ def bar_chart(title: str, ylabel: str, bars: list[tuple[str, float]], color: str
 
 
 def paired_bar_chart(title: str, ylabel: str, labels: list[str], series: list[tuple[str, str, list[float]]]) -> str:
-    """Bars side by side per label, one colour per series (name, colour, values), with a legend:
-    two distributions over the same bins."""
+    """Bars side by side per label, one colour per series (name, colour, values), with a legend and
+    a y axis ticked at 0, half and the top: two distributions over the same bins. The labels are
+    slanted under the bars, with room below for up to 18 characters."""
     if not labels:
         return f"<p>{html.escape(title)}: no data</p>"
     top = max((v for _, _, values in series for v in values), default=0.0) or 1.0
     slot = (W - 2 * PAD) / len(labels)
     width = slot * 0.8 / len(series)
-    base = H - PAD + 10
-    parts = _bar_frame(title, ylabel, base)
-    parts.append(f'<text x="{PAD}" y="{base - (H - 2 * PAD) - 2:.1f}" font-size="10">{plain(top)}</text>')
+    height = H + 40
+    base, span = H - PAD + 10, H - PAD + 10 - TOP
+    parts = _bar_frame(title, ylabel, base, height)
+    parts.append(f'<line x1="{PAD}" y1="{TOP}" x2="{PAD}" y2="{base}" stroke="#333"/>')
+    for f in (0.0, 0.5, 1.0):
+        y = base - f * span
+        parts.append(f'<line x1="{PAD - 3}" y1="{y:.1f}" x2="{PAD}" y2="{y:.1f}" stroke="#333"/>'
+                     f'<text x="{PAD - 5}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{tick(f * top)}</text>')
+    parts += _legend([(name, color) for name, color, _ in series], 36)
     for k, (name, color, values) in enumerate(series):
-        parts.append(f'<rect x="{W - PAD - 110}" y="{24 + 14 * k}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{W - PAD - 96}" y="{33 + 14 * k}" font-size="11">{html.escape(name)}</text>')
         for i, value in enumerate(values):
-            h = value / top * (H - 2 * PAD)
+            h = value / top * span
             x = PAD + i * slot + slot * 0.1 + k * width
             parts.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{width:.1f}" height="{h:.1f}" fill="{color}">'
                          f'<title>{html.escape(name)} {html.escape(labels[i])}: {plain(value)}</title></rect>')
-    size = 11 if len(labels) <= 8 else 8
     for i, label in enumerate(labels):
         x = PAD + (i + 0.5) * slot
-        parts.append(f'<text x="{x:.1f}" y="{base + 14}" text-anchor="end" font-size="{size}" '
-                     f'transform="rotate(-30 {x:.1f} {base + 14})">{html.escape(label[:16])}</text>')
+        shown = label if len(label) <= 18 else label[:17] + "…"
+        parts.append(f'<text x="{x:.1f}" y="{base + 14}" text-anchor="end" font-size="11" '
+                     f'transform="rotate(-35 {x:.1f} {base + 14})"><title>{html.escape(label)}</title>'
+                     f'{html.escape(shown)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
-         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f4f4f4}td.n,th.n{text-align:right}"
          "svg{margin:8px;border:1px solid #eee}.ok{color:#1a7f37}.bad{color:#c62828;font-weight:bold}"
-         "td:first-child{text-align:left}.text td{text-align:left}pre{white-space:pre-wrap;word-break:break-all;background:#f7f7f7;padding:6px}")
+         "pre{white-space:pre-wrap;word-break:break-all;background:#f7f7f7;padding:6px}")
+
+_NUMBER = re.compile(r"^[-+]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?\s*(%|ms|s|x|MiB|KB|B)?$|^-$|^$")
+
+
+def _numeric_column(rows: list[list], j: int) -> bool:
+    """A column of figures (numbers, '-' or empty, with a unit such as % or ms), at least one a number."""
+    cells = [str(r[j]).strip() for r in rows if j < len(r)]
+    return any(c not in ("", "-") for c in cells) and all(_NUMBER.match(c) for c in cells)
 
 
 def table_html(header: list[str] | None, rows: list[list], text: bool = False) -> str:
-    """An escaped table; `text` left-aligns cells (prose rather than figures); no header row when None."""
-    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>" if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    cls = ' class="text"' if text else ""
-    return f"<table{cls}>{head}{body}</table>"
+    """An escaped table whose columns of figures are right-aligned, headers included, and every
+    other column left-aligned; `text` left-aligns all of them; no header row when None."""
+    width = max([len(header or [])] + [len(r) for r in rows])
+    numeric = [not text and _numeric_column(rows, j) for j in range(width)]
+
+    def cls(j: int) -> str:
+        return ' class="n"' if j < width and numeric[j] else ""
+
+    head = ("<tr>" + "".join(f"<th{cls(j)}>{html.escape(h)}</th>" for j, h in enumerate(header)) + "</tr>"
+            if header else "")
+    body = "".join("<tr>" + "".join(f"<td{cls(j)}>{html.escape(str(v))}</td>" for j, v in enumerate(row)) + "</tr>"
+                   for row in rows)
+    return f"<table>{head}{body}</table>"
 
 
 def loadtest_section(results: dict) -> str:

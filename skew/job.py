@@ -156,7 +156,8 @@ def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, s
         kind, cmp = "categorical", compare_categorical(t_values.tolist(), s_values.tolist())
         train_counts = np.array(list(Counter(t_values.tolist()).values()), dtype=np.float64)
     else:
-        kind, cmp = "numeric", compare_numeric(t_values.astype(np.float64), s_values.astype(np.float64), train_stats)
+        kind, cmp = "numeric", compare_numeric(t_values.astype(np.float64), s_values.astype(np.float64), train_stats,
+                                               integer=type_ == "int")
         train_counts = np.asarray(cmp["train_histogram"], dtype=np.float64)
     n_train, n_serving = len(train_col.present), len(serving_col.present)
     n_eff = float(n_serving) if n_eff is None else n_eff
@@ -269,7 +270,8 @@ def skew_section(result: dict[str, Any]) -> str:
             train = [p for _, p, _ in f["values"]]
             serving = [q for _, _, q in f["values"]]
         d = "-" if f["distance"] is None else f"{f['distance']:.3f}"
-        charts.append(paired_bar_chart(f"{f['name']}: {d}" + (" (skewed)" if f["flagged"] else ""),
+        bound = f" (noise {f['noise_bound']:.3f})" if f.get("noise_bound") is not None else ""
+        charts.append(paired_bar_chart(f"{f['name']}: {d}{bound}" + (" skewed" if f["flagged"] else ""),
                                        "fraction of rows", labels,
                                        [("training", "#1f77b4", train), ("served", "#d62728", serving)]))
     extra = []

@@ -23,6 +23,7 @@ new rows: a load test that sends a 34-row eval split 16,000 times is a sample of
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -78,9 +79,19 @@ def bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
                        minlength=len(edges) + 1)
 
 
-def bin_labels(edges: np.ndarray) -> list[str]:
+def bin_labels(edges: np.ndarray, integer: bool = False) -> list[str]:
+    """Labels of the len(edges)+1 bins; for an integer feature, the whole numbers each bin holds
+    (the bin [2007, 2008) is "2007", [5, 9) is "5-8")."""
     if not len(edges):
         return ["all"]
+    if integer:
+        lows = [math.ceil(e) for e in edges]  # the first whole number at or over each edge
+
+        def span(lo: int, hi: int) -> str:
+            return str(lo) if lo == hi else f"{lo}-{hi}" if lo < hi else "none"
+
+        return ([f"<={lows[0] - 1}"] + [span(a, b - 1) for a, b in zip(lows[:-1], lows[1:])]
+                + [f">={lows[-1]}"])
     fmt = lambda v: f"{v:.4g}"  # noqa: E731
     return ([f"<{fmt(edges[0])}"] + [f"{fmt(a)}-{fmt(b)}" for a, b in zip(edges[:-1], edges[1:])]
             + [f">={fmt(edges[-1])}"])
@@ -94,9 +105,10 @@ def missing_rise(train_missing: int, train_total: int, serving_missing: int, ser
     return max(0.0, serving_missing / serving_total - train)
 
 
-def compare_numeric(train: np.ndarray, serving: np.ndarray, train_stats: dict[str, Any]) -> dict[str, Any]:
+def compare_numeric(train: np.ndarray, serving: np.ndarray, train_stats: dict[str, Any],
+                    integer: bool = False) -> dict[str, Any]:
     """Histograms of present values on the train quantile bins, their JS divergence, and the
-    serving values beyond the training range."""
+    serving values beyond the training range (`integer`: the bins labelled by whole numbers)."""
     edges = quantile_edges(train_stats.get("quantiles") or {})
     tc, sc = bin_counts(train, edges), bin_counts(serving, edges)
     lo, hi = train_stats.get("min"), train_stats.get("max")
@@ -105,7 +117,7 @@ def compare_numeric(train: np.ndarray, serving: np.ndarray, train_stats: dict[st
     return {
         "distance": js_divergence(tc, sc) if tc.sum() and sc.sum() else None,
         "measure": "jensen_shannon",
-        "bins": bin_labels(edges),
+        "bins": bin_labels(edges, integer),
         "train_histogram": tc.tolist(),
         "serving_histogram": sc.tolist(),
         "out_of_range": {"below_min": below, "above_max": above, "train_min": lo, "train_max": hi,

@@ -312,3 +312,15 @@ def test_bad_input_exits_2_with_one_line(penguins_data, tmp_path, args, message)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfpipe skew: error:") and message in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("edges, integer, labels", [
+    ([2007.0, 2008.0, 2009.0], True, ["<=2006", "2007", "2008", ">=2009"]),  # a year: one per bin, no "2007-2008"
+    ([2.5, 5.0, 9.0], True, ["<=2", "3-4", "5-8", ">=9"]),                   # edges between whole numbers
+    ([0.5, 1.25], False, ["<0.5", "0.5-1.25", ">=1.25"]),
+    ([], True, ["all"]),
+])
+def test_bin_labels_of_integer_features_name_the_whole_numbers_they_hold(edges, integer, labels):
+    from tfpipe.skew.measure import bin_labels
+
+    assert bin_labels(np.array(edges), integer) == labels
