@@ -244,7 +244,7 @@ def tune_malloc(nbytes: int = 128 * 1024) -> None:
     freed ones go straight back to the OS; by default glibc raises the threshold as large
     blocks are freed, after which they come from the heap and stay resident. An explicit
     MALLOC_MMAP_THRESHOLD_ wins. The number of arenas is left to glibc (eight per core):
-    MALLOC_ARENA_MAX=2 keeps RSS flatter across hot reloads and costs throughput (README)."""
+    MALLOC_ARENA_MAX=2 keeps RSS flatter across hot reloads and costs throughput (docs/benchmarks.md)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return
     try:

@@ -681,7 +681,7 @@ PACE_S = 0.005  # each reload-test client's pause between requests
 
 def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     """20 versions published one after another while clients call REST and gRPC, batching on,
-    two malloc arenas (MALLOC_ARENA_MAX=2, as the README advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
+    two malloc arenas (MALLOC_ARENA_MAX=2, as docs/benchmarks.md advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
     batch queue is gone; resident memory after the 20th reload is within one model's size (the
     growth the server measured while a version loaded) of what it was after the first."""
     import grpc
@@ -698,7 +698,7 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
         "--model_name=penguins", f"--model_base_path={base}", "--file_system_poll_wait_seconds=1",
         "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
         f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--max_num_load_retries=0",
-        env={"MALLOC_ARENA_MAX": "2"})  # the README's setting for flat memory across reloads
+        env={"MALLOC_ARENA_MAX": "2"})  # docs/benchmarks.md: flatter memory across reloads
     url = f"http://127.0.0.1:{rest_port}"
     row = {"island": "Biscoe", "bill_length_mm": 48.0, "bill_depth_mm": 15.0, "flipper_length_mm": 220,
            "body_mass_g": 5400, "sex": "male", "year": 2008}

@@ -1,0 +1,123 @@
+"""The docs a user reads: every relative link in the README, the changelog and docs/ resolves (to a
+file, and to a heading when it names one), every `tfpipe ...` command line in them parses with the
+CLI's own parser, and the README's Python example compiles."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+
+import pytest
+
+from conftest import ROOT
+
+PAGES = sorted([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md"),
+                *glob.glob(os.path.join(ROOT, "docs", "*.md"))])
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def _rel(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: str) -> set[str]:
+    text = FENCE.sub("", open(path).read())
+    return {slug(m[1]) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+def links() -> list[tuple[str, str]]:
+    out = []
+    for page in PAGES:
+        text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", open(page).read()))  # code is not a link
+        out += [(page, target) for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
+    return out
+
+
+@pytest.mark.parametrize("page, target", links(), ids=lambda v: _rel(v) if os.path.isabs(v) else v)
+def test_relative_links_resolve(page, target):
+    path, _, anchor = target.partition("#")
+    resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+    assert os.path.exists(resolved), f"{_rel(page)} links to {target}: {_rel(resolved)} does not exist"
+    if anchor:
+        assert resolved.endswith(".md"), f"{_rel(page)}: #{anchor} on a file that is not markdown"
+        assert anchor in anchors(resolved), f"{_rel(page)} links to {target}: no such heading in {_rel(resolved)}"
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """`tfpipe ...` lines of the shell blocks (continuations joined, comments and environment
+    assignments dropped, `&&` chains split), and inline code spans that are whole commands."""
+    out = []
+    for page in PAGES:
+        text = open(page).read()
+        for lang, block in FENCE.findall(text):
+            if lang not in ("sh", "bash", "console"):
+                continue
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s#.*$", "", line).strip()
+                if "tfpipe " not in line:  # curl, python, ...: not ours to parse
+                    continue
+                for part in line.split("&&"):
+                    words = shlex.split(part.strip())
+                    while words and re.match(r"^[A-Z_]+=", words[0]):
+                        words.pop(0)
+                    if words[:1] == ["tfpipe"]:
+                        out.append((page, shlex.join(words)))
+        for span in re.findall(r"`(tfpipe [^`]+)`", FENCE.sub("", text)):
+            words = span.split()
+            if re.fullmatch(r"[a-z]+", words[1]) and not any(s in span for s in ("...", "[", "|", "<")):
+                out.append((page, span))
+    return out
+
+
+def _beam_flags(extra: list[str]) -> list[str]:
+    """The flags among `extra` that Beam's pipeline options do not know."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    known = PipelineOptions(extra).get_all_options(retain_unknown_options=False)
+    names = [a[2:].split("=", 1)[0] for a in extra if a.startswith("--")]
+    return [n for n in names if n not in known]
+
+
+def test_the_docs_hold_commands_to_check():
+    lines = command_lines()
+    assert len(lines) >= 30 and {c.split()[1] for _, c in lines} >= {
+        "run", "data", "train", "export", "serve", "loadtest", "skew", "tune", "show"}
+
+
+@pytest.mark.parametrize("page, command", command_lines(), ids=lambda v: _rel(v) if os.path.isabs(v) else v)
+def test_command_lines_parse_with_the_cli_parser(page, command):
+    from tfpipe.cli import build_parser
+
+    argv = shlex.split(command)[1:]
+    try:
+        args, extra = build_parser().parse_known_args(argv)
+    except SystemExit as e:  # argparse's error (or --help, which exits 0)
+        assert e.code == 0, f"{_rel(page)}: `{command}` does not parse"
+        return
+    if args.command == "data":
+        assert not _beam_flags(extra), f"{_rel(page)}: `{command}`: not Beam options either: {_beam_flags(extra)}"
+    else:
+        assert not extra, f"{_rel(page)}: `{command}`: unknown arguments {extra}"
+
+
+def test_the_readme_python_example_compiles():
+    blocks = [b for lang, b in FENCE.findall(open(os.path.join(ROOT, "README.md")).read()) if lang == "python"]
+    assert blocks
+    for block in blocks:
+        compile(block, "README.md", "exec")
+
+
+def test_the_readme_fits_a_first_hour():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    assert len(text.splitlines()) <= 300
+    first_two = [b for lang, b in FENCE.findall(text) if lang == "sh"][:2]
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert first_two[0].strip().endswith("tfpipe run") and first_two[1].strip() in ci  # CI runs the test command
