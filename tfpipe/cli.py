@@ -385,8 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
             "and compares each feature with the training split of --data, as TFDV does: L-infinity distance over "
             "value frequencies for categorical features, Jensen-Shannon divergence (in bits, 0 to 1) over the "
             "training quantile bins for numeric ones. Also reports features never sent, a rise in missing values, "
-            "categories training never saw and values beyond the training range. Writes skew.json and skew.html "
-            "into --out; exits 1 when a feature is over its threshold, 0 when none is."
+            "categories training never saw and values beyond the training range. Each distance comes with its "
+            "noise bound, the distance that samples of the traffic's size (identical rows counted once) drawn "
+            "from the training split stay under with --confidence: a feature is skewed only when its distance "
+            "is over its threshold and beyond that bound. Writes skew.json and skew.html into --out; exits 1 "
+            "when a feature is skewed, 0 when none is."
         ),
         epilog=("example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
                 "trip_miles=0.2"),
@@ -427,8 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the whole pipeline, data -> train -> export -> serve -> loadtest -> skew, step-cached, one report",
         description=textwrap.fill(
             "Runs every stage in one workdir from one config file (a section per stage: [data], [train], "
-            "[export], [serve], [loadtest], [skew], [run]); with no --config, the bundled penguins demo "
-            "(examples/penguins.toml). The workdir decides every stage's paths (paths in the stage sections "
+            "[export], [serve], [loadtest], [skew], [tune], [run]); with --input FILE --label COLUMN and no "
+            "--config, your own data into runs/<file stem> with every stage's defaults; with neither, the "
+            "bundled penguins demo (examples/penguins.toml). The workdir decides every stage's paths (paths in the stage sections "
             "are for the single-stage commands). Each step is cached by a fingerprint of its config section, "
             "the hashes of its inputs and the tfpipe version: a rerun with nothing changed does no work, a "
             "changed option reruns that step and the ones after it, and a run that failed or was killed "
@@ -440,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
             "its SLO or a feature is skewed, 2 on a user error."
         ),
         epilog=("examples: tfpipe run\n"
+                "          tfpipe run --input my.csv --label label\n"
                 "          tfpipe run --config examples/chicago_taxi.toml\n"
                 "          tfpipe run --set train.learning_rate=0.003        (reruns train and what follows)\n"
                 "          tfpipe run --from export --serve-after"),
