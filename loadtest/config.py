@@ -26,7 +26,8 @@ class LoadtestConfig(BaseModel):
     label: str | None = Field(None, description="model version label (instead of --version)")
     signature: str = Field("serving_default", description="signature to call")
     data: str | None = Field(None, description="a tfpipe data output directory: requests are built from its eval rows "
-                                "(and its test rows when the eval split has under 200; images: its test images, sent as encoded bytes)")
+                                "(and its test rows when the eval split has under 200; images: its test images, sent "
+                                "as encoded bytes)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     users: int = Field(8, ge=1, le=10000, description="closed model: concurrent users, each waits for its answer")

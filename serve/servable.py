@@ -94,20 +94,21 @@ def _fed_dtype(fn, name: str, info) -> tf.DType:
     return spec.dtype if isinstance(spec, tf.TensorSpec) else tf.as_dtype(info.dtype)
 
 
-def load_saved_model(path: str, tags: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
+def load_saved_model(path: str, tags: tuple[str, ...], proto: saved_model_pb2.SavedModel) -> tuple[Any, dict[str, str]]:
     """The loaded SavedModel and the signatures that could not be loaded (key -> why).
 
-    A TF2 SavedModel (one with an object graph) loads with tf.saved_model.load. A TF1 graph
+    A TF2 SavedModel (`proto`, the parsed saved_model.pb, has one meta graph with an object graph,
+    TensorFlow's own test) loads with tf.saved_model.load. A TF1 graph
     loads signature by signature, as TF Serving's session only meets a signature's ops when it
     is called: TensorFlow's own loader gives up on the whole model when one signature cannot be
     pruned from the graph. Graphs of TensorFlow 1.0 (TF Serving's saved_model_half_plus_three) also
     need their old meaning kept: a signature tensor without a shape, and a Placeholder whose shape
     is empty, are of unknown shape there; newer TensorFlow reads both as scalars, and then cannot
     feed a scalar to ParseExample."""
-    from tensorflow.python.saved_model import load_v1_in_v2, loader_impl
+    from tensorflow.python.saved_model import load_v1_in_v2
 
     tags = list(tags)
-    if loader_impl.parse_saved_model(path).meta_graphs[0].object_graph_def.nodes:
+    if len(proto.meta_graphs) == 1 and proto.meta_graphs[0].HasField("object_graph_def"):
         return tf.saved_model.load(path, tags=tags), {}
     broken: dict[str, str] = {}
 
@@ -171,9 +172,9 @@ class Servable:
         with open(pb, "rb") as f:
             proto.ParseFromString(f.read())
         self.signature_defs = meta_graph(proto, settings.tags).signature_def
-        del proto  # only the signature defs are kept (as remove_unused_fields_from_bundle_metagraph)
         self.batching_params = self._batching_params() if settings.per_model_batching else None
-        loaded, self.broken = load_saved_model(path, settings.tags)
+        loaded, self.broken = load_saved_model(path, settings.tags, proto)
+        del proto  # only the signature defs are kept (as remove_unused_fields_from_bundle_metagraph)
         self._loaded = loaded  # keeps the variables the functions read alive
         self.signatures: dict[str, Signature] = {}
         for key, sig_def in self.signature_defs.items():

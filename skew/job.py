@@ -250,8 +250,8 @@ def skew_section(result: dict[str, Any]) -> str:
     t = result["traffic"]
     noisy = [f["name"] for f in result["features"] if f.get("verdict") == "within noise"]
     verdict = (f'<p class="bad"><b>Skewed: {html.escape(", ".join(result["flagged"]))}</b></p>' if result["flagged"]
-               else f'<p class="ok"><b>No feature skewed: {html.escape(", ".join(noisy))} over the threshold but within '
-                    'the noise of a sample this size.</b></p>' if noisy
+               else f'<p class="ok"><b>No feature skewed: {html.escape(", ".join(noisy))} over the threshold but '
+                    'within the noise of a sample this size.</b></p>' if noisy
                else '<p class="ok"><b>Every feature within its threshold.</b></p>')
     rows = [[f["name"], f["kind"], _num(f["distance"]), _num(f.get("noise_bound"), 3), f"{f['threshold']:g}",
              f"{f['missing']['train_fraction']:.1%}", f"{f['missing']['serving_fraction']:.1%}",
@@ -287,8 +287,8 @@ def skew_section(result: dict[str, Any]) -> str:
             "value frequencies; numeric features: Jensen-Shannon divergence (bits) over the training quantile bins. "
             "A feature also fails when its fraction of missing values rises by more than its threshold. "
             f"The noise bound is the distance that {noise.get('confidence', DEFAULT_CONFIDENCE):.0%} of samples of "
-            f"the traffic's size ({noise.get('effective_rows', t['rows']):,.0f} effective rows: a row sent again counts "
-            "once) drawn from the training split stay under; a distance within it is chance, not skew.</p>"
+            f"the traffic's size ({noise.get('effective_rows', t['rows']):,.0f} effective rows: a row sent again "
+            "counts once) drawn from the training split stay under; a distance within it is chance, not skew.</p>"
             + "".join(f"<p>{e}</p>" for e in extra)
             + table_html(["feature", "kind", "distance", "noise bound", "threshold", "missing (train)",
                           "missing (served)", "verdict", "notes"], rows)

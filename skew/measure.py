@@ -16,11 +16,12 @@ away from training. The training quantile bins give 0.002 (its noise bound: 0.00
 A distance alone does not tell skew from chance: 34 rows drawn from a training split of three
 categories (44/20/36%) are, by L-infinity, 0.09 away from it half the time and over 0.23 one time
 in a hundred. `noise_bound` gives the distance that such samples stay under at a stated confidence:
-the served rows' distance counts as skew only when it is over its threshold *and* beyond that bound. The bound is the training distribution's own sampling
-distribution (a parametric bootstrap: multinomial draws of the traffic's size over the training
-categories or quantile bins), so it needs no traffic beyond the counts. Repeated requests carry no
-new rows: a load test that sends a 34-row eval split 16,000 times is a sample of 34, and
-`effective_rows` says so (Kish's effective sample size over identical rows).
+the served rows' distance counts as skew only when it is over its threshold *and* beyond that bound.
+The bound is the training distribution's own sampling distribution (a parametric bootstrap:
+multinomial draws of the traffic's size over the training categories or quantile bins), so it needs
+no traffic beyond the counts. Repeated requests carry no new rows: a load test that sends a 34-row
+eval split 16,000 times is a sample of 34, and `effective_rows` says so (Kish's effective sample size
+over identical rows).
 """
 
 from __future__ import annotations

@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         f.write("model_config_list {" + "".join(
             f' config {{ name: "{n}" base_path: "{os.path.join(root, n)}" model_platform: "tensorflow" }}'
             for n in ("half", "multi")) + " }")
-    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=os.path.join(root, "models.config"),
-                        file_system_poll_wait_seconds=0, max_request_bytes=1024 * 1024)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1,
+                        model_config_file=os.path.join(root, "models.config"), file_system_poll_wait_seconds=0,
+                        max_request_bytes=1024 * 1024)
     paths = ["/v1/models/half:predict", "/v1/models/multi:predict", "/v1/models/half:regress",
              "/v1/models/half:classify", "/v1/models/multi:classify"]
     statuses: Counter = Counter()

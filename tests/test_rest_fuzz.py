@@ -4,6 +4,8 @@ ServingError (a 4xx), never another exception (a 500)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -16,8 +18,12 @@ SIGNATURES = [  # input name -> dtype, as the REST handler gets them from a sign
 ]
 
 
-@settings(max_examples=int(__import__("os").environ.get("TFPIPE_FUZZ_EXAMPLES", "600")), deadline=None,
-          database=None, derandomize=not __import__("os").environ.get("TFPIPE_FUZZ_EXAMPLES"), suppress_health_check=list(HealthCheck))
+# TFPIPE_FUZZ_EXAMPLES=N: a longer, randomised run of N bodies; the suite's 600 are the same every time
+LONG_RUN = os.environ.get("TFPIPE_FUZZ_EXAMPLES")
+
+
+@settings(max_examples=int(LONG_RUN or 600), deadline=None, database=None, derandomize=not LONG_RUN,
+          suppress_health_check=list(HealthCheck))
 @given(requests_)
 def test_any_body_becomes_tensors_or_a_4xx(request):
     import tensorflow as tf
