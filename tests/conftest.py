@@ -145,6 +145,17 @@ def start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[su
     return proc, ports["gRPC ModelServer"], ports["HTTP/REST API"]
 
 
+def skew_after(proc, workdir: str, prefix: str, out: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Stop a server started with request logging (SIGTERM drains and flushes its log), then run
+    `tfpipe skew` on what it logged against the training split of WORKDIR/data: the process and
+    skew.json."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    res = run_cli("skew", "--data", os.path.join(workdir, "data"), "--logs", prefix, "--out", out)
+    path = os.path.join(out, "skew.json")
+    return res, (json.load(open(path)) if os.path.exists(path) else {})
+
+
 class HostedProcess:
     """A `tfpipe` process forked by the CLI host, with the parts of Popen's interface the tests use."""
 

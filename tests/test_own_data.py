@@ -8,12 +8,11 @@ import csv
 import json
 import os
 import random
-import signal
 
 import pytest
 import requests
 
-from conftest import run_cli, start_cli_server
+from conftest import run_cli, skew_after, start_cli_server
 
 pytestmark = pytest.mark.xdist_group("own_data")
 
@@ -83,11 +82,8 @@ def test_fifty_rows_with_one_category_moved_by_half_are_skewed(own_run, tmp_path
                               json={"instances": rows[i:i + 10]}, timeout=30)
             assert r.status_code == 200, r.text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    res = run_cli("skew", "--data", os.path.join(workdir, "data"), "--logs", prefix, "--out", str(tmp_path / "skew"))
+        res, skew = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
     assert res.returncode == 1, res.stdout + res.stderr
-    skew = _load(str(tmp_path / "skew" / "skew.json"))
     assert skew["flagged"] == ["color"]
     color = next(f for f in skew["features"] if f["name"] == "color")
     assert color["distance"] > 0.45 and color["distance"] > color["noise_bound"]

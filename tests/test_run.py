@@ -189,7 +189,7 @@ def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_
     from tensorflow.core.example import example_pb2
     from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
 
-    from conftest import raw_records, start_cli_server
+    from conftest import raw_records, skew_after, start_cli_server
 
     workdir, _ = first_run
     prefix = str(tmp_path / "logs" / "penguins")
@@ -221,12 +221,9 @@ def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_
                               json={"signature_name": "classification", "examples": rows}, timeout=30)
             assert r.status_code == 200, r.text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    res = run_cli("skew", "--data", os.path.join(workdir, "data"), "--logs", prefix, "--out", str(tmp_path / "skew"))
+        res, skew = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
     assert res.returncode == 1, res.stdout + res.stderr
     assert "skew: 1 of 7 features over their threshold and beyond the noise: body_mass_g" in res.stdout
-    skew = load(str(tmp_path / "skew" / "skew.json"))
     assert skew["flagged"] == ["body_mass_g"]
     assert skew["traffic"]["requests"] == 6 and skew["traffic"]["rows"] == 6 * len(examples)
     assert skew["traffic"]["by_api"] == {"classify/grpc": 3, "classify/rest": 3}
