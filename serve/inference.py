@@ -88,11 +88,12 @@ class Inference:
     async def predict_async(self, servable: Servable, signature_name: str, inputs: dict[str, np.ndarray],
                             output_filter=()) -> tuple[Servable, Signature, dict]:
         sig, checked, keep = _prepare(servable, signature_name, inputs, output_filter)
-        future = self._submit(servable, sig, checked)
+        loop = asyncio.get_running_loop()
+        future = self._submit(servable, sig, checked, loop)
         if future is None:
-            outputs = await asyncio.get_running_loop().run_in_executor(self.executor, servable.run, sig, checked, keep)
+            outputs = await loop.run_in_executor(self.executor, servable.run, sig, checked, keep)
         else:  # waits without holding a thread
-            outputs = _keep(await asyncio.wrap_future(future), keep)
+            outputs = _keep(await future, keep)
         return servable, sig, outputs
 
     async def classify_async(self, name, version, label, signature_name: str, examples: list[bytes]):
@@ -127,13 +128,14 @@ class Inference:
         if self.batcher is not None:
             self.batcher.drop(servable.uid)
 
-    def _submit(self, servable: Servable, sig: Signature, checked: dict[str, np.ndarray]):
-        """The batch queue's future for this request, or None when it runs unbatched."""
+    def _submit(self, servable: Servable, sig: Signature, checked: dict[str, np.ndarray], loop=None):
+        """The batch queue's future for this request (an asyncio.Future of `loop` when given), or
+        None when it runs unbatched."""
         options = self.batch_options(servable)
         if options is None or not _batchable(checked):
             return None
         key = (servable.uid, sig.name, tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(checked.items())))
-        return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options)
+        return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options, loop)
 
     def _runner(self, servable: Servable):
         """How Classify and Regress call their signature: through the batch queue when on."""

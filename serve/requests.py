@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -204,8 +206,7 @@ def _array_of(flat: list, shape: list[int], dtype: tf.DType) -> np.ndarray:
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
     else:
-        with np.errstate(over="ignore"):  # a float beyond the dtype's range is inf, as rapidjson's GetFloat gives
-            arr = np.array(flat, dtype=_numpy_dtype(dtype))
+        arr = np.array(flat, dtype=_numpy_dtype(dtype))
     return arr.reshape(shape)
 
 
@@ -264,6 +265,35 @@ def json_tensor(value: Any, dtype: tf.DType) -> np.ndarray:
     return _array_of(flat, shape, dtype)
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """What the JSON reader needs to know of a dtype, looked up once per dtype, not per value."""
+
+    numpy: np.dtype
+    string: bool
+    boolean: bool
+    floating: bool
+    integer: bool
+    int_range: np.iinfo | None
+
+
+_KINDS_OF: dict[tf.DType, _Kind] = {}
+
+
+def _kind(dtype: tf.DType) -> _Kind:
+    kind = _KINDS_OF.get(dtype)
+    if kind is None:
+        integer = dtype.is_integer
+        kind = _KINDS_OF[dtype] = _Kind(_numpy_dtype(dtype), dtype == tf.string, dtype == tf.bool, dtype.is_floating,
+                                        integer, _json_int_range(dtype) if integer else None)
+    return kind
+
+
+# A JSON number beyond a float dtype's range becomes inf, as rapidjson's GetFloat makes it; numpy
+# would also warn, once per place, on the server's stderr.
+warnings.filterwarnings("ignore", message="overflow encountered in cast", category=RuntimeWarning)
+
+
 def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
     """numpy's conversion when it is decisive (rectangular numbers of an acceptable kind);
     None sends the value through the exact, slower walk (which also words the errors)."""
@@ -271,16 +301,15 @@ def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
         arr = np.asarray(value)
     except (ValueError, TypeError):
         return None
-    kind = arr.dtype.kind
-    if dtype == tf.bool:
+    kind, want = arr.dtype.kind, _kind(dtype)
+    if want.boolean:
         return arr if kind == "b" else None
-    if dtype.is_floating and kind in "iuf":
-        with np.errstate(over="ignore"):  # beyond the dtype's range is inf, as rapidjson's GetFloat gives
-            return arr.astype(_numpy_dtype(dtype), copy=False)
-    if dtype.is_integer and kind in "iu" and arr.size:
-        info = _json_int_range(dtype)
+    if want.floating and kind in "iuf":
+        return arr.astype(want.numpy, copy=False)
+    if want.integer and kind in "iu" and arr.size:
+        info = want.int_range
         if info.min <= arr.min() and arr.max() <= info.max:
-            return arr.astype(_numpy_dtype(dtype), copy=False)
+            return arr.astype(want.numpy, copy=False)
     return None
 
 
@@ -352,10 +381,14 @@ def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.nda
 def _stacked(items: list[tuple[int, Any]], dtype: tf.DType) -> np.ndarray:
     """One tensor from the instances' values of one input: [instances, *shape of each]."""
     values = [v for _, v in items]
-    if dtype != tf.string:
+    if not _kind(dtype).string:
         fast = _fast_numeric(values, dtype)
         if fast is not None and fast.ndim >= 1:
             return fast
+    elif all(type(v) is str for v in values):  # a string per instance, the common case
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = [v.encode("utf-8") for v in values]
+        return arr
     first_shape = first_size = None
     parts = []
     for i, value in items:
