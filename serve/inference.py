@@ -134,7 +134,8 @@ class Inference:
         options = self.batch_options(servable)
         if options is None or not _batchable(checked):
             return None
-        key = (servable.uid, sig.name, tuple((k, v.dtype.str, v.shape[1:]) for k, v in sorted(checked.items())))
+        # dtype objects, not their names: numpy's dtype.str builds a string on every call
+        key = (servable.uid, sig.name, tuple(sorted((k, v.dtype, v.shape[1:]) for k, v in checked.items())))
         return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options, loop)
 
     def _runner(self, servable: Servable):

@@ -277,15 +277,19 @@ class _Kind:
     int_range: np.iinfo | None
 
 
-_KINDS_OF: dict[tf.DType, _Kind] = {}
+# By id: TensorFlow keeps one DType object per type (tf.as_dtype's table), and DType's own __hash__
+# and __eq__ are Python calls, a measurable share of a small request.
+_KINDS_OF: dict[int, tuple[tf.DType, _Kind]] = {}
 
 
 def _kind(dtype: tf.DType) -> _Kind:
-    kind = _KINDS_OF.get(dtype)
-    if kind is None:
-        integer = dtype.is_integer
-        kind = _KINDS_OF[dtype] = _Kind(_numpy_dtype(dtype), dtype == tf.string, dtype == tf.bool, dtype.is_floating,
-                                        integer, _json_int_range(dtype) if integer else None)
+    known = _KINDS_OF.get(id(dtype))
+    if known is not None and known[0] is dtype:
+        return known[1]
+    integer = dtype.is_integer
+    kind = _Kind(_numpy_dtype(dtype), dtype == tf.string, dtype == tf.bool, dtype.is_floating, integer,
+                 _json_int_range(dtype) if integer else None)
+    _KINDS_OF[id(dtype)] = (dtype, kind)
     return kind
 
 
