@@ -23,6 +23,14 @@ Prints:
     and disables its own collector while it measures, so that its pauses are not counted.
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
 
+--only-cpu measures the server's CPU time per request (read from /proc, summed over its
+processes) and its throughput at --clients, with clients that cost little CPU of their own:
+wrk (or hey) for REST :predict and ghz (`go install github.com/bojand/ghz/cmd/ghz@latest`) for
+gRPC Predict, batching on (max 32, 2 ms, one thread), --grpc_max_threads=32. Beside it the same
+load against an empty handler on the same stack, the floor: aiohttp answering a fixed body
+(benchmarks/noop_endpoint.py) and a grpcio thread-pool server answering a fixed response
+(benchmarks/noop_grpc_endpoint.py).
+
 --images serves the image CNN that `bench_export.py --images 4000` writes (.bench/export/
 models/images; run first when missing), with one encoded JPEG per request: a compute-bound
 model, where batching is meant to pay. --only-batching measures only its throughput with
@@ -355,6 +363,9 @@ def main() -> None:
     ap.add_argument("--tail-seconds", type=float, default=30.0, help="seconds per tail-latency run (default 30)")
     ap.add_argument("--images", action="store_true", help="the image CNN of bench_export.py --images 4000")
     ap.add_argument("--only-batching", action="store_true", help="measure only throughput, batching on and off")
+    ap.add_argument("--only-cpu", action="store_true",
+                    help="measure only the server's CPU per request and req/s at --clients (wrk or hey, ghz), "
+                         "against the empty-handler floor")
     ap.add_argument("--only-logging", action="store_true",
                     help="measure only request logging's cost: p50 at concurrency 1 and throughput at --clients, "
                          "every request logged (sampling_rate 1.0) against logging off")
@@ -376,6 +387,10 @@ def main() -> None:
     if args.only_logging:
         with tempfile.TemporaryDirectory() as tmp:
             logging_cost(path, reqs, bodies, tmp, args)
+        return
+    if args.only_cpu:
+        with tempfile.TemporaryDirectory() as tmp:
+            cpu_per_request(path, reqs, bodies[0], tmp, args)
         return
     if args.only_tail:
         with tempfile.TemporaryDirectory() as tmp:
@@ -422,6 +437,150 @@ def main() -> None:
     print(f"  plain grpcio server    {plain:8.0f} req/s  (p50 {plain_p50:.2f} ms)   "
           f"embedded+batching/plain {on / plain:.2f}x (target >= 2)")
     print_tail(tails, args)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User plus system CPU of a process and its children, as /proc counts it."""
+    import psutil
+
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def rest_client(port: int, path: str, body: str, clients: int, seconds: float, tmp: str) -> tuple[int, float, str]:
+    """(answers, p99 ms, client) from wrk, else hey: C and Go clients that leave the cores to the server."""
+    import shutil as _shutil
+
+    with open(os.path.join(tmp, "body.json"), "w") as f:
+        f.write(body)
+    url = f"http://127.0.0.1:{port}{path}"
+    if _shutil.which("wrk"):
+        script = os.path.join(tmp, "post.lua")
+        with open(script, "w") as f:
+            f.write(f'wrk.method = "POST"\nwrk.body = io.open("{tmp}/body.json"):read("*a")\n'
+                    'wrk.headers["Content-Type"] = "application/json"\n'
+                    "done = function(summary, latency, requests)\n"
+                    '  io.write(string.format("cpu n %d\\ncpu p99 %d\\ncpu errors %d\\n", summary.requests, '
+                    "latency:percentile(99), summary.errors.status + summary.errors.connect + summary.errors.read))\n"
+                    "end\n")
+        out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "-s", script, url],
+                             capture_output=True, text=True, timeout=seconds + 60).stdout
+        got = dict(re.findall(r"^cpu (\S+) (\d+)$", out, re.M))
+        if int(got.get("errors", 0)):
+            raise SystemExit(f"wrk saw errors: {out}")
+        return int(got["n"]), int(got["p99"]) / 1e3, "wrk"
+    if not _shutil.which("hey"):
+        raise SystemExit("--only-cpu needs wrk or hey (Debian: apt-get install wrk hey)")
+    out = subprocess.run(["hey", "-z", f"{seconds}s", "-c", str(clients), "-m", "POST", "-T", "application/json",
+                          "-D", os.path.join(tmp, "body.json"), url], capture_output=True, text=True,
+                         timeout=seconds + 60).stdout
+    n = int(re.search(r"\[200\]\s+(\d+)", out)[1])
+    return n, float(re.search(r"99% in ([\d.]+)", out)[1]) * 1000, "hey"
+
+
+def ghz_client(port: int, req, clients: int, seconds: float, tmp: str) -> tuple[int, float, str]:
+    """(answers, p99 ms, "ghz") from ghz, a Go gRPC load client, sending `req` (a PredictRequest)."""
+    import shutil as _shutil
+
+    from google.protobuf import descriptor_pb2
+
+    ghz = _shutil.which("ghz") or os.path.expanduser("~/go/bin/ghz")
+    if not os.path.exists(ghz):
+        raise SystemExit("--only-cpu needs ghz: go install github.com/bojand/ghz/cmd/ghz@latest")
+    files, seen = descriptor_pb2.FileDescriptorSet(), set()
+
+    def add(fd) -> None:  # the service's .proto files, dependencies first, as ghz reads them
+        if fd.name in seen:
+            return
+        for dep in fd.dependencies:
+            add(dep)
+        seen.add(fd.name)
+        fd.CopyToProto(files.file.add())
+
+    from tensorflow_serving.apis import prediction_service_pb2
+
+    add(prediction_service_pb2.DESCRIPTOR)
+    protoset, data = os.path.join(tmp, "serving.protoset"), os.path.join(tmp, "request.bin")
+    with open(protoset, "wb") as f:
+        f.write(files.SerializeToString())
+    with open(data, "wb") as f:
+        f.write(req.SerializeToString())
+    out = subprocess.run([ghz, "--insecure", "--protoset", protoset, "--call",
+                          "tensorflow.serving.PredictionService/Predict", "--binary-file", data, "-c", str(clients),
+                          "--connections", str(clients), "-z", f"{seconds}s", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=seconds + 60).stdout
+    ok = re.search(r"\[OK\]\s+(\d+)", out)
+    if not ok:
+        raise SystemExit(f"ghz got no answer: {out}")
+    p99 = re.search(r"99 % in ([\d.]+) (\w+)", out)
+    return int(ok[1]), float(p99[1]) * (1 if p99[2] == "ms" else 1e-3 if p99[2] in ("µs", "us") else 1000), "ghz"
+
+
+def measured(pid: int, run) -> tuple[int, float, str, float]:
+    """A warm-up second, then `run()` -> (answers, p99 ms, client) with the server tree's CPU per answer (us)."""
+    run(warm=True)
+    before = tree_cpu_seconds(pid)
+    n, p99, client = run(warm=False)
+    return n, p99, client, (tree_cpu_seconds(pid) - before) / max(n, 1) * 1e6
+
+
+def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
+    """Server CPU per request and throughput, REST and gRPC, against the empty-handler floor."""
+    rows = []
+    secs = args.seconds
+
+    def load(proto: str, port: int, url: str = "/v1/models/taxi:predict"):
+        def run(warm: bool):
+            s = 2.0 if warm else secs
+            if proto == "rest":
+                return rest_client(port, url, body, args.clients, s, tmp)
+            return ghz_client(port, reqs[0], args.clients, s, tmp)
+        return run
+
+    proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32)
+    try:
+        for proto, port in (("rest", rport), ("grpc", gport)):
+            n, p99, client, cpu = measured(proc.pid, load(proto, port))
+            rows.append((f"tfpipe serve, {proto.upper()}", client, n / secs, p99, cpu))
+    finally:
+        proc.terminate()
+        proc.wait()
+    proc, ports = start([sys.executable, os.path.join(HERE, "noop_endpoint.py"), str(free_port())],
+                        r"at 127.0.0.1:(\d+)", 1)
+    try:
+        n, p99, client, cpu = measured(proc.pid, load("rest", ports[0], "/v1/models/noop:predict"))
+        rows.append(("floor: aiohttp, fixed answer", client, n / secs, p99, cpu))
+    finally:
+        proc.terminate()
+        proc.wait()
+    proc, ports = start([sys.executable, os.path.join(HERE, "noop_grpc_endpoint.py"), str(free_port())],
+                        r"at 127.0.0.1:(\d+)", 1)
+    try:
+        n, p99, client, cpu = measured(proc.pid, load("grpc", ports[0]))
+        rows.append(("floor: grpcio thread pool, fixed answer", client, n / secs, p99, cpu))
+    finally:
+        proc.terminate()
+        proc.wait()
+    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32, 2 ms, 1 thread)")
+    print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s}")
+    for what, client, rps, p99, cpu in rows:
+        print(f"  {what:42s} {client:6s} {rps:8.0f} {p99:8.2f} {cpu:11.0f}")
 
 
 def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:
