@@ -204,7 +204,11 @@ class RestApi:
             if api in ("predict", "classify", "regress"):
                 body = parse_json(await request.read())
                 work = getattr(self, api)(spec, body, started)
-                response = await (asyncio.wait_for(work, self.timeout) if self.timeout else work)
+                if self.timeout:  # a timer on this task (wait_for would run the work as a task of its own)
+                    async with asyncio.timeout(self.timeout):
+                        response = await work
+                else:
+                    response = await work
             elif not name:
                 raise invalid("Missing model name in request.")
             elif api == "metadata":
@@ -241,7 +245,7 @@ class RestApi:
         if key not in servable.signature_defs:
             raise invalid(f'Serving signature name: "{key}" not found in signature def')
         sig = servable.signature(key)
-        inputs, rows = json_inputs(body, {k: dtype for k, (dtype, _) in sig.inputs.items()})
+        inputs, rows = json_inputs(body, sig.input_dtypes)
         _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
         answer = _json(json_outputs(outputs, rows))
         self._log("predict", spec[0], servable.version, sig.name, started,

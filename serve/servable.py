@@ -56,6 +56,7 @@ class Signature:
     proto: meta_graph_pb2.SignatureDef
     function: Any
     inputs: dict[str, tuple[tf.DType, tf.TensorShape]] = field(default_factory=dict)
+    input_dtypes: dict[str, tf.DType] = field(default_factory=dict)  # inputs' dtypes alone (REST reads by them)
     outputs: dict[str, tf.DType] = field(default_factory=dict)
     numpy_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     dims: dict[str, list[int | None] | None] = field(default_factory=dict)
@@ -182,6 +183,7 @@ class Servable:
                 continue
             s = Signature(key, sig_def, loaded.signatures[key])
             s.inputs = {k: (_fed_dtype(s.function, k, v), _shape(v)) for k, v in sig_def.inputs.items()}
+            s.input_dtypes = {k: dtype for k, (dtype, _) in s.inputs.items()}
             s.outputs = {k: tf.as_dtype(v.dtype) for k, v in sig_def.outputs.items()}
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
                               for k, (d, _) in s.inputs.items()}

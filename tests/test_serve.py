@@ -425,6 +425,37 @@ def test_fuzzed_json_bodies_get_4xx_and_the_server_keeps_serving(server):
     assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
 
 
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_rest_call_over_its_timeout_is_a_504_and_the_server_goes_on(tmp_path, batching):
+    """--rest_api_timeout_in_ms: a call to a model slower than it answers 504 (DEADLINE_EXCEEDED
+    in the metrics), with batching (its queued answer is dropped) and without; the next call to a
+    fast model is answered."""
+    from serving_models import save_half, save_slow
+
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    (tmp_path / "models.config").write_text(
+        f'model_config_list {{ config {{ name: "half" base_path: "{tmp_path / "half"}" }} '
+        f'config {{ name: "slow" base_path: "{tmp_path / "slow"}" }} }}')
+    (tmp_path / "batching.config").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 0 }\n")
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    opts = _opts(model_config_file=str(tmp_path / "models.config"), rest_api_timeout_in_ms=100,
+                 enable_batching=batching, batching_parameters_file=str(tmp_path / "batching.config") if batching else "",
+                 monitoring_config_file=str(tmp_path / "monitoring.config"), file_system_poll_wait_seconds=0,
+                 enable_model_warmup=False)
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}"
+        slow = requests.post(f"{url}/v1/models/slow:predict", json={"instances": [1.0]}, timeout=30)
+        assert slow.status_code == 504 and "timed out" in slow.json()["error"]
+        ok = requests.post(f"{url}/v1/models/half:predict", json={"instances": [2.0]}, timeout=30)
+        assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
+        metrics = requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text
+        assert re.search(r'tfpipe_serving_requests_total\{model="slow",api="predict",status="DEADLINE_EXCEEDED"\} 1',
+                         metrics), metrics
+
+
 def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path):
     from serving_models import save_half, save_slow
 
