@@ -442,7 +442,8 @@ def test_a_rest_call_over_its_timeout_is_a_504_and_the_server_goes_on(tmp_path, 
     (tmp_path / "batching.config").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 0 }\n")
     (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
     opts = _opts(model_config_file=str(tmp_path / "models.config"), rest_api_timeout_in_ms=100,
-                 enable_batching=batching, batching_parameters_file=str(tmp_path / "batching.config") if batching else "",
+                 enable_batching=batching,
+                 batching_parameters_file=str(tmp_path / "batching.config") if batching else "",
                  monitoring_config_file=str(tmp_path / "monitoring.config"), file_system_poll_wait_seconds=0,
                  enable_model_warmup=False)
     with ServerThread(opts) as s:
