@@ -156,10 +156,12 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
 
 class RestApi:
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
-                 metrics_path: str | None = None, cors: bool = False, logs: RequestLogs | None = None):
+                 metrics_path: str | None = None, cors: bool = False, logs: RequestLogs | None = None,
+                 render_metrics=None):
         self.inference, self.metrics, self.logs = inference, metrics, logs
         self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         self.metrics_path = metrics_path
+        self.render_metrics = render_metrics  # () -> the Prometheus page
         self.max_body_bytes = max_body_bytes
         self.cors = cors
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors_as_json])
@@ -181,11 +183,7 @@ class RestApi:
         if self.metrics_path and request.path == self.metrics_path:
             if request.method != "GET":
                 return _error(405, f"Malformed request: {request.method} {request.path}")
-            depth = self.inference.batcher.depth() if self.inference.batcher else 0
-            queues = self.inference.batcher.queue_count() if self.inference.batcher else 0
-            manager = self.inference.manager
-            return web.Response(text=self.metrics.render(manager.loaded(), depth, queues, manager.load_sizes()),
-                                content_type="text/plain", charset="utf-8")
+            return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
         if not _API_PATH.fullmatch(raw_path):
             return _error(404, f"Not found: {request.method} {request.path}")
         t0 = time.perf_counter()

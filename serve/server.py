@@ -34,6 +34,7 @@ from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.rest_api import RestApi
 from tfpipe.serve.servable import Servable, ServableSettings
+from tfpipe.serve.workers import worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
 HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving reports SERVING
@@ -90,7 +91,7 @@ class EmbeddedServer:
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
                                    per_model_batching=settings.per_model_batching)
-        self.grpc = self.health = None
+        self.grpc = self.health = self.group = None
         self.grpc_port = self.rest_port = None
         self._runner = None
         self._tasks: list[asyncio.Task] = []
@@ -170,14 +171,29 @@ class EmbeddedServer:
         if o.grpc_socket_path:
             self.log(f"Running gRPC ModelServer at UNIX socket {o.grpc_socket_path} ...")
 
+    def metrics_text(self) -> str:
+        """This process's Prometheus page."""
+        batcher, manager = self.inference.batcher, self.manager
+        return self.metrics.render(manager.loaded(), batcher.depth() if batcher else 0,
+                                   batcher.queue_count() if batcher else 0, manager.load_sizes())
+
     async def _start_rest(self) -> None:
         o = self.opts
+        scrape = self.metrics_text
+        if worker_identity() is not None:  # one of --workers N: a scrape shows the whole group
+            from tfpipe.serve.workers import Group
+
+            self.group = Group(self.metrics_text)
+            scrape = self.group.scrape
         rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
-                       self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs)
+                       self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
+                       render_metrics=scrape)
         self._runner = web.AppRunner(rest.app, access_log=None, handle_signals=False,
                                      shutdown_timeout=o.drain_seconds)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, o.host, max(o.rest_api_port, 0))
+        # A worker of --workers N shares the port with the others (grpcio sets SO_REUSEPORT itself).
+        site = web.TCPSite(self._runner, o.host, max(o.rest_api_port, 0),
+                           reuse_port=worker_identity() is not None or None)
         try:
             await site.start()
         except OSError as e:
@@ -220,6 +236,8 @@ class EmbeddedServer:
         self._release()
 
     def _release(self) -> None:
+        if self.group is not None:
+            self.group.close()
         self.manager.stop()
         self.request_logs.close()
         if self.batcher:

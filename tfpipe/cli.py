@@ -158,6 +158,10 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     for arg in extra:  # as tensorflow_model_server: named, then ignored
         print(f"unknown argument: {arg} (ignored; 'tfpipe serve --help' lists the flags)", file=sys.stderr)
+    if opts.backend == "embedded" and opts.workers != 1 and not (opts.emit_k8s or opts.version):
+        from tfpipe.serve.workers import run_workers  # the supervisor imports no TensorFlow
+
+        return run_workers(opts, log)
     with _quiet_native_stderr(not args.debug):
         import tfpipe.serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
     if opts.emit_k8s:

@@ -1,0 +1,287 @@
+"""`tfpipe serve --workers N`: N processes serving the same ports, so that the server uses every core.
+
+Why processes that each hold the models: the model itself is a small part of a request's CPU
+(about 10 us a row of the ~150 us a REST request of the taxi model costs, with batching); the
+rest is request handling in Python, under one interpreter lock per process. A front end handing
+requests to one model process would pay a serialization and a hand-off per request, of the same
+order as the work it spreads. So each worker is a whole embedded server: its own models, batch
+queues and request log files, bound to the same gRPC and REST ports with SO_REUSEPORT (grpcio
+sets it on its ports; aiohttp is asked for it), and the kernel deals the connections out.
+
+What is shared, and how:
+- the ports, by SO_REUSEPORT;
+- Prometheus: each worker writes its metrics every half second into a directory of the group, and
+  the worker a scrape reaches adds the others' to its own (counters, histograms, queue depths and
+  memory summed; each worker's resident memory also shown with a `worker` label);
+- model versions: each worker polls the base paths itself, so all of them move to a new version
+  within one poll of each other;
+- request logs: each worker writes files of its own (their names hold the process id).
+
+The supervisor (this module's `run_workers`) picks free ports for -1, starts the workers as fresh
+interpreters (`python -m tfpipe.serve.worker_main`: TensorFlow is not fork-safe), forwards their output, restarts one that dies, and on
+SIGTERM or SIGINT passes the signal on and waits for every worker to drain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+from tfpipe.serve.errors import ServeError
+from tfpipe.serve.flags import ServeOptions
+
+WORKER_ENV = "TFPIPE_SERVE_WORKER"  # "i/N" in a worker's environment
+GROUP_ENV = "TFPIPE_SERVE_WORKERS_DIR"  # the group's shared directory
+SNAPSHOT_SECONDS = 0.5
+READY = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")
+
+# Samples a scrape sums over the workers; every other sample (a model's versions, a version's
+# load size) is the same in every worker once they have all moved, and the largest is shown.
+SUMMED = ("tfpipe_serving_requests_total", "tfpipe_serving_request_latency_seconds", "tfpipe_serving_batch_size",
+          "tfpipe_serving_batch_padding_rows_total", "tfpipe_serving_batch_queue_depth",
+          "tfpipe_serving_batch_queues", "tfpipe_serving_request_log_records_total",
+          "tfpipe_serving_request_log_queue_depth", "tfpipe_serving_live_servables", "process_resident_memory_bytes")
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def worker_identity() -> tuple[int, int] | None:
+    """(index, count) in a worker of a group, else None."""
+    text = os.environ.get(WORKER_ENV, "")
+    if not text:
+        return None
+    i, _, n = text.partition("/")
+    return int(i), int(n)
+
+
+def merge_prometheus(texts: list[str]) -> str:
+    """Prometheus text pages of the workers as one: samples with the same name and labels summed
+    for SUMMED metrics (and their _bucket/_sum/_count), the largest otherwise; comments and the
+    order of the first page kept."""
+    order: list[str] = []
+    values: dict[str, float] = {}
+    comments: dict[str, list[str]] = {}
+    for text in texts:
+        pending: list[str] = []
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                pending.append(line)
+                continue
+            m = SAMPLE.match(line)
+            if m is None:
+                continue
+            key = line.rsplit(" ", 1)[0]
+            value = float(m[3])
+            if key not in values:
+                order.append(key)
+                comments[key], pending = pending, []
+                values[key] = value
+            elif m[1].removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") in SUMMED or m[1] in SUMMED:
+                values[key] += value
+            else:
+                values[key] = max(values[key], value)
+            pending = []
+    out = []
+    for key in order:
+        out += [c for c in comments[key] if c]
+        v = values[key]
+        out.append(f"{key} {int(v) if v.is_integer() else repr(v)}")
+    return "\n".join(out) + "\n"
+
+
+class Group:
+    """A worker's view of its group: writes its own metrics for the others, and merges theirs into a
+    scrape."""
+
+    def __init__(self, render: Callable[[], str]):
+        ident = worker_identity()
+        if ident is None:
+            raise ServeError(f"{WORKER_ENV} is not set: not a worker of a group")
+        self.index, self.count = ident
+        self.dir = os.environ[GROUP_ENV]
+        self.render = render
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._write_loop, name="tfpipe-worker-metrics", daemon=True)
+        self._thread.start()
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self.dir, f"worker-{i}.prom")
+
+    def _write_loop(self) -> None:
+        while not self._stop.wait(SNAPSHOT_SECONDS):
+            self.write()
+
+    def write(self) -> None:
+        tmp = self._path(self.index) + f".{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(self.render())
+            os.replace(tmp, self._path(self.index))
+        except OSError:  # the group's directory went with the supervisor
+            pass
+
+    def scrape(self) -> str:
+        """This worker's metrics now, with the others' latest (at most SNAPSHOT_SECONDS old)."""
+        own = self.render()
+        pages, rss = [own], {self.index: _rss_of(own)}
+        for i in range(self.count):
+            if i == self.index:
+                continue
+            try:
+                with open(self._path(i)) as f:
+                    page = f.read()
+            except OSError:  # not written yet (starting) or gone (restarting)
+                continue
+            pages.append(page)
+            rss[i] = _rss_of(page)
+        lines = ["# HELP tfpipe_serving_workers Worker processes serving these ports (tfpipe serve --workers).",
+                 "# TYPE tfpipe_serving_workers gauge", f"tfpipe_serving_workers {self.count}",
+                 "# HELP tfpipe_serving_worker_resident_memory_bytes Resident memory of each worker (the unlabelled "
+                 "process_resident_memory_bytes is their sum).",
+                 "# TYPE tfpipe_serving_worker_resident_memory_bytes gauge"]
+        lines += [f'tfpipe_serving_worker_resident_memory_bytes{{worker="{i}"}} {n}' for i, n in sorted(rss.items())]
+        return merge_prometheus(pages) + "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _rss_of(page: str) -> int:
+    m = re.search(r"^process_resident_memory_bytes (\d+)$", page, re.M)
+    return int(m[1]) if m else 0
+
+
+# ---- the supervisor ---------------------------------------------------------------------------
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In a worker before exec: SIGTERM when the supervisor dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def check(opts: ServeOptions) -> None:
+    if opts.workers < 1:
+        raise ServeError(f"--workers {opts.workers}: at least 1")
+    if opts.workers > 1 and opts.grpc_socket_path:
+        raise ServeError("--workers > 1 shares TCP ports between processes; a Unix socket "
+                         f"(--grpc_socket_path {opts.grpc_socket_path}) cannot be shared: leave it out")
+
+
+def worker_options(opts: ServeOptions) -> ServeOptions:
+    """The options every worker gets: the same ports (free ones chosen for -1), one process each."""
+    port = free_port(opts.host) if opts.port < 0 else opts.port
+    rest = free_port(opts.host) if opts.rest_api_port < 0 else opts.rest_api_port
+    return dataclasses.replace(opts, port=port, rest_api_port=rest, workers=1)
+
+
+class Supervisor:
+    def __init__(self, opts: ServeOptions, log: Callable[[str], None]):
+        check(opts)
+        self.opts, self.log, self.n = opts, log, opts.workers
+        self.child = worker_options(opts)
+        self.dir = tempfile.mkdtemp(prefix="tfpipe-serve-workers-")
+        spec = {k: v for k, v in dataclasses.asdict(self.child).items() if k != "given"}
+        spec["given"] = sorted(self.child.given)
+        self.spec = json.dumps(spec)
+        self.procs: list[subprocess.Popen | None] = [None] * self.n
+        self.ready = [threading.Event() for _ in range(self.n)]
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def start_worker(self, i: int) -> None:
+        env = {**os.environ, WORKER_ENV: f"{i}/{self.n}", GROUP_ENV: self.dir}
+        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.serve.worker_main", self.spec], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, preexec_fn=_die_with_parent)
+        self.procs[i] = proc
+        threading.Thread(target=self._forward, args=(i, proc), name=f"tfpipe-worker-{i}-output", daemon=True).start()
+
+    def _forward(self, i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            self.log(f"[worker {i}] {line}")
+            if READY.search(line):
+                self.ready[i].set()
+
+    def run(self) -> int:
+        for i in range(self.n):
+            self.start_worker(i)
+        o = self.child
+        try:
+            while not all(e.is_set() for e in self.ready):
+                for i, p in enumerate(self.procs):
+                    if p.poll() is not None:
+                        self.stop()
+                        self.log(f"worker {i} exited with code {p.returncode} before it served: stopping")
+                        return p.returncode or 1
+                if self.stopping.wait(0.2):
+                    break
+            if not self.stopping.is_set():
+                self.log(f"{self.n} workers (pids {', '.join(str(p.pid) for p in self.procs)}) serving "
+                         + (f"gRPC {o.host}:{o.port}" if o.port else "")
+                         + (f", REST {o.host}:{o.rest_api_port}" if o.rest_api_port else ""))
+            while not self.stopping.wait(0.5):
+                for i, p in enumerate(self.procs):
+                    if p.poll() is not None and not self.stopping.is_set():
+                        self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}: starting it again")
+                        self.ready[i].clear()
+                        self.start_worker(i)
+        finally:
+            self.stop()
+            import shutil
+
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return 0
+
+    def stop(self) -> None:
+        """SIGTERM to every worker (each drains its in-flight requests), then wait for them all."""
+        self.stopping.set()
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.opts.drain_seconds + 30
+        for p in self.procs:
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def run_workers(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
+    """Serve with opts.workers processes until SIGTERM or SIGINT; 0 once every worker has drained."""
+    sup = Supervisor(opts, log)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stopping.set())
+    code = sup.run()
+    if code == 0:
+        log("stopped")
+    return code
+
+
+def options_from_spec(spec: str) -> ServeOptions:
+    """A worker's ServeOptions from the JSON the supervisor gives it."""
+    values = json.loads(spec)
+    values["given"] = frozenset(values.get("given", ()))
+    return ServeOptions(**values)

@@ -1,0 +1,102 @@
+"""`tfpipe serve --workers N`: N processes on the same ports (SO_REUSEPORT), one Prometheus page for
+all of them, SIGTERM draining every worker; and the pure pieces (the metrics merge, the checks)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+import requests
+
+from conftest import start_cli_server
+
+pytestmark = pytest.mark.xdist_group("serve_workers")
+
+
+@pytest.mark.parametrize("pages, want", [
+    # counters and histograms sum; a model's versions are the same everywhere: the largest
+    (["# TYPE a_total counter\ntfpipe_serving_requests_total{model=\"m\"} 3\ntfpipe_serving_loaded_versions 1\n",
+      "tfpipe_serving_requests_total{model=\"m\"} 4\ntfpipe_serving_loaded_versions 1\n"],
+     "# TYPE a_total counter\ntfpipe_serving_requests_total{model=\"m\"} 7\ntfpipe_serving_loaded_versions 1\n"),
+    (["tfpipe_serving_batch_size_bucket{le=\"4\"} 2\ntfpipe_serving_batch_size_sum 5.5\n",
+      "tfpipe_serving_batch_size_bucket{le=\"4\"} 1\ntfpipe_serving_batch_size_sum 0.25\n"],
+     "tfpipe_serving_batch_size_bucket{le=\"4\"} 3\ntfpipe_serving_batch_size_sum 5.75\n"),
+    # a series only one worker has (another model, another status) is kept as it is
+    (["tfpipe_serving_requests_total{model=\"m\",status=\"OK\"} 2\n",
+      "tfpipe_serving_requests_total{model=\"m\",status=\"NOT_FOUND\"} 1\nprocess_resident_memory_bytes 10\n"],
+     "tfpipe_serving_requests_total{model=\"m\",status=\"OK\"} 2\n"
+     "tfpipe_serving_requests_total{model=\"m\",status=\"NOT_FOUND\"} 1\nprocess_resident_memory_bytes 10\n"),
+])
+def test_worker_metrics_merge_into_one_page(pages, want):
+    from tfpipe.serve.workers import merge_prometheus
+
+    assert merge_prometheus(pages) == want
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"workers": 0}, "at least 1"),
+    ({"workers": 2, "grpc_socket_path": "/tmp/x.sock"}, "Unix socket"),
+])
+def test_worker_options_that_cannot_work_are_refused(flags, message):
+    from tfpipe.serve.errors import ServeError
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.workers import check
+
+    with pytest.raises(ServeError, match=message):
+        check(ServeOptions(**flags))
+
+
+def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_path):
+    """Two workers serve one REST and one gRPC port: 60 requests on fresh connections are spread
+    over both (each worker's CPU grows), one scrape counts all 60, and SIGTERM to the supervisor
+    stops every worker and exits 0."""
+    import grpc
+    from serving_models import save_half
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    save_half(str(tmp_path / "half" / "1"))
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    proc, grpc_port, rest_port = start_cli_server(
+        "--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--file_system_poll_wait_seconds=0")
+    try:
+        sup = psutil.Process(proc.pid)
+        deadline = time.time() + 60
+        while len(sup.children()) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        workers = sup.children()
+        assert len(workers) == 2
+        before = [w.cpu_times().user + w.cpu_times().system for w in workers]
+        url = f"http://127.0.0.1:{rest_port}/v1/models/half:predict"
+        for i in range(50):
+            with requests.Session() as s:  # a new connection each: the kernel picks a worker for each
+                r = s.post(url, json={"instances": [float(i)]}, timeout=30)
+                assert r.status_code == 200 and r.json() == {"predictions": [0.5 * i + 2.0]}
+        for i in range(10):
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                req = predict_pb2.PredictRequest()
+                req.model_spec.name = "half"
+                req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [float(i)]
+                req.inputs["x"].tensor_shape.dim.add().size = 1
+                out = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
+                assert list(out.outputs["y"].float_val) == [0.5 * i + 2.0]
+        after = [w.cpu_times().user + w.cpu_times().system for w in workers]
+        assert all(a - b > 0.02 for a, b in zip(after, before)), (before, after)  # both did work
+        time.sleep(1.2)  # the other worker's metrics are at most half a second old
+        page = requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30).text
+        rest_ok = re.search(r'tfpipe_serving_requests_total\{model="half",api="predict",status="OK"\} (\d+)', page)
+        assert rest_ok and int(rest_ok[1]) == 60, page  # 50 REST + 10 gRPC Predict, whichever worker answered
+        assert "tfpipe_serving_workers 2" in page
+        rss = re.findall(r'tfpipe_serving_worker_resident_memory_bytes\{worker="(\d)"\} (\d+)', page)
+        assert sorted(w for w, _ in rss) == ["0", "1"] and all(int(n) > 50e6 for _, n in rss)
+        total = int(re.search(r"^process_resident_memory_bytes (\d+)$", page, re.M)[1])
+        assert total == sum(int(n) for _, n in rss) or abs(total - sum(int(n) for _, n in rss)) < 50e6
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=90)
+    assert code == 0
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
