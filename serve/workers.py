@@ -18,8 +18,9 @@ What is shared, and how:
 - request logs: each worker writes files of its own (their names hold the process id).
 
 The supervisor (this module's `run_workers`) picks free ports for -1, starts the workers as fresh
-interpreters (`python -m tfpipe.serve.worker_main`: TensorFlow is not fork-safe), forwards their output, restarts one that dies, and on
-SIGTERM or SIGINT passes the signal on and waits for every worker to drain.
+interpreters (`python -m tfpipe.serve.worker_main`: TensorFlow is not fork-safe), forwards their
+output, restarts one that dies, and on SIGTERM or SIGINT passes the signal on and waits for every
+worker to drain.
 """
 
 from __future__ import annotations
