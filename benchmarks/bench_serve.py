@@ -98,7 +98,7 @@ def rest_body(req) -> str:
     return json.dumps({"instances": [row]})
 
 
-def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, list[int]]:
+def start(cmd: list[str], pattern: str, count: int, groups: int = 1) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
@@ -109,8 +109,8 @@ def start(cmd: list[str], pattern: str, count: int) -> tuple[subprocess.Popen, l
         except queue.Empty:
             continue
         if m:
-            ports.append(int(m[1]))
-    if len(ports) < count:
+            ports += [int(m[g]) for g in range(1, groups + 1)]
+    if len(ports) < count * groups:
         proc.kill()
         raise SystemExit(f"server did not start: {' '.join(cmd)}")
     return proc, ports
@@ -128,7 +128,12 @@ def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int
             f.write(f"max_batch_size {{ value: 32 }}\nbatch_timeout_micros {{ value: {timeout_us} }}\n"
                     f"num_batch_threads {{ value: {threads} }}\nmax_enqueued_batches {{ value: 1000 }}\n")
         flags += ["--enable_batching", f"--batching_parameters_file={cfg}"]
-    proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2)
+    workers = next((int(f.split("=", 1)[1]) for f in extra if f.startswith("--workers=")), 1)
+    if workers > 1:  # the supervisor's line, once every worker serves: "... serving gRPC H:P, REST H:P"
+        proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags],
+                            r"workers .* serving gRPC [\d.]+:(\d+), REST [\d.]+:(\d+)", 1, groups=2)
+    else:
+        proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2)
     return proc, ports[0], ports[1]
 
 
@@ -363,6 +368,8 @@ def main() -> None:
     ap.add_argument("--tail-seconds", type=float, default=30.0, help="seconds per tail-latency run (default 30)")
     ap.add_argument("--images", action="store_true", help="the image CNN of bench_export.py --images 4000")
     ap.add_argument("--only-batching", action="store_true", help="measure only throughput, batching on and off")
+    ap.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2],
+                    help="with --only-cpu: the --workers values to measure (default 1,2)")
     ap.add_argument("--only-cpu", action="store_true",
                     help="measure only the server's CPU per request and req/s at --clients (wrk or hey, ghz), "
                          "against the empty-handler floor")
@@ -553,14 +560,15 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
             return ghz_client(port, reqs[0], args.clients, s, tmp)
         return run
 
-    proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32)
-    try:
-        for proto, port in (("rest", rport), ("grpc", gport)):
-            n, p99, client, cpu = measured(proc.pid, load(proto, port))
-            rows.append((f"tfpipe serve, {proto.upper()}", client, n / secs, p99, cpu))
-    finally:
-        proc.terminate()
-        proc.wait()
+    for workers in args.workers:
+        proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32, extra=(f"--workers={workers}",))
+        try:
+            for proto, port in (("rest", rport), ("grpc", gport)):
+                n, p99, client, cpu = measured(proc.pid, load(proto, port))
+                rows.append((f"tfpipe serve --workers {workers}, {proto.upper()}", client, n / secs, p99, cpu))
+        finally:
+            proc.terminate()
+            proc.wait()
     proc, ports = start([sys.executable, os.path.join(HERE, "noop_endpoint.py"), str(free_port())],
                         r"at 127.0.0.1:(\d+)", 1)
     try:
@@ -577,10 +585,16 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
     finally:
         proc.terminate()
         proc.wait()
-    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32, 2 ms, 1 thread)")
+    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32, 2 ms, 1 thread "
+          f"per worker; CPU summed over the server's processes; {os.cpu_count()} cores shared with the client)")
     print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s}")
     for what, client, rps, p99, cpu in rows:
         print(f"  {what:42s} {client:6s} {rps:8.0f} {p99:8.2f} {cpu:11.0f}")
+    one = {r[0].rsplit(", ", 1)[1]: r[2] for r in rows if "--workers 1," in r[0]}
+    for what, _, rps, _, _ in rows:
+        if "--workers 1," not in what and "--workers" in what:
+            proto = what.rsplit(", ", 1)[1]
+            print(f"  {what}: {rps / one[proto]:.2f}x the throughput of one worker")
 
 
 def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:
