@@ -100,3 +100,70 @@ def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_pat
         code = proc.wait(timeout=90)
     assert code == 0
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def _predict(port: int, x: float):
+    """A gRPC Predict of half on a fresh connection (the kernel picks a worker per connection):
+    (version that answered, y)."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "half"
+        req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [x]
+        req.inputs["x"].tensor_shape.dim.add().size = 1
+        out = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
+        return out.model_spec.version.value, out.outputs["y"].float_val[0]
+
+
+def _status(port: int) -> list[tuple[int, str]]:
+    import grpc
+    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        req = get_model_status_pb2.GetModelStatusRequest()
+        req.model_spec.name = "half"
+        out = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(req, timeout=30)
+        return sorted((v.version, get_model_status_pb2.ModelVersionStatus.State.Name(v.state))
+                      for v in out.model_version_status)
+
+
+def test_two_workers_move_to_a_new_version_together_and_log_every_request_once(tmp_path):
+    """Version 2 published under a served base path: every worker loads it and drops version 1
+    (status agrees whichever worker answers); after that, no answer comes from version 1. Each
+    request, whichever worker took it, is in the request log exactly once."""
+    from serving_models import publish, save_half
+
+    from tfpipe.prediction_logs import iter_logs, read_log
+
+    save_half(str(tmp_path / "half" / "1"), b=2.0)
+    prefix = str(tmp_path / "logs" / "half")
+    proc, grpc_port, _ = start_cli_server("--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
+                                          "--file_system_poll_wait_seconds=1", f"--request_log_prefix={prefix}")
+    sent = []
+    try:
+        for i in range(20):
+            sent.append(float(i))
+            assert _predict(grpc_port, float(i)) == (1, 0.5 * i + 2.0)
+        save_half(str(tmp_path / "v2"), b=3.0)
+        publish(str(tmp_path / "v2"), str(tmp_path / "half" / "2"))
+        def switched(states) -> bool:  # version 2 serves, version 1 is gone (END, or no longer listed)
+            return dict(states).get(2) == "AVAILABLE" and dict(states).get(1, "END") == "END"
+
+        deadline = time.time() + 60
+        while time.time() < deadline:  # the switch: every worker (whichever a connection reaches) has moved
+            if all(switched(_status(grpc_port)) for _ in range(8)):
+                break
+            time.sleep(0.3)
+        states = {tuple(_status(grpc_port)) for _ in range(12)}
+        assert len(states) == 1 and switched(next(iter(states))), states  # status agrees across workers
+        for i in range(20, 50):
+            sent.append(float(i))
+            assert _predict(grpc_port, float(i)) == (2, 0.5 * i + 3.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    logged = sorted(lg.predict_log.request.inputs["x"].float_val[0]
+                    for lg, _ in iter_logs(read_log(prefix).records) if lg.WhichOneof("log_type") == "predict_log")
+    assert logged == sorted(sent)  # none lost, none twice, across both workers' files
