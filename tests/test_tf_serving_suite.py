@@ -658,6 +658,52 @@ def test_prometheus_endpoint(servers, paths):
         assert "# TYPE" in resp.read().decode("utf-8")
 
 
+def test_cases_against_two_worker_processes(paths):
+    """The upstream cases' calls against `tfpipe serve --workers 2`, each call on a new connection,
+    six rounds: whichever worker the kernel hands a connection to, the answer is TF Serving's
+    (testPredictSavedModel's Predict, Classify and Regress over gRPC; predict, columnar predict,
+    classify, regress, status and Prometheus over REST)."""
+    import signal
+
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    from conftest import start_cli_server
+
+    proc, grpc_port, rest_port = start_cli_server(
+        "--workers=2", "--model_name=default", f"--model_base_path={paths.half_plus_two}",
+        f"--monitoring_config_file={paths.monitoring}", f"--rest_api_timeout_in_ms={REST_TIMEOUT_MS}")
+    address, rest = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{rest_port}"
+    version = _model_version(paths.half_plus_two)
+    try:
+        for _ in range(6):
+            verify_predict(address, expected_output=3.0, expected_version=version)
+            request = classification_pb2.ClassificationRequest()
+            request.model_spec.name, request.model_spec.signature_name = "default", "classify_x_to_y"
+            request.input.example_list.examples.add().features.feature["x"].float_list.value.extend([2.0])
+            assert _stub(address).Classify(request, RPC_TIMEOUT).result.classifications[0].classes[0].score == 3.0
+            request = regression_pb2.RegressionRequest()
+            request.model_spec.name, request.model_spec.signature_name = "default", "regress_x_to_y"
+            request.input.example_list.examples.add().features.feature["x"].float_list.value.extend([2.0])
+            assert _stub(address).Regress(request, RPC_TIMEOUT).result.regressions[0].value == 3.0
+            assert call_rest(f"{rest}/v1/models/default:predict", {"instances": [2.0, 3.0, 4.0]})[:2] == (
+                200, {"predictions": [3.0, 3.5, 4.0]})
+            assert call_rest(f"{rest}/v1/models/default:predict", {"inputs": [2.0, 3.0, 4.0]})[:2] == (
+                200, {"outputs": [3.0, 3.5, 4.0]})
+            assert call_rest(f"{rest}/v1/models/default:classify", {"signature_name": "classify_x_to_y",
+                                                                     "examples": [{"x": 2.0}]})[:2] == (
+                200, {"results": [[["", 3.0]]]})
+            assert call_rest(f"{rest}/v1/models/default:regress", {"signature_name": "regress_x_to_y",
+                                                                    "examples": [{"x": 2.0}]})[:2] == (
+                200, {"results": [3.0]})
+            assert call_rest(f"{rest}/v1/models/default", None)[:2] == (200, {"model_version_status": [
+                {"version": str(version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+            with urllib.request.urlopen(f"{rest}/monitoring/prometheus/metrics", timeout=30) as resp:
+                assert "# TYPE" in resp.read().decode("utf-8")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+
+
 def test_predict_uds(servers, paths):
     """testPredictUDS: gRPC over the Unix socket of --grpc_socket_path"""
     server = servers.run("default", paths.half_plus_two)
