@@ -29,6 +29,9 @@ class LoadtestConfig(BaseModel):
                                 "(and its test rows when the eval split has under 200; images: its test images, sent "
                                 "as encoded bytes)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
+    warmup_records: str | None = Field(None, description="a SavedModel version directory: requests are built from "
+                                       "the rows of its warmup records (assets.extra/tf_serving_warmup_requests), "
+                                       "instead of --data")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     users: int = Field(8, ge=1, le=10000, description="closed model: concurrent users, each waits for its answer")
     rate: float | None = Field(None, gt=0, description="open model: requests/s on a fixed schedule (instead of --users)")

@@ -25,7 +25,7 @@ from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
 from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model,
-                                      rest_bodies, rows_from_data, rows_from_payload, saved_model_feeds,
+                                      rest_bodies, rows_from_data, rows_from_payload, rows_from_warmup, saved_model_feeds,
                                       signature_inputs)
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
@@ -43,14 +43,17 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     kind, address = parse_target(config.target)
     if not config.model:
         raise LoadtestError("--model is required (the model name on the server)")
-    if bool(config.data) == bool(config.payload):
-        raise LoadtestError("give --data (a tfpipe data directory) or --payload (a JSON request body)")
+    if sum(map(bool, (config.data, config.payload, config.warmup_records))) != 1:
+        raise LoadtestError("give --data (a tfpipe data directory), --payload (a JSON request body) or "
+                            "--warmup-records (a SavedModel version directory)")
     terms = parse_slo(config.slo)
     warmup, duration = parse_duration(config.warmup), parse_duration(config.duration)
 
     inputs = signature_inputs(kind, address, config.model, config.version, config.label, config.signature)
     if config.data:
         rows = rows_from_data(config.data, inputs, limit=2000)
+    elif config.warmup_records:
+        rows = rows_from_warmup(config.warmup_records, config.signature)
     else:
         body = rows_from_payload(config.payload)
         rows = body.get("instances") if isinstance(body.get("instances"), list) else None
@@ -59,7 +62,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     payloads: dict = {}
     if kind == "rest":
         payloads["path"] = model_path(config.model, config.version, config.label) + ":predict"
-        payloads["bodies"] = (rest_bodies(rows, config.batch_size, config.signature) if config.data
+        payloads["bodies"] = (rest_bodies(rows, config.batch_size, config.signature) if not config.payload
                               else [json.dumps(body)])
     else:
         import base64

@@ -199,7 +199,8 @@ def newest_version(base: str) -> str | None:
 def rows_from_warmup(version_dir: str, signature: str = "serving_default") -> list[dict]:
     """The rows of the Predict requests in a SavedModel's warmup records (TF Serving's
     assets.extra/tf_serving_warmup_requests, which tfpipe export writes) to `signature`, as
-    REST instances ({input: value}, bytes as {"b64": ...} for *_bytes inputs and non-UTF-8)."""
+    {input: python value}, as rows_from_data gives them: text as str, binary (inputs named *_bytes,
+    or not UTF-8) as bytes."""
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -214,7 +215,7 @@ def rows_from_warmup(version_dir: str, signature: str = "serving_default") -> li
         req = log.predict_log.request
         if (req.model_spec.signature_name or "serving_default") != signature:
             continue
-        tensors = {k: rest_value(tf.make_ndarray(t).tolist(), k.endswith("_bytes")) for k, t in req.inputs.items()}
+        tensors = {k: _text_or_bytes(tf.make_ndarray(t).tolist(), k.endswith("_bytes")) for k, t in req.inputs.items()}
         lengths = {len(v) if isinstance(v, list) else None for v in tensors.values()}
         if len(lengths) != 1 or None in lengths:
             continue  # not a batch of rows (scalars, or inputs of different lengths)
@@ -224,6 +225,17 @@ def rows_from_warmup(version_dir: str, signature: str = "serving_default") -> li
         raise LoadtestError(f"the warmup records of {version_dir} hold no Predict request to {signature!r} with rows: "
                             "give --data or --payload")
     return rows
+
+
+def _text_or_bytes(value: Any, binary: bool) -> Any:
+    if isinstance(value, list):
+        return [_text_or_bytes(v, binary) for v in value]
+    if isinstance(value, bytes) and not binary:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return value
 
 
 def rows_from_payload(path: str) -> list[dict] | dict:

@@ -13,11 +13,11 @@ import pytest
 from conftest import run_cli, spawn_cli
 
 
-def _search(budget: int, score, cores: int = 2):
+def _search(budget: int, score, cores: int = 2, workers: bool = False):
     """Run the search to its end with `score(candidate)` standing in for a measurement."""
     from tfpipe.tune.search import CoarseToFine
 
-    search = CoarseToFine(cores, budget)
+    search = CoarseToFine(cores, budget, workers)
     while (proposal := search.propose()) is not None:
         stage, candidate = proposal
         search.record(stage, candidate, score(candidate))
@@ -45,6 +45,23 @@ def test_stages_fill_the_budget_and_keep_the_confirmation(budget, stages):
     assert (first.max_batch_size, first.batch_timeout_micros, first.num_batch_threads) == (32, 0, 2)
     measured = [c for s, c, _ in search.trials if s != "confirm"]
     assert len(measured) == len(set(measured)), "a candidate measured twice outside the confirmation"
+
+
+@pytest.mark.parametrize("cores, workers, stages", [
+    (2, True, ["start"] + ["coarse"] * 8 + ["fine"] * 4 + ["threads"] * 2 + ["workers", "queue", "padding",
+                                                                             "confirm", "confirm"]),
+    # one core: no workers stage (and one threads trial: 1 thread is the start's own)
+    (1, True, ["start"] + ["coarse"] * 8 + ["fine"] * 4 + ["threads", "queue", "padding", "confirm", "confirm"]),
+])
+def test_a_workers_stage_serves_the_leader_on_one_process_per_core(cores, workers, stages):
+    search = _search(21, _peak, cores=cores, workers=workers)
+    assert [stage for stage, _, _ in search.trials] == stages
+    tried = [c for stage, c, _ in search.trials if stage == "workers"]
+    assert all(c.workers == cores and c.num_batch_threads >= 1 for c in tried)
+    assert all("workers=" in c.label() for c in tried) and "workers" not in search.start.label()
+    # a winner on two workers is what the search returns when two workers score best
+    faster = _search(21, lambda c: _peak(c) + (500 if c.workers > 1 else 0), cores=2, workers=True)
+    assert faster.best().workers == 2
 
 
 def test_the_search_climbs_towards_the_peak_and_ranks_by_the_mean():
@@ -171,17 +188,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_without_data_or_payload_the_warmup_records_are_the_requests(tmp_path):
-    """tfpipe tune on a SavedModel alone: the newest version's assets.extra warmup records (3 Predict
-    requests of one row each) are the load; one short trial runs on them without errors."""
+    """tfpipe tune on a SavedModel alone: the newest version's assets.extra warmup records (40 Predict
+    requests of one row each, more than a batch of the start's 32 holds) are the load, a row per
+    request; one short trial runs on them without errors."""
     from serving_models import save_half
 
     save_half(str(tmp_path / "half" / "1"))  # no warmup records: not chosen
-    save_half(str(tmp_path / "half" / "2"), warmup=3)
+    save_half(str(tmp_path / "half" / "2"), warmup=40)
     out = tmp_path / "tuned"
     res = run_cli("tune", "--model_name", "half", "--model_base_path", str(tmp_path / "half"), "--levels", "2",
                   "--trials", "1", "--duration", "0.3s", "--warmup", "0.1s", "--slo", "p99<2000ms", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"requests: the 3 row(s) of {tmp_path / 'half' / '2' / 'assets.extra'}" in res.stdout
+    assert f"requests: the 40 row(s) of {tmp_path / 'half' / '2' / 'assets.extra'}" in res.stdout
     (trial,) = json.loads((out / "tune.json").read_text())["trials"]
     (level,) = trial["levels"]
     assert level["requests"] > 0 and level["errors"] == 0

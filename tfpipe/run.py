@@ -408,7 +408,10 @@ class Run:
         notes, tuned = {}, ""
         if self.cfg.serve.batching == "tune":
             best = self.tune_batching(export["name"], log)
-            self.serving().cfg = self.cfg.serve.model_copy(update=best["candidate"])
+            # the batching parameters (the run's server is one process in this one: no workers)
+            fields = type(self.cfg.serve).model_fields
+            self.serving().cfg = self.cfg.serve.model_copy(
+                update={k: v for k, v in best["candidate"].items() if k in fields})
             notes["tune"] = os.path.join(self.path("tune"), "tune.json")
             tuned = f"; batching tuned: {best['label']}"
         result = self.serving().deploy(export["name"], self.model_base, export["version"],
@@ -428,7 +431,7 @@ class Run:
         self.serving().stop()  # the trials get the machine to themselves
         cfg = self.cfg.tune.model_copy(update={"model_name": name, "model_base_path": self.model_base,
                                                "data": self.path("data"), "payload": None, "out": self.path("tune"),
-                                               "protocol": self.cfg.serve.protocol})
+                                               "protocol": self.cfg.serve.protocol, "skip_workers": True})
         check_inputs(cfg)
         code = run(cfg, log=lambda line: log("  " + line))
         best = _load(os.path.join(self.path("tune"), "tune.json"))["best"]

@@ -31,6 +31,8 @@ class TuneConfig(BaseModel):
                              "(default: the rows of the newest version's warmup records, assets.extra/"
                              "tf_serving_warmup_requests)")
     payload: str | None = Field(None, description="a ready JSON request body ({\"instances\": ...}) instead of --data")
+    warmup_records: str | None = Field(None, description="a SavedModel version directory whose warmup records' rows "
+                                       "are the requests (the default: the newest version's)")
     batch_size: int = Field(1, ge=1, le=10000, description="rows per request")
     clients: int | None = Field(None, ge=1, le=10000, description="closed model: the most concurrent clients; each "
                                 "trial steps through a quarter, half and all of them (default 32)")
@@ -40,6 +42,9 @@ class TuneConfig(BaseModel):
                         "instead of the fractions above")
     slo: str = Field("p99<50ms", description="the service level a load level must meet to count; a trial's score is "
                      "the highest throughput of a level that met it with no errors")
+    skip_workers: bool = Field(False, description="leave out the stage that measures the leader on one embedded-"
+                               "server worker process per core (tfpipe serve --workers), which runs only with the "
+                               "embedded backend on more than one core")
     trials: int = Field(MAX_TRIALS, ge=1, le=MAX_TRIALS, description="the most trials (server starts), every one "
                         "shown in the report")
     duration: str = Field("3s", description="measured time per load level")

@@ -41,14 +41,14 @@ def check_inputs(cfg: TuneConfig) -> None:
         if not versions:
             raise TuneError(f"--model_base_path {base} holds no numbered version directory (e.g. {base}/1/ with a "
                             "SavedModel)")
-    if not (cfg.data or cfg.payload) and "://" not in base:
+    if not (cfg.data or cfg.payload or cfg.warmup_records) and "://" not in base:
         from tfpipe.loadtest.payloads import WARMUP_FILE, newest_version
 
         newest = newest_version(base)
         if not os.path.exists(os.path.join(newest, WARMUP_FILE)):
             raise TuneError(f"{newest} has no warmup records ({WARMUP_FILE}) to build requests from: give --data (a "
                             "tfpipe data directory) or --payload (a JSON request body)")
-    elif not (cfg.data or cfg.payload):
+    elif not (cfg.data or cfg.payload or cfg.warmup_records):
         raise TuneError("give --data (a tfpipe data directory) or --payload (a JSON request body) for the requests")
     out = cfg.out
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out)
@@ -57,9 +57,9 @@ def check_inputs(cfg: TuneConfig) -> None:
                         "whole: choose another --out or remove it")
 
 
-def warmup_payload(cfg: TuneConfig, work: str, log: Callable[[str], None]) -> str:
-    """A request body of the rows in the newest version's warmup records (the default request
-    source: what TF Serving users ship in assets.extra), written into the work dir."""
+def warmup_version(cfg: TuneConfig, log: Callable[[str], None]) -> str:
+    """The default request source: the newest version, whose warmup records' rows are the requests
+    (what TF Serving users ship in assets.extra); checked to hold some."""
     from tfpipe.loadtest.errors import LoadtestError
     from tfpipe.loadtest.payloads import newest_version, rows_from_warmup
 
@@ -68,10 +68,8 @@ def warmup_payload(cfg: TuneConfig, work: str, log: Callable[[str], None]) -> st
         rows = rows_from_warmup(version)
     except LoadtestError as e:
         raise TuneError(str(e)) from None
-    path = os.path.join(work, "warmup_payload.json")
-    write_json(path, {"instances": rows})
     log(f"requests: the {len(rows)} row(s) of {os.path.join(version, 'assets.extra', 'tf_serving_warmup_requests')}")
-    return path
+    return version
 
 
 def work_dir(out: str) -> str:
@@ -95,8 +93,8 @@ def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise TuneError(f"another tfpipe tune is writing {cfg.out} (its trials are in {work})") from None
-        if not (cfg.data or cfg.payload):
-            cfg = cfg.model_copy(update={"payload": warmup_payload(cfg, work, log)})
+        if not (cfg.data or cfg.payload or cfg.warmup_records):
+            cfg = cfg.model_copy(update={"warmup_records": warmup_version(cfg, log)})
         result = _tune(cfg, cores, work, log)
     shutil.rmtree(work, ignore_errors=True)
     for line in summary_lines(result):
@@ -110,7 +108,7 @@ def _tune(cfg: TuneConfig, cores: int, work: str, log: Callable[[str], None]) ->
     published output; returns tune.json's content."""
     from tfpipe.tune.trial import run_trial
 
-    search = CoarseToFine(cores, cfg.trials)
+    search = CoarseToFine(cores, cfg.trials, workers=not cfg.skip_workers and cfg.backend == "embedded")
     state_path = os.path.join(work, "state.json")
     state = read_json(state_path) or {}
     key = fingerprint(cfg, cores)
@@ -188,6 +186,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
              f"(mean of {start['runs']} trial(s))",
              f"best: {best['label']}", f"  {best['score_rps']:.0f} req/s within the SLO (mean of {best['runs']} "
              f"trial(s))" + (f", {result['ratio']:.2f}x the start" if result["ratio"] else "")]
+    workers = best.get("candidate", {}).get("workers", 1)
+    if workers > 1:
+        lines.append(f"  serve it with tfpipe serve --workers {workers} and this batching.config (each worker batches "
+                     "on its own)")
     if not best["score_rps"]:
         lines.append("no candidate met the SLO at any load level: loosen --slo or lower the load (--clients/--rate)")
     return lines

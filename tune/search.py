@@ -8,6 +8,8 @@ batch_timeout_micros 0, a large max_enqueued_batches while experimenting) with m
 2. fine: the best pair's neighbours (half and double the batch size; the timeout halved and
    doubled, or 500 and 1000 us from 0);
 3. threads: num_batch_threads 1 and twice the cores;
+   workers (with `workers=True`: the embedded server, more than one core): the leader served by
+   one `tfpipe serve --workers` process per core, each with its share of the batch threads;
 4. queue: max_enqueued_batches = num_batch_threads, the guide's setting for online serving;
 5. padding: allowed_batch_sizes, the powers of two up to max_batch_size;
 6. confirm: the start and the leader measured once more, alternately, so that the winner is not
@@ -32,19 +34,23 @@ MAX_TIMEOUT_MICROS = 100_000
 
 @dataclass(frozen=True)
 class Candidate:
-    """One BatchingParameters setting."""
+    """One BatchingParameters setting, and the embedded server's worker processes it runs in (the
+    parameters apply in each worker)."""
 
     max_batch_size: int
     batch_timeout_micros: int
     num_batch_threads: int
     max_enqueued_batches: int = EXPLORING_QUEUE
     allowed_batch_sizes: tuple[int, ...] = ()
+    workers: int = 1
 
     def label(self) -> str:
         text = (f"max_batch_size={self.max_batch_size} batch_timeout_micros={self.batch_timeout_micros} "
                 f"num_batch_threads={self.num_batch_threads} max_enqueued_batches={self.max_enqueued_batches}")
         if self.allowed_batch_sizes:
             text += " allowed_batch_sizes=" + ",".join(map(str, self.allowed_batch_sizes))
+        if self.workers != 1:
+            text += f" workers={self.workers}"
         return text
 
     def to_json(self) -> dict:
@@ -92,14 +98,16 @@ class CoarseToFine:
     """Proposes the next candidate from what has been measured; `record` takes each score
     (higher is better; 0 when no load level met the SLO)."""
 
-    def __init__(self, cores: int, budget: int):
+    def __init__(self, cores: int, budget: int, workers: bool = False):
         if budget < 1:
             raise ValueError("the trial budget must be at least 1")
         self.cores, self.budget = max(1, cores), budget
+        self.workers = workers and self.cores > 1
         self.start = guide_start(self.cores)
         self.trials: list[tuple[str, Candidate, float]] = []  # (stage, candidate, score), in order
         self._pending: list[tuple[str, Candidate]] = [("start", self.start)]
-        self._stages = iter(("coarse", "fine", "threads", "queue", "padding", "confirm"))
+        self._stages = iter(("coarse", "fine", "threads", *(("workers",) if self.workers else ()), "queue",
+                             "padding", "confirm"))
         self._confirmed = False
 
     # --- what has been measured -----------------------------------------------------------
@@ -136,6 +144,8 @@ class CoarseToFine:
                     + [replace(best, batch_timeout_micros=t) for t in _timeout_neighbours(best.batch_timeout_micros)])
         if name == "threads":
             return [replace(best, num_batch_threads=n) for n in (1, 2 * self.cores)]
+        if name == "workers":
+            return [replace(best, workers=self.cores, num_batch_threads=max(1, best.num_batch_threads // self.cores))]
         if name == "queue":
             return [replace(best, max_enqueued_batches=best.num_batch_threads)]
         if name == "padding":

@@ -43,21 +43,24 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve_command(cfg: TuneConfig, batching_file: str, config_dir: str, port: int, rest_port: int) -> list[str]:
-    """`tfpipe serve` for one trial: the user's model and flags, batching on with this trial's file.
-    With --backend tfserving or docker, tfpipe serve writes the configs and execs the real server."""
+def serve_command(cfg: TuneConfig, batching_file: str, config_dir: str, port: int, rest_port: int,
+                  workers: int = 1) -> list[str]:
+    """`tfpipe serve` for one trial: the user's model and flags, batching on with this trial's file
+    (in each of `workers` processes). With --backend tfserving or docker, tfpipe serve writes the
+    configs and execs the real server."""
     return [sys.executable, "-m", "tfpipe.cli", "serve", f"--backend={cfg.backend}", "--host=127.0.0.1",
             f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={cfg.model_name}",
             f"--model_base_path={os.path.abspath(cfg.model_base_path)}", "--enable_batching=true",
             f"--batching_parameters_file={os.path.abspath(batching_file)}",
-            f"--config_dir={os.path.abspath(config_dir)}", *cfg.serve_args]
+            f"--config_dir={os.path.abspath(config_dir)}", *((f"--workers={workers}",) if workers != 1 else ()),
+            *cfg.serve_args]
 
 
 class Server:
     """A trial's server process, its output in `log_path`."""
 
-    def __init__(self, cfg: TuneConfig, batching_file: str, trial_dir: str):
-        self.cfg, self.batching_file, self.dir = cfg, batching_file, trial_dir
+    def __init__(self, cfg: TuneConfig, batching_file: str, trial_dir: str, workers: int = 1):
+        self.cfg, self.batching_file, self.dir, self.workers = cfg, batching_file, trial_dir, workers
         self.log_path = os.path.join(trial_dir, "server.log")
         self.proc: subprocess.Popen | None = None
         self.port = self.rest_port = 0
@@ -71,7 +74,7 @@ class Server:
         for attempt in range(1 if embedded else PORT_RETRIES):
             self.port, self.rest_port = (-1, -1) if embedded else (_port(), _port())
             cmd = serve_command(self.cfg, self.batching_file, os.path.join(self.dir, "serve-config"), self.port,
-                                self.rest_port)
+                                self.rest_port, self.workers)
             t0 = time.perf_counter()
             with open(self.log_path, "a") as log:
                 log.write("$ " + " ".join(cmd) + "\n")
@@ -138,6 +141,7 @@ def level_config(cfg: TuneConfig, server: Server, level: float, out: str) -> Loa
               else f"http://127.0.0.1:{server.rest_port}")
     load = {"rate": level, "users": 8} if cfg.rate else {"users": int(level)}
     return LoadtestConfig(target=target, model=cfg.model_name, data=cfg.data, payload=cfg.payload,
+                          warmup_records=cfg.warmup_records,
                           batch_size=cfg.batch_size, duration=cfg.duration, warmup=cfg.warmup, slo=cfg.slo, out=out,
                           **load)
 
@@ -159,7 +163,7 @@ def run_trial(cfg: TuneConfig, candidate: Candidate, trial_dir: str) -> dict:
     os.makedirs(trial_dir)
     batching_file = write_text_proto(os.path.join(trial_dir, "batching.config"), candidate.to_proto())
     levels, failed = [], None
-    with Server(cfg, batching_file, trial_dir) as server:
+    with Server(cfg, batching_file, trial_dir, candidate.workers) as server:
         for i, level in enumerate(cfg.load_levels()):
             out = os.path.join(trial_dir, f"level-{i + 1}")
             try:
