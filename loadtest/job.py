@@ -25,8 +25,8 @@ from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
 from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model,
-                                      rest_bodies, rows_from_data, rows_from_payload, rows_from_warmup, saved_model_feeds,
-                                      signature_inputs)
+                                      rest_bodies, rows_from_data, rows_from_payload, rows_from_warmup,
+                                      saved_model_feeds, signature_inputs)
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
 
