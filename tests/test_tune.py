@@ -8,6 +8,7 @@ import os
 import signal
 import statistics
 import time
+from dataclasses import replace
 
 import pytest
 from conftest import run_cli, spawn_cli
@@ -58,6 +59,12 @@ def test_a_workers_stage_serves_the_leader_on_one_process_per_core(cores, worker
     assert [stage for stage, _, _ in search.trials] == stages
     tried = [c for stage, c, _ in search.trials if stage == "workers"]
     assert all(c.workers == cores and c.num_batch_threads >= 1 for c in tried)
+    if tried:  # the leader before the stage (the best mean of the trials so far), its batch halved for 2
+        before = [(c, s) for stage, c, s in search.trials[:[st for st, _, _ in search.trials].index("workers")]]
+        means = {c: sum(x for d, x in before if d == c) / sum(1 for d, _ in before if d == c) for c, _ in before}
+        leader = max(means, key=means.get)
+        assert tried == [replace(leader, workers=2, max_batch_size=max(1, leader.max_batch_size // 2),
+                                 num_batch_threads=max(1, leader.num_batch_threads // 2), allowed_batch_sizes=())]
     assert all("workers=" in c.label() for c in tried) and "workers" not in search.start.label()
     # a winner on two workers is what the search returns when two workers score best
     faster = _search(21, lambda c: _peak(c) + (500 if c.workers > 1 else 0), cores=2, workers=True)

@@ -9,7 +9,8 @@ batch_timeout_micros 0, a large max_enqueued_batches while experimenting) with m
    doubled, or 500 and 1000 us from 0);
 3. threads: num_batch_threads 1 and twice the cores;
    workers (with `workers=True`: the embedded server, more than one core): the leader served by
-   one `tfpipe serve --workers` process per core, each with its share of the batch threads;
+   one `tfpipe serve --workers` process per core, each with its share of the batch threads and of
+   max_batch_size (each worker sees that share of the requests);
 4. queue: max_enqueued_batches = num_batch_threads, the guide's setting for online serving;
 5. padding: allowed_batch_sizes, the powers of two up to max_batch_size;
 6. confirm: the start and the leader measured once more, alternately, so that the winner is not
@@ -145,7 +146,12 @@ class CoarseToFine:
         if name == "threads":
             return [replace(best, num_batch_threads=n) for n in (1, 2 * self.cores)]
         if name == "workers":
-            return [replace(best, workers=self.cores, num_batch_threads=max(1, best.num_batch_threads // self.cores))]
+            # each worker sees 1/N of the requests: a batch that filled in one process would wait out
+            # its timeout in each of N (measured: max_batch_size 8 at 8 ms over 2 workers and 8 clients
+            # fell from 5,700 to 850 req/s), so the batch and the batch threads are divided too
+            n = self.cores
+            return [replace(best, workers=n, num_batch_threads=max(1, best.num_batch_threads // n),
+                            max_batch_size=max(1, best.max_batch_size // n), allowed_batch_sizes=())]
         if name == "queue":
             return [replace(best, max_enqueued_batches=best.num_batch_threads)]
         if name == "padding":
