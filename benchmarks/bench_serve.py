@@ -569,22 +569,16 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
         finally:
             proc.terminate()
             proc.wait()
-    proc, ports = start([sys.executable, os.path.join(HERE, "noop_endpoint.py"), str(free_port())],
-                        r"at 127.0.0.1:(\d+)", 1)
-    try:
-        n, p99, client, cpu = measured(proc.pid, load("rest", ports[0], "/v1/models/noop:predict"))
-        rows.append(("floor: aiohttp, fixed answer", client, n / secs, p99, cpu))
-    finally:
-        proc.terminate()
-        proc.wait()
-    proc, ports = start([sys.executable, os.path.join(HERE, "noop_grpc_endpoint.py"), str(free_port())],
-                        r"at 127.0.0.1:(\d+)", 1)
-    try:
-        n, p99, client, cpu = measured(proc.pid, load("grpc", ports[0]))
-        rows.append(("floor: grpcio thread pool, fixed answer", client, n / secs, p99, cpu))
-    finally:
-        proc.terminate()
-        proc.wait()
+    floors = (("floor: aiohttp, fixed answer", "noop_endpoint.py", "rest", "/v1/models/noop:predict"),
+              ("floor: grpcio thread pool, fixed answer", "noop_grpc_endpoint.py", "grpc", ""))
+    for what, script, proto, url in floors:  # the same load on an empty handler of each stack
+        proc, ports = start([sys.executable, os.path.join(HERE, script), str(free_port())], r"at 127.0.0.1:(\d+)", 1)
+        try:
+            n, p99, client, cpu = measured(proc.pid, load(proto, ports[0], url))
+            rows.append((what, client, n / secs, p99, cpu))
+        finally:
+            proc.terminate()
+            proc.wait()
     print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32, 2 ms, 1 thread "
           f"per worker; CPU summed over the server's processes; {os.cpu_count()} cores shared with the client)")
     print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s}")
