@@ -44,6 +44,7 @@ from tfpipe.serve.flags import ServeOptions
 WORKER_ENV = "TFPIPE_SERVE_WORKER"  # "i/N" in a worker's environment
 GROUP_ENV = "TFPIPE_SERVE_WORKERS_DIR"  # the group's shared directory
 SNAPSHOT_SECONDS = 0.5
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0  # more worker exits than this within the window: give up
 READY = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")
 
 # Samples a scrape sums over the workers; every other sample (a model's versions, a version's
@@ -217,11 +218,15 @@ class Supervisor:
         threading.Thread(target=self._forward, args=(i, proc), name=f"tfpipe-worker-{i}-output", daemon=True).start()
 
     def _forward(self, i: int, proc: subprocess.Popen) -> None:
+        """A worker's output, prefixed; its port lines are kept back: the supervisor prints them
+        once, as TF Serving words them, when every worker serves (what clients and tools wait for)."""
         for line in proc.stdout:
             line = line.rstrip("\n")
-            self.log(f"[worker {i}] {line}")
             if READY.search(line):
-                self.ready[i].set()
+                if "REST" in line or not self.child.rest_api_port:
+                    self.ready[i].set()
+                continue
+            self.log(f"[worker {i}] {line}")
 
     def run(self) -> int:
         for i in range(self.n):
@@ -233,19 +238,31 @@ class Supervisor:
                     if p.poll() is not None:
                         self.stop()
                         self.log(f"worker {i} exited with code {p.returncode} before it served: stopping")
-                        return p.returncode or 1
+                        return p.returncode if p.returncode and p.returncode > 0 else 1
                 if self.stopping.wait(0.2):
                     break
             if not self.stopping.is_set():
+                if o.port:
+                    self.log(f"Running gRPC ModelServer at {o.host}:{o.port} ...")
+                if o.rest_api_port:
+                    self.log(f"Exporting HTTP/REST API at:{o.host}:{o.rest_api_port} ...")
                 self.log(f"{self.n} workers (pids {', '.join(str(p.pid) for p in self.procs)}) serving "
                          + (f"gRPC {o.host}:{o.port}" if o.port else "")
                          + (f", REST {o.host}:{o.rest_api_port}" if o.rest_api_port else ""))
+            restarts: list[float] = []
             while not self.stopping.wait(0.5):
                 for i, p in enumerate(self.procs):
-                    if p.poll() is not None and not self.stopping.is_set():
-                        self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}: starting it again")
-                        self.ready[i].clear()
-                        self.start_worker(i)
+                    if p.poll() is None or self.stopping.is_set():
+                        continue
+                    now = time.monotonic()
+                    restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+                    if len(restarts) > MAX_RESTARTS:
+                        self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}, the {len(restarts)}th "
+                                 f"worker exit within {RESTART_WINDOW_S:.0f} s: stopping")
+                        return 1
+                    self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}: starting it again")
+                    self.ready[i].clear()
+                    self.start_worker(i)
         finally:
             self.stop()
             import shutil

@@ -167,3 +167,50 @@ def test_two_workers_move_to_a_new_version_together_and_log_every_request_once(t
     logged = sorted(lg.predict_log.request.inputs["x"].float_val[0]
                     for lg, _ in iter_logs(read_log(prefix).records) if lg.WhichOneof("log_type") == "predict_log")
     assert logged == sorted(sent)  # none lost, none twice, across both workers' files
+
+
+def test_a_killed_worker_is_started_again(tmp_path):
+    """SIGKILL one of two workers: the supervisor starts another in its place, which serves."""
+    from serving_models import save_half
+
+    save_half(str(tmp_path / "half" / "1"))
+    proc, _, rest_port = start_cli_server("--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
+                                          "--file_system_poll_wait_seconds=0")
+    try:
+        sup = psutil.Process(proc.pid)
+        deadline = time.time() + 60
+        while len(sup.children()) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        workers = sup.children()
+        victim = workers[0]
+        victim.kill()
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            alive = []
+            for c in sup.children():
+                try:
+                    if c.pid != victim.pid and c.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(c)
+                except psutil.NoSuchProcess:
+                    pass
+            if len(alive) == 2:
+                break
+            time.sleep(0.3)
+        assert len(alive) == 2, alive
+        (new,) = [c for c in alive if c.pid not in {w.pid for w in workers}]
+        time.sleep(4)  # its model loaded (half loads in under a second)
+        cpu = new.cpu_times().user + new.cpu_times().system
+        answered = 0
+        for _ in range(40):  # fresh connections reach both workers, the new one among them, once it has loaded
+            try:
+                with requests.Session() as s:
+                    r = s.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [2.0]},
+                               timeout=30)
+                answered += r.status_code == 200
+            except requests.ConnectionError:
+                pass
+        assert answered == 40
+        assert new.cpu_times().user + new.cpu_times().system - cpu > 0.02  # the new worker took some of them
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
