@@ -207,7 +207,6 @@ class Supervisor:
         self.procs: list[subprocess.Popen | None] = [None] * self.n
         self.ready = [threading.Event() for _ in range(self.n)]
         self.stopping = threading.Event()
-        self.lock = threading.Lock()
 
     def start_worker(self, i: int) -> None:
         env = {**os.environ, WORKER_ENV: f"{i}/{self.n}", GROUP_ENV: self.dir}
