@@ -214,3 +214,35 @@ def test_a_killed_worker_is_started_again(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0
+
+
+def test_sigterm_lets_every_workers_in_flight_requests_finish(tmp_path):
+    """Slow calls in flight on both workers (12 new connections: all on one worker 1 time in 2,048)
+    when the supervisor gets SIGTERM: every one is answered 200, then the supervisor exits 0."""
+    import threading
+
+    from serving_models import save_slow
+
+    save_slow(str(tmp_path / "slow" / "1"), steps=100000)  # over half a second per call
+    proc, _, rest_port = start_cli_server("--workers=2", "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}",
+                                          "--file_system_poll_wait_seconds=0", "--enable_model_warmup=false")
+    answers: list[int] = []
+
+    def call():
+        with requests.Session() as s:
+            answers.append(s.post(f"http://127.0.0.1:{rest_port}/v1/models/slow:predict", json={"instances": [1.0]},
+                                  timeout=60).status_code)
+
+    workers = psutil.Process(proc.pid).children()
+    before = [w.cpu_times().user + w.cpu_times().system for w in workers]
+    callers = [threading.Thread(target=call) for _ in range(12)]
+    for t in callers:
+        t.start()
+    time.sleep(0.8)  # the calls are running in the workers: both are busy
+    busy = [w.cpu_times().user + w.cpu_times().system - b for w, b in zip(workers, before)]
+    proc.send_signal(signal.SIGTERM)
+    for t in callers:
+        t.join(timeout=90)
+    assert proc.wait(timeout=90) == 0
+    assert answers == [200] * 12
+    assert len(busy) == 2 and min(busy) > 0.1, busy
