@@ -17,6 +17,13 @@ from conftest import start_cli_server
 pytestmark = pytest.mark.xdist_group("serve_workers")
 
 
+def _workers(proc) -> list[psutil.Process]:
+    """The supervisor's worker processes: both up, since it prints its ports only once they serve."""
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) == 2, workers
+    return workers
+
+
 @pytest.mark.parametrize("pages, want", [
     # counters and histograms sum; a model's versions are the same everywhere: the largest
     (["# TYPE a_total counter\ntfpipe_serving_requests_total{model=\"m\"} 3\ntfpipe_serving_loaded_versions 1\n",
@@ -64,12 +71,7 @@ def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_pat
         "--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
         f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--file_system_poll_wait_seconds=0")
     try:
-        sup = psutil.Process(proc.pid)
-        deadline = time.time() + 60
-        while len(sup.children()) < 2 and time.time() < deadline:
-            time.sleep(0.2)
-        workers = sup.children()
-        assert len(workers) == 2
+        workers = _workers(proc)
         before = [w.cpu_times().user + w.cpu_times().system for w in workers]
         url = f"http://127.0.0.1:{rest_port}/v1/models/half:predict"
         for i in range(50):
@@ -178,10 +180,7 @@ def test_a_killed_worker_is_started_again(tmp_path):
                                           "--file_system_poll_wait_seconds=0")
     try:
         sup = psutil.Process(proc.pid)
-        deadline = time.time() + 60
-        while len(sup.children()) < 2 and time.time() < deadline:
-            time.sleep(0.2)
-        workers = sup.children()
+        workers = _workers(proc)
         victim = workers[0]
         victim.kill()
         deadline = time.time() + 90
@@ -233,7 +232,7 @@ def test_sigterm_lets_every_workers_in_flight_requests_finish(tmp_path):
             answers.append(s.post(f"http://127.0.0.1:{rest_port}/v1/models/slow:predict", json={"instances": [1.0]},
                                   timeout=60).status_code)
 
-    workers = psutil.Process(proc.pid).children()
+    workers = _workers(proc)
     before = [w.cpu_times().user + w.cpu_times().system for w in workers]
     callers = [threading.Thread(target=call) for _ in range(12)]
     for t in callers:
