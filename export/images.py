@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpipe.export.errors import ExportError
+from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.train.images import decode_batch, inference_model
 
 BYTES_INPUT, PIXELS_INPUT = "image_bytes", "pixels"
@@ -143,7 +144,7 @@ def write_warmup(tmp: str, config, data) -> int:
         return 0
     split = "eval" if data.count("eval") else "train"
     encoded, _ = split_images(data, split, config.warmup_records)
-    path = os.path.join(tmp, "assets.extra", "tf_serving_warmup_requests")
+    path = os.path.join(tmp, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for image in encoded:

@@ -26,6 +26,7 @@ from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versi
 from tfpipe.export.signatures import ServingModule, serving_dtype, set_method_names
 from tfpipe import __version__
 from tfpipe.files import clean_stale, publish_dir, read_json
+from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import make_dataset
 
@@ -103,7 +104,7 @@ def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
         return 0
     split = "eval" if data.count("eval") else "train"
     rows = _raw_rows(data, split, config.warmup_records)
-    path = os.path.join(tmp, "assets.extra", "tf_serving_warmup_requests")
+    path = os.path.join(tmp, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     n = 0
     with tf.io.TFRecordWriter(path) as writer:

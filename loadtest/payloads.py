@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from tfpipe.loadtest.errors import LoadtestError
+from tfpipe.prediction_logs import WARMUP_FILE
 
 MAX_PAYLOADS = 200
 _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT64": np.int64, "DT_INT32": np.int32,
@@ -185,15 +186,6 @@ def _example_rows(data_dir: str, files: list[str], inputs: dict[str, str], limit
                                 f"{sorted(inputs)}")
         rows.append(row)
     return rows
-
-
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-
-
-def newest_version(base: str) -> str | None:
-    """The newest numbered version directory under a model base path (None: none)."""
-    versions = [v for v in os.listdir(base) if v.isdigit() and os.path.isdir(os.path.join(base, v))]
-    return os.path.join(base, max(versions, key=int)) if versions else None
 
 
 def rows_from_warmup(version_dir: str, signature: str = "serving_default") -> list[dict]:

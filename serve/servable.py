@@ -26,12 +26,12 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 from tensorflow_serving.apis import prediction_log_pb2
 
+from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.serve.errors import invalid, precondition
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
                               "tensorflow/serving/regress")
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 BATCHING_PARAMS_FILE = "batching_params.pbtxt"  # --enable_per_model_batching_parameters
 MAX_WARMUP_RECORDS = 1000  # what TF Serving reads at most
 

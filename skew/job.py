@@ -108,6 +108,7 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
         features.append(_feature(c.name, c.type, train.columns[c.name], traffic.columns[c.name], train_stats[c.name],
                                  serving_stats[c.name], threshold, n_eff, cfg.confidence))
     flagged = [f["name"] for f in features if f["flagged"]]
+    noisy = [f["name"] for f in features if f["verdict"] == "within noise"]
     result = {
         "stage": "skew", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "data": os.path.abspath(data.path), "logs": cfg.logs, "model": model or next(iter(models), None),
@@ -121,7 +122,7 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
         "noise": {"effective_rows": n_eff, "confidence": cfg.confidence, "draws": NOISE_DRAWS,
                   "method": "the confidence quantile of the distance between training and multinomial samples of "
                             "effective_rows drawn from it (per feature: its share of rows with a value)"},
-        "features": features, "flagged": flagged, "passed": not flagged,
+        "features": features, "flagged": flagged, "within_noise": noisy, "passed": not flagged,
     }
     for line in summary_lines(result):
         log(line)
@@ -215,8 +216,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             verdict += " (" + "; ".join(f["notes"]) + ")"
         lines.append(f"{f['name']:<24} {f['kind']:<12} {_num(f['distance']):>9} {_num(f.get('noise_bound'), 3):>7} "
                      f"{f['threshold']:>9g} {f['missing']['serving_fraction']:>8.1%}  {verdict}")
-    flagged = result["flagged"]
-    noisy = [f["name"] for f in result["features"] if f.get("verdict") == "within noise"]
+    flagged, noisy = result["flagged"], result["within_noise"]
     rows = (f"{result['traffic']['rows']:,} rows of traffic ({result['noise']['effective_rows']:,.0f} effective) "
             f"against {result['train']['rows']:,} training rows")
     if flagged:
@@ -237,7 +237,7 @@ def _num(v: float | None, digits: int = 4) -> str:
 def verdict_text(f: dict[str, Any]) -> str:
     if f["flagged"]:
         return "SKEWED: " + "; ".join(f["reasons"])
-    if f.get("verdict") == "within noise":
+    if f.get("verdict") == "within noise":  # skew.json of an older tfpipe has no verdict
         return "within noise: " + "; ".join(f["within_noise"])
     return "ok"
 
@@ -247,8 +247,7 @@ def skew_section(result: dict[str, Any]) -> str:
     HTML fragment (also in `tfpipe run`'s report)."""
     from tfpipe.loadtest.report import paired_bar_chart, table_html
 
-    t = result["traffic"]
-    noisy = [f["name"] for f in result["features"] if f.get("verdict") == "within noise"]
+    t, noisy = result["traffic"], result.get("within_noise", [])
     verdict = (f'<p class="bad"><b>Skewed: {html.escape(", ".join(result["flagged"]))}</b></p>' if result["flagged"]
                else f'<p class="ok"><b>No feature skewed: {html.escape(", ".join(noisy))} over the threshold but '
                     'within the noise of a sample this size.</b></p>' if noisy
@@ -269,9 +268,8 @@ def skew_section(result: dict[str, Any]) -> str:
             labels = [str(v) for v, _, _ in f["values"]]
             train = [p for _, p, _ in f["values"]]
             serving = [q for _, _, q in f["values"]]
-        d = "-" if f["distance"] is None else f"{f['distance']:.3f}"
         bound = f" (noise {f['noise_bound']:.3f})" if f.get("noise_bound") is not None else ""
-        charts.append(paired_bar_chart(f"{f['name']}: {d}{bound}" + (" skewed" if f["flagged"] else ""),
+        charts.append(paired_bar_chart(f"{f['name']}: {_num(f['distance'], 3)}{bound}" + (" skewed" if f["flagged"] else ""),
                                        "fraction of rows", labels,
                                        [("training", "#1f77b4", train), ("served", "#d62728", serving)]))
     extra = []

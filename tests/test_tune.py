@@ -216,11 +216,11 @@ def test_warmup_rows_come_out_as_rest_instances(tmp_path):
     from serving_models import save_half
 
     from tfpipe.loadtest.errors import LoadtestError
-    from tfpipe.loadtest.payloads import newest_version, rows_from_warmup
+    from tfpipe.loadtest.payloads import resolve_saved_model, rows_from_warmup
 
     save_half(str(tmp_path / "half" / "7"), warmup=2)
     save_half(str(tmp_path / "half" / "10"), warmup=3)
-    assert newest_version(str(tmp_path / "half")) == str(tmp_path / "half" / "10")  # by number, not by name
+    assert resolve_saved_model(str(tmp_path / "half"), None) == str(tmp_path / "half" / "10")  # by number
     assert rows_from_warmup(str(tmp_path / "half" / "10")) == [{"x": 0.0}, {"x": 1.0}, {"x": 2.0}]
     with pytest.raises(LoadtestError, match="no Predict request to 'other'"):
         rows_from_warmup(str(tmp_path / "half" / "10"), "other")

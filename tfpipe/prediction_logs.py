@@ -26,6 +26,9 @@ TIMING_FIELD = 20460
 SUFFIX = ".tfrecord"
 LOG_FIELDS = {"predict": "predict_log", "classify": "classify_log", "regress": "regress_log",
               "multi_inference": "multi_inference_log"}
+# A SavedModel's warmup records: PredictionLogs too, in this file of a version directory (TF Serving's
+# name), which tfpipe export writes, the server replays before a version serves and loadtest can send.
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
 def _timing_classes():

@@ -494,7 +494,7 @@ class Run:
         code = run(cfg, log=log)
         r = _load(os.path.join(out, "skew.json"))
         t = r["traffic"]
-        noisy = [f["name"] for f in r["features"] if f.get("verdict") == "within noise"]
+        noisy = r["within_noise"]
         summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows ({r['noise']['effective_rows']:,.0f} "
                    f"effective) against {r['train']['rows']:,} training rows: "
                    + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else

@@ -42,9 +42,9 @@ def check_inputs(cfg: TuneConfig) -> None:
             raise TuneError(f"--model_base_path {base} holds no numbered version directory (e.g. {base}/1/ with a "
                             "SavedModel)")
     if not (cfg.data or cfg.payload or cfg.warmup_records) and "://" not in base:
-        from tfpipe.loadtest.payloads import WARMUP_FILE, newest_version
+        from tfpipe.loadtest.payloads import WARMUP_FILE, resolve_saved_model
 
-        newest = newest_version(base)
+        newest = resolve_saved_model(base, None)
         if not os.path.exists(os.path.join(newest, WARMUP_FILE)):
             raise TuneError(f"{newest} has no warmup records ({WARMUP_FILE}) to build requests from: give --data (a "
                             "tfpipe data directory) or --payload (a JSON request body)")
@@ -61,14 +61,14 @@ def warmup_version(cfg: TuneConfig, log: Callable[[str], None]) -> str:
     """The default request source: the newest version, whose warmup records' rows are the requests
     (what TF Serving users ship in assets.extra); checked to hold some."""
     from tfpipe.loadtest.errors import LoadtestError
-    from tfpipe.loadtest.payloads import newest_version, rows_from_warmup
+    from tfpipe.loadtest.payloads import WARMUP_FILE, resolve_saved_model, rows_from_warmup
 
-    version = newest_version(cfg.model_base_path)
+    version = resolve_saved_model(cfg.model_base_path, None)
     try:
         rows = rows_from_warmup(version)
     except LoadtestError as e:
         raise TuneError(str(e)) from None
-    log(f"requests: the {len(rows)} row(s) of {os.path.join(version, 'assets.extra', 'tf_serving_warmup_requests')}")
+    log(f"requests: the {len(rows)} row(s) of {os.path.join(version, WARMUP_FILE)}")
     return version
 
 
