@@ -201,7 +201,6 @@ def _json_int_range(dtype: tf.DType) -> np.iinfo:
 
 def _array_of(flat: list, shape: list[int], dtype: tf.DType) -> np.ndarray:
     """Values gathered in row-major order as a tensor of `shape` (strings as bytes objects)."""
-    _check_rank(len(shape))  # the instances' own dimension comes on top of each instance's
     if dtype == tf.string:
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
@@ -358,7 +357,7 @@ def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.nda
         try:
             return {name: _stacked([(i, item) for i, item in enumerate(instances)], inputs[name])}
         except ServingError as e:
-            raise invalid(f"Failed to process element: {getattr(e, 'item', 0)} of 'instances' list. "
+            raise invalid(f"Failed to process element: {e.item} of 'instances' list. "
                           f"Error: {_status(e)}") from None
     columns: dict[str, list] = {n: [] for n in names}
     for i, item in enumerate(instances):
@@ -377,7 +376,7 @@ def _instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.nda
         try:
             out[name] = _stacked(columns[name], inputs[name])
         except ServingError as e:
-            raise invalid(f"Failed to process element: {getattr(e, 'item', 0)} key: {name} of 'instances' list. Error: "
+            raise invalid(f"Failed to process element: {e.item} key: {name} of 'instances' list. Error: "
                           f"{_status(e)}") from None
     return out
 
@@ -398,6 +397,7 @@ def _stacked(items: list[tuple[int, Any]], dtype: tf.DType) -> np.ndarray:
     for i, value in items:
         try:
             shape = _dense_shape(value)
+            _check_rank(1 + len(shape))  # the instances' own dimension comes on top of each instance's
             flat: list = []
             _fill(value, 0, shape, dtype, flat)
             if first_shape is None:

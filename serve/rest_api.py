@@ -156,8 +156,7 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
 
 class RestApi:
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
-                 metrics_path: str | None = None, cors: bool = False, logs: RequestLogs | None = None,
-                 render_metrics=None):
+                 metrics_path: str | None, render_metrics, cors: bool = False, logs: RequestLogs | None = None):
         self.inference, self.metrics, self.logs = inference, metrics, logs
         self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         self.metrics_path = metrics_path
