@@ -456,7 +456,7 @@ class ModelManager:
             return
         self.log(f"loaded {model.name} version {s.version} in {s.load_seconds:.2f}s, +{s.load_rss_bytes / 2**20:.1f} MiB"
                  + (f" ({s.warmup_records} warmup requests)" if s.warmup_records else ""))
-        for key, why in getattr(servable, "broken", {}).items():
+        for key, why in servable.broken.items():
             self.log(f"  signature {key!r} of {model.name} version {s.version} could not be loaded and answers an "
                      f"error when called: {why}")
         self._settle(model)

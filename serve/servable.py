@@ -99,10 +99,10 @@ def load_saved_model(path: str, tags: tuple[str, ...], proto: saved_model_pb2.Sa
     """The loaded SavedModel and the signatures that could not be loaded (key -> why).
 
     A TF2 SavedModel (`proto`, the parsed saved_model.pb, has one meta graph with an object graph,
-    TensorFlow's own test) loads with tf.saved_model.load. A TF1 graph
-    loads signature by signature, as TF Serving's session only meets a signature's ops when it
-    is called: TensorFlow's own loader gives up on the whole model when one signature cannot be
-    pruned from the graph. Graphs of TensorFlow 1.0 (TF Serving's saved_model_half_plus_three) also
+    TensorFlow's own test) loads with tf.saved_model.load. A TF1 graph loads signature by
+    signature, as TF Serving's session only meets a signature's ops when it is called:
+    TensorFlow's own loader gives up on the whole model when one signature cannot be pruned from
+    the graph. Graphs of TensorFlow 1.0 (TF Serving's saved_model_half_plus_three) also
     need their old meaning kept: a signature tensor without a shape, and a Placeholder whose shape
     is empty, are of unknown shape there; newer TensorFlow reads both as scalars, and then cannot
     feed a scalar to ParseExample."""

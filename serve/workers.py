@@ -85,9 +85,9 @@ def merge_prometheus(texts: list[str]) -> str:
             value = float(m[3])
             if key not in values:
                 order.append(key)
-                comments[key], pending = pending, []
+                comments[key] = pending
                 values[key] = value
-            elif m[1].removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") in SUMMED or m[1] in SUMMED:
+            elif re.sub(r"_(bucket|sum|count)$", "", m[1]) in SUMMED:  # a histogram's series sum as it does
                 values[key] += value
             else:
                 values[key] = max(values[key], value)
