@@ -11,7 +11,7 @@ W, H, PAD = 560, 260, 48
 TOP = PAD + 8  # a line chart's plot starts here, under the title and the legend row
 
 
-def _legend(entries: list[tuple[str, str]], y: float) -> list[str]:
+def _legend(entries: list[tuple[str, str]], y: float = TOP - 20) -> list[str]:
     """A legend in one row from the left (name, colour): a swatch and the name each, clear of the plot."""
     parts, x = [], PAD
     for name, color in entries:
@@ -109,7 +109,7 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[tuple], log_x:
         parts += [f'<circle cx="{px(p[0]):.1f}" cy="{py(p[1], side):.1f}" r="3" fill="{color}"/>' for p in pts]
         parts += [f'<text x="{px(p[0]) + 5:.1f}" y="{py(p[1], side) - 5:.1f}" font-size="10" fill="{color}">'
                   f'{html.escape(str(p[2]))}</text>' for p in pts if len(p) > 2]
-    parts += _legend([(name + (" (right axis)" if side else ""), color) for name, color, _, *side in series], 36)
+    parts += _legend([(name + (" (right axis)" if side else ""), color) for name, color, _, *side in series])
     parts.append("</svg>")
     return "".join(parts)
 
@@ -162,7 +162,7 @@ def paired_bar_chart(title: str, ylabel: str, labels: list[str], series: list[tu
         y = base - f * span
         parts.append(f'<line x1="{PAD - 3}" y1="{y:.1f}" x2="{PAD}" y2="{y:.1f}" stroke="#333"/>'
                      f'<text x="{PAD - 5}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{tick(f * top)}</text>')
-    parts += _legend([(name, color) for name, color, _ in series], 36)
+    parts += _legend([(name, color) for name, color, _ in series])
     for k, (name, color, values) in enumerate(series):
         for i, value in enumerate(values):
             h = value / top * span
