@@ -46,14 +46,7 @@ def js_divergence(p: Iterable[float], q: Iterable[float]) -> float:
         raise ValueError(f"histograms of {len(p)} and {len(q)} bins")
     if p.sum() <= 0 or q.sum() <= 0:
         raise ValueError("an empty histogram has no distribution")
-    p, q = p / p.sum(), q / q.sum()
-    m = (p + q) / 2
-
-    def kl(a: np.ndarray) -> float:
-        used = a > 0
-        return float(np.sum(a[used] * np.log2(a[used] / m[used])))
-
-    return min(1.0, max(0.0, (kl(p) + kl(q)) / 2))
+    return float(js_divergence_rows(p / p.sum(), (q / q.sum())[None, :])[0])
 
 
 def linf(p: Counter, q: Counter) -> tuple[float, Any]:
