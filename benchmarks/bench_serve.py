@@ -26,7 +26,8 @@ Servers run as separate processes on 127.0.0.1; clients share this machine's cor
 --only-cpu measures the server's CPU time per request (read from /proc, summed over its
 processes) and its throughput at --clients, with clients that cost little CPU of their own:
 wrk (or hey) for REST :predict and ghz (`go install github.com/bojand/ghz/cmd/ghz@latest`) for
-gRPC Predict, batching on (max 32, 2 ms, one thread), --grpc_max_threads=32. Beside it the same
+gRPC Predict, batching on (max 32 divided among the workers, 2 ms, one thread each),
+--grpc_max_threads=32. Beside it the same
 load against an empty handler on the same stack, the floor: aiohttp answering a fixed body
 (benchmarks/noop_endpoint.py) and a grpcio thread-pool server answering a fixed response
 (benchmarks/noop_grpc_endpoint.py).
@@ -117,7 +118,7 @@ def start(cmd: list[str], pattern: str, count: int, groups: int = 1) -> tuple[su
 
 
 def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
-          grpc_threads: int = 0, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, int]:
+          grpc_threads: int = 0, extra: tuple[str, ...] = (), max_batch: int = 32) -> tuple[subprocess.Popen, int, int]:
     flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", f"--model_name={NAME}",
              f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0", *extra]
     if grpc_threads:
@@ -125,7 +126,7 @@ def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int
     if batching:
         cfg = os.path.join(tmp, "batching.config")
         with open(cfg, "w") as f:
-            f.write(f"max_batch_size {{ value: 32 }}\nbatch_timeout_micros {{ value: {timeout_us} }}\n"
+            f.write(f"max_batch_size {{ value: {max_batch} }}\nbatch_timeout_micros {{ value: {timeout_us} }}\n"
                     f"num_batch_threads {{ value: {threads} }}\nmax_enqueued_batches {{ value: 1000 }}\n")
         flags += ["--enable_batching", f"--batching_parameters_file={cfg}"]
     workers = next((int(f.split("=", 1)[1]) for f in extra if f.startswith("--workers=")), 1)
@@ -539,12 +540,22 @@ def ghz_client(port: int, req, clients: int, seconds: float, tmp: str) -> tuple[
     return int(ok[1]), float(p99[1]) * (1 if p99[2] == "ms" else 1e-3 if p99[2] in ("µs", "us") else 1000), "ghz"
 
 
-def measured(pid: int, run) -> tuple[int, float, str, float]:
-    """A warm-up second, then `run()` -> (answers, p99 ms, client) with the server tree's CPU per answer (us)."""
+def children_cpu_seconds() -> float:
+    """User plus system CPU of this process's finished children (the load clients once run)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measured(pid: int, run) -> tuple[int, float, str, float, float]:
+    """A warm-up second, then `run()` -> (answers, p99 ms, client) with the server tree's CPU per
+    answer (us) and the client's CPU seconds."""
     run(warm=True)
-    before = tree_cpu_seconds(pid)
+    before, client_before = tree_cpu_seconds(pid), children_cpu_seconds()
     n, p99, client = run(warm=False)
-    return n, p99, client, (tree_cpu_seconds(pid) - before) / max(n, 1) * 1e6
+    server = tree_cpu_seconds(pid) - before
+    return n, p99, client, server / max(n, 1) * 1e6, children_cpu_seconds() - client_before
 
 
 def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
@@ -561,11 +572,14 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
         return run
 
     for workers in args.workers:
-        proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32, extra=(f"--workers={workers}",))
+        # each worker sees 1/N of the clients: a batch as large as one process's would wait out its timeout
+        proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32, extra=(f"--workers={workers}",),
+                                   max_batch=32 // workers)
         try:
             for proto, port in (("rest", rport), ("grpc", gport)):
-                n, p99, client, cpu = measured(proc.pid, load(proto, port))
-                rows.append((f"tfpipe serve --workers {workers}, {proto.upper()}", client, n / secs, p99, cpu))
+                n, p99, client, cpu, client_cpu = measured(proc.pid, load(proto, port))
+                rows.append((f"tfpipe serve --workers {workers}, {proto.upper()}", client, n / secs, p99, cpu,
+                             (cpu * n / 1e6 + client_cpu) / secs))
         finally:
             proc.terminate()
             proc.wait()
@@ -574,18 +588,19 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
     for what, script, proto, url in floors:  # the same load on an empty handler of each stack
         proc, ports = start([sys.executable, os.path.join(HERE, script), str(free_port())], r"at 127.0.0.1:(\d+)", 1)
         try:
-            n, p99, client, cpu = measured(proc.pid, load(proto, ports[0], url))
-            rows.append((what, client, n / secs, p99, cpu))
+            n, p99, client, cpu, client_cpu = measured(proc.pid, load(proto, ports[0], url))
+            rows.append((what, client, n / secs, p99, cpu, (cpu * n / 1e6 + client_cpu) / secs))
         finally:
             proc.terminate()
             proc.wait()
-    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32, 2 ms, 1 thread "
-          f"per worker; CPU summed over the server's processes; {os.cpu_count()} cores shared with the client)")
-    print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s}")
-    for what, client, rps, p99, cpu in rows:
-        print(f"  {what:42s} {client:6s} {rps:8.0f} {p99:8.2f} {cpu:11.0f}")
+    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32 split among the "
+          f"workers, 2 ms, 1 thread per worker; CPU summed over the server's processes; {os.cpu_count()} cores shared with the client)")
+    print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s} {'busy cores':>11s}")
+    for what, client, rps, p99, cpu, busy in rows:
+        print(f"  {what:42s} {client:6s} {rps:8.0f} {p99:8.2f} {cpu:11.0f} {busy:11.2f}")
+    print(f"  (busy cores: the server's and the client's CPU seconds per second, of the {os.cpu_count()} there are)")
     one = {r[0].rsplit(", ", 1)[1]: r[2] for r in rows if "--workers 1," in r[0]}
-    for what, _, rps, _, _ in rows:
+    for what, _, rps, _, _, _ in rows:
         if "--workers 1," not in what and "--workers" in what:
             proto = what.rsplit(", ", 1)[1]
             print(f"  {what}: {rps / one[proto]:.2f}x the throughput of one worker")

@@ -175,7 +175,7 @@ class ServeOptions:
     host: str = "0.0.0.0"
     max_request_bytes: int = 64 * 1024 * 1024
     drain_seconds: float = 30.0
-    workers: int = 1
+    workers: int = 1  # the command line's default, 0, means auto (tfpipe.serve.workers.worker_count)
     gpu: bool = False
     docker_image: str = ""
     config_dir: str = "serve-config"
@@ -227,10 +227,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                      help="Largest REST body accepted; 413 over it (default 64 MiB)")
     own.add_argument("--drain_seconds", type=float, default=30.0,
                      help="On SIGTERM, wait this long for in-flight requests (default 30)")
-    own.add_argument("--workers", type=int, default=1, metavar="N",
+    own.add_argument("--workers", type=int, default=0, metavar="N",
                      help="Embedded server: N processes serving the same ports (SO_REUSEPORT), each with its own "
-                          "copy of the models, so that requests use N cores; Prometheus shows their totals "
-                          "(default 1: one process)")
+                          "copy of the models and a share of TensorFlow's threads, so that requests use N cores; "
+                          "Prometheus shows their totals. Default: one per core, but one process with "
+                          "--enable_batching (batches fill per process: tfpipe tune finds N with the batch size "
+                          "split) or --grpc_socket_path (a Unix socket is not shared). 1: one process")
     own.add_argument("--gpu", action="store_true", help="docker/k8s: the GPU image (tensorflow/serving:latest-gpu)")
     own.add_argument("--docker_image", default="", help="docker/k8s: image to run (default tensorflow/serving:latest[-gpu])")
     own.add_argument("--config_dir", default="serve-config",

@@ -1,14 +1,19 @@
 """TF Serving's gRPC services (tensorflow.serving.PredictionService and ModelService),
 with the messages from tensorflow-serving-api, so the official stubs work unchanged.
 
-Handlers are plain functions on grpcio's thread-pool server, as tensorflow_model_server's
-gRPC server is synchronous with --grpc_max_threads threads: a Predict decodes, runs the
-model (or waits for its batch) and encodes on one thread, with no hop to another.
+The services run on grpc.aio, on the server's event loop beside REST. A Predict is decoded
+on the loop and waits for its batch there, settled with the batch's other answers in one
+loop wake-up; what blocks (a model call without batching, Classify, Regress,
+MultiInference, a config reload) goes to the `--grpc_max_threads` pool. grpcio's
+thread-pool server, with one blocked thread per call and so one thread wake-up per answer,
+cost about a third more CPU per batched Predict (docs/benchmarks.md, Serving).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import Executor
 
 import grpc
 from tensorflow.core.protobuf import error_codes_pb2
@@ -47,51 +52,61 @@ def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
             spec.version_label if choice == "version_label" else None)
 
 
-def _answer(metrics: Metrics, api: str, name: str, context, handler):
-    """Run one call on this gRPC server thread; a ServingError becomes its status code."""
+async def _answer(metrics: Metrics, api: str, name: str, context, handler):
+    """Await one call's coroutine `handler()`; a ServingError becomes its status code."""
     t0 = time.perf_counter()
     try:
-        response = handler()
+        response = await handler()
     except ServingError as e:
         metrics.request(name, api, e.code.name, time.perf_counter() - t0)
-        context.abort(e.code, e.message)
+        await context.abort(e.code, e.message)
     except Exception as e:  # a bug, not bad input: INTERNAL, and the server keeps serving
         metrics.request(name, api, "INTERNAL", time.perf_counter() - t0)
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
     metrics.request(name, api, "OK", time.perf_counter() - t0)
     return response
 
 
+def _blocking(executor: Executor, run):
+    """A coroutine function that runs the blocking `run()` on `executor` (--grpc_max_threads)."""
+    async def on_thread():
+        return await asyncio.get_running_loop().run_in_executor(executor, run)
+    return on_thread
+
+
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """`tensor_content`: Predict answers carry numbers as tensor_content bytes
-    (--enable_serialization_as_tensor_content) rather than typed value fields."""
+    (--enable_serialization_as_tensor_content) rather than typed value fields. `executor`:
+    the --grpc_max_threads pool for what blocks."""
 
-    def __init__(self, inference: Inference, metrics: Metrics, tensor_content: bool = False,
+    def __init__(self, inference: Inference, metrics: Metrics, executor: Executor, tensor_content: bool = False,
                  logs: RequestLogs | None = None):
-        self.inference, self.metrics, self.tensor_content, self.logs = inference, metrics, tensor_content, logs
+        self.inference, self.metrics, self.executor = inference, metrics, executor
+        self.tensor_content, self.logs = tensor_content, logs
 
     def _log(self, started: tuple[int, int], name: str, version: int, signature: str, api: str, request,
              response) -> None:
         if self.logs is not None:
             self.logs.record(name, version, signature, api, "grpc", started, lambda: (request, response))
 
-    def Predict(self, request, context):
+    async def Predict(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
-        def run():
+        async def run():
             name, version, label = spec_of(request.model_spec)
-            servable, sig, outputs = self.inference.predict(
-                name, version, label, request.model_spec.signature_name, predict_inputs(request),
-                request.output_filter)
+            servable = self.inference.manager.resolve(name, version, label)
+            _, sig, outputs = await self.inference.predict_async(
+                servable, request.model_spec.signature_name, predict_inputs(request), request.output_filter,
+                self.executor)
             response = predict_pb2.PredictResponse()
             model_spec(response.model_spec, name, servable.version, sig.name)
             for k, v in outputs.items():
                 response.outputs[k].CopyFrom(tensor_proto(v, self.tensor_content))
             self._log(started, name, servable.version, sig.name, "predict", request, response)
             return response
-        return _answer(self.metrics, "predict", request.model_spec.name, context, run)
+        return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
-    def Classify(self, request, context):
+    async def Classify(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
         def run():
@@ -102,9 +117,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             model_spec(response.model_spec, name, servable.version, sig.name)
             self._log(started, name, servable.version, sig.name, "classify", request, response)
             return response
-        return _answer(self.metrics, "classify", request.model_spec.name, context, run)
+        return await _answer(self.metrics, "classify", request.model_spec.name, context,
+                             _blocking(self.executor, run))
 
-    def Regress(self, request, context):
+    async def Regress(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
         def run():
@@ -115,9 +131,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             model_spec(response.model_spec, name, servable.version, sig.name)
             self._log(started, name, servable.version, sig.name, "regress", request, response)
             return response
-        return _answer(self.metrics, "regress", request.model_spec.name, context, run)
+        return await _answer(self.metrics, "regress", request.model_spec.name, context,
+                             _blocking(self.executor, run))
 
-    def MultiInference(self, request, context):
+    async def MultiInference(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
         def run():
@@ -138,12 +155,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                       "multi_inference", request, response)
             return response
         name = request.tasks[0].model_spec.name if request.tasks else ""
-        return _answer(self.metrics, "multi_inference", name, context, run)
+        return await _answer(self.metrics, "multi_inference", name, context, _blocking(self.executor, run))
 
-    def GetModelMetadata(self, request, context):
-        def run():
+    async def GetModelMetadata(self, request, context):
+        async def run():  # no model call: answered on the loop
             return metadata_response(self.inference, request)
-        return _answer(self.metrics, "metadata", request.model_spec.name, context, run)
+        return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
 
 
 def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
@@ -176,21 +193,23 @@ def status_response(inference: Inference, request) -> get_model_status_pb2.GetMo
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, inference: Inference, metrics: Metrics, log=print):
-        self.inference, self.metrics, self.log = inference, metrics, log
+    """`reload(config)`: applies a ReloadConfigRequest's config, blocking until its models load."""
 
-    def GetModelStatus(self, request, context):
-        def run():
+    def __init__(self, inference: Inference, metrics: Metrics, executor: Executor, reload, log=print):
+        self.inference, self.metrics, self.executor, self.reload, self.log = inference, metrics, executor, reload, log
+
+    async def GetModelStatus(self, request, context):
+        async def run():
             return status_response(self.inference, request)
-        return _answer(self.metrics, "model_status", request.model_spec.name, context, run)
+        return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
 
-    def HandleReloadConfigRequest(self, request, context):
-        def run():
+    async def HandleReloadConfigRequest(self, request, context):
+        def run():  # waits for the new models to load
             if request.config.WhichOneof("config") is None:
                 raise invalid("ReloadConfigRequest has no config")
-            self.inference.manager.set_config(request.config)
+            self.reload(request.config)
             self.log(f"reloaded model config: {[c.name for c in request.config.model_config_list.config]}")
             response = model_management_pb2.ReloadConfigResponse()
             response.status.error_code = 0
             return response
-        return _answer(self.metrics, "reload_config", "", context, run)
+        return await _answer(self.metrics, "reload_config", "", context, _blocking(self.executor, run))

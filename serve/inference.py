@@ -1,15 +1,16 @@
 """What both APIs call: find the servable, check the request, run it, batched or not.
 
-gRPC handlers run on the gRPC server's threads (`--grpc_max_threads`) and call the
-blocking methods. The REST API lives on the asyncio loop and calls the `*_async` ones,
-which never run TensorFlow on the loop: a model call goes to a REST worker thread
-(`--rest_api_num_threads`), or to a batch thread when batching is on.
+Both APIs live on the server's asyncio loop. Predict calls `predict_async`, which never
+runs TensorFlow on the loop: a model call goes to a worker thread (`--rest_api_num_threads`
+for REST, `--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the
+loop waits without holding a thread. Classify, Regress and MultiInference call the blocking
+methods on a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
@@ -86,12 +87,13 @@ class Inference:
     # ---- asyncio: the REST API --------------------------------------------------------
 
     async def predict_async(self, servable: Servable, signature_name: str, inputs: dict[str, np.ndarray],
-                            output_filter=()) -> tuple[Servable, Signature, dict]:
+                            output_filter=(), executor: Executor | None = None) -> tuple[Servable, Signature, dict]:
+        """`executor`: where an unbatched model call runs (the REST threads when None)."""
         sig, checked, keep = _prepare(servable, signature_name, inputs, output_filter)
         loop = asyncio.get_running_loop()
         future = self._submit(servable, sig, checked, loop)
         if future is None:
-            outputs = await loop.run_in_executor(self.executor, servable.run, sig, checked, keep)
+            outputs = await loop.run_in_executor(executor or self.executor, servable.run, sig, checked, keep)
         else:  # waits without holding a thread
             outputs = _keep(await future, keep)
         return servable, sig, outputs

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from aiohttp import web
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.configs import channel_arguments, model_server_config, monitoring_config, session_bundle_config, \
@@ -34,7 +35,7 @@ from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.rest_api import RestApi
 from tfpipe.serve.servable import Servable, ServableSettings
-from tfpipe.serve.workers import worker_identity
+from tfpipe.serve.workers import Group, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
 HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving reports SERVING
@@ -108,7 +109,10 @@ class EmbeddedServer:
         except ServingError as e:
             self._release()
             raise ServeError(f"Failed to start server. Error: {e.code.name}: {e.message}") from None
-        self._start_grpc()
+        if worker_identity() is not None:  # one of --workers N: a worker started again catches up first
+            self.group = Group(self.metrics_text, apply=self._apply_shared_config)
+            await loop.run_in_executor(None, self.group.catch_up)
+        await self._start_grpc()
         if o.rest_api_port:
             if o.rest_api_port == o.port and o.port > 0:
                 self.log("server_options.http_port cannot be same as grpc_port. Please use a different port for "
@@ -130,23 +134,36 @@ class EmbeddedServer:
                                            root_certificates=self.ssl.custom_ca.encode() or None,
                                            require_client_auth=self.ssl.client_verify)
 
-    def _start_grpc(self) -> None:
+    def _reload(self, config) -> None:
+        """HandleReloadConfigRequest: apply `config`; in a group, every worker applies it before the answer."""
+        self.manager.set_config(config)
+        if self.group is not None:
+            self.group.share_config(config.SerializeToString())
+
+    def _apply_shared_config(self, serialized: bytes) -> None:
+        """A config another worker of the group received."""
+        config = model_server_config_pb2.ModelServerConfig.FromString(serialized)
+        self.manager.set_config(config)
+        self.log(f"reloaded model config (received by another worker): "
+                 f"{[c.name for c in config.model_config_list.config]}")
+
+    async def _start_grpc(self) -> None:
         o = self.opts
         options = dict([("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *self.channel_args])
-        self.grpc = grpc.server(self._executors[0], options=list(options.items()))
+        self.grpc = grpc.aio.server(options=list(options.items()))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.inference, self.metrics, o.enable_serialization_as_tensor_content,
-                              self.request_logs), self.grpc)
+            PredictionService(self.inference, self.metrics, self._executors[0],
+                              o.enable_serialization_as_tensor_content, self.request_logs), self.grpc)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.inference, self.metrics, self.log), self.grpc)
+            ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log), self.grpc)
         if o.enable_grpc_healthcheck_service:
             from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-            self.health = health.HealthServicer()
+            self.health = health.aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
             for service in ("", *HEALTH_SERVICES):
-                self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+                await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         creds = self._credentials()
         add = (lambda address: self.grpc.add_secure_port(address, creds)) if creds else self.grpc.add_insecure_port
         if o.port:
@@ -165,7 +182,7 @@ class EmbeddedServer:
                 bound = 0
             if not bound:
                 raise ServeError(f"cannot listen on the gRPC Unix socket {o.grpc_socket_path}")
-        self.grpc.start()
+        await self.grpc.start()
         if o.port:
             self.log(f"Running gRPC ModelServer at {o.host}:{self.grpc_port} ...")
         if o.grpc_socket_path:
@@ -179,12 +196,7 @@ class EmbeddedServer:
 
     async def _start_rest(self) -> None:
         o = self.opts
-        scrape = self.metrics_text
-        if worker_identity() is not None:  # one of --workers N: a scrape shows the whole group
-            from tfpipe.serve.workers import Group
-
-            self.group = Group(self.metrics_text)
-            scrape = self.group.scrape
+        scrape = self.metrics_text if self.group is None else self.group.scrape  # a group's scrape shows all
         rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
                        self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
                        render_metrics=scrape)
@@ -197,7 +209,7 @@ class EmbeddedServer:
         try:
             await site.start()
         except OSError as e:
-            self.grpc.stop(0)
+            await self.grpc.stop(0)
             raise ServeError(f"cannot bind the REST port {o.host}:{o.rest_api_port}: {e.strerror}") from None
         self.rest_port = self._runner.addresses[0][1]
         self.log(f"Exporting HTTP/REST API at:{o.host}:{self.rest_port} ...")
@@ -225,11 +237,10 @@ class EmbeddedServer:
         for t in self._tasks:
             t.cancel()
         if self.health is not None:
-            self.health.enter_graceful_shutdown()
+            await self.health.enter_graceful_shutdown()
         waits = []
         if self.grpc is not None:
-            stopped = self.grpc.stop(grace)  # a threading.Event, set once in-flight calls are done
-            waits.append(asyncio.get_running_loop().run_in_executor(None, stopped.wait))
+            waits.append(self.grpc.stop(grace))  # done once in-flight calls finish, or after `grace`
         if self._runner is not None:
             waits.append(self._runner.cleanup())
         await asyncio.gather(*waits, return_exceptions=True)

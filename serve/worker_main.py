@@ -2,14 +2,20 @@
 passes as JSON (see tfpipe.serve.workers).
 
     python -m tfpipe.serve.worker_main OPTIONS_JSON
+
+TensorFlow's import chatter is silenced as in a single process, unless the supervisor runs
+with --debug (DEBUG_ENV).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-from tfpipe.serve.server import run_embedded
-from tfpipe.serve.workers import options_from_spec
+from tfpipe import quiet_native_stderr
+from tfpipe.serve.workers import DEBUG_ENV, options_from_spec
 
 if __name__ == "__main__":
+    with quiet_native_stderr(os.environ.get(DEBUG_ENV) != "1"):
+        from tfpipe.serve.server import run_embedded
     sys.exit(run_embedded(options_from_spec(sys.argv[1]), log=lambda line: print(line, flush=True)))

@@ -15,7 +15,10 @@ What is shared, and how:
   memory summed; each worker's resident memory also shown with a `worker` label);
 - model versions: each worker polls the base paths itself, so all of them move to a new version
   within one poll of each other;
-- request logs: each worker writes files of its own (their names hold the process id).
+- request logs: each worker writes files of its own (their names hold the process id);
+- a model config sent with HandleReloadConfigRequest: the worker that receives it applies it, writes
+  it to the group's directory and answers once every other worker has applied it too (each watches
+  that file, and a worker started again after a crash applies the latest one at start).
 
 The supervisor (this module's `run_workers`) picks free ports for -1, starts the workers as fresh
 interpreters (`python -m tfpipe.serve.worker_main`: TensorFlow is not fork-safe), forwards their
@@ -25,6 +28,7 @@ worker to drain.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -38,12 +42,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from tfpipe.serve.errors import ServeError
+from tfpipe.serve.errors import ServeError, precondition, unavailable
 from tfpipe.serve.flags import ServeOptions
 
 WORKER_ENV = "TFPIPE_SERVE_WORKER"  # "i/N" in a worker's environment
 GROUP_ENV = "TFPIPE_SERVE_WORKERS_DIR"  # the group's shared directory
+DEBUG_ENV = "TFPIPE_SERVE_DEBUG"  # "1": the workers keep TensorFlow's native stderr lines (--debug)
 SNAPSHOT_SECONDS = 0.5
+CONFIG_POLL_S = 0.1  # how often a worker looks for a model config another worker received
+CONFIG_WAIT_S = 600.0  # how long a reload waits for the other workers to load the new models
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0  # more worker exits than this within the window: give up
 READY = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")
 
@@ -101,19 +108,79 @@ def merge_prometheus(texts: list[str]) -> str:
 
 
 class Group:
-    """A worker's view of its group: writes its own metrics for the others, and merges theirs into a
-    scrape."""
+    """A worker's view of its group: writes its own metrics for the others and merges theirs into a
+    scrape; shares a reloaded model config (`share_config`) and applies the ones the others
+    received with `apply(serialized ModelServerConfig)`, which raises on a config it refuses."""
 
-    def __init__(self, render: Callable[[], str]):
+    def __init__(self, render: Callable[[], str], apply: Callable[[bytes], None] | None = None):
         ident = worker_identity()
         if ident is None:
             raise ServeError(f"{WORKER_ENV} is not set: not a worker of a group")
         self.index, self.count = ident
         self.dir = os.environ[GROUP_ENV]
-        self.render = render
+        self.render, self.apply = render, apply
+        self._applied = 0  # the generation of the shared config this worker last applied
+        self._config_lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._write_loop, name="tfpipe-worker-metrics", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._write_loop, name="tfpipe-worker-metrics", daemon=True)]
+        if apply is not None:
+            self._threads.append(threading.Thread(target=self._config_loop, name="tfpipe-worker-config", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # ---- model configs ---------------------------------------------------------------------
+
+    def share_config(self, config: bytes, wait_s: float = CONFIG_WAIT_S) -> None:
+        """This worker has applied `config`: hand it to the others and wait until each has applied
+        it. Raises FAILED_PRECONDITION naming the workers that refused it, UNAVAILABLE naming those
+        that did not finish in `wait_s`."""
+        with self._config_lock:
+            generation = self._applied = time.time_ns()
+        _write_json(os.path.join(self.dir, "model_config.json"), {
+            "generation": generation, "from": self.index, "config": base64.b64encode(config).decode("ascii")})
+        self._ack(generation, "")
+        deadline = time.monotonic() + wait_s
+        while True:
+            acks = {i: _read_json(self._ack_path(i)) for i in range(self.count) if i != self.index}
+            errors = [f"worker {i}: {a['error']}" for i, a in acks.items()
+                      if a and a["generation"] == generation and a["error"]]
+            if errors:
+                raise precondition("the new model config was applied by this worker but refused by "
+                                   + "; ".join(errors))
+            waiting = [i for i, a in acks.items() if not a or a["generation"] < generation]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise unavailable(f"worker(s) {', '.join(map(str, waiting))} did not apply the new model config "
+                                  f"within {wait_s:g} s")
+            time.sleep(CONFIG_POLL_S)
+
+    def _config_loop(self) -> None:
+        while not self._stop.wait(CONFIG_POLL_S):
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Apply the group's model config when another worker received a newer one (a worker
+        started again after a crash calls this before it opens its ports)."""
+        with self._config_lock:
+            shared = _read_json(os.path.join(self.dir, "model_config.json"))
+            if not shared or shared["generation"] <= self._applied:
+                return
+            self._applied = shared["generation"]
+            try:
+                self.apply(base64.b64decode(shared["config"]))
+                error = ""
+            except Exception as e:  # noqa: BLE001 (the worker that received it reports the refusal)
+                error = getattr(e, "message", None) or str(e)
+            self._ack(shared["generation"], error)
+
+    def _ack(self, generation: int, error: str) -> None:
+        _write_json(self._ack_path(self.index), {"generation": generation, "error": error})
+
+    def _ack_path(self, i: int) -> str:
+        return os.path.join(self.dir, f"worker-{i}.config.json")
+
+    # ---- metrics ---------------------------------------------------------------------------
 
     def _path(self, i: int) -> str:
         return os.path.join(self.dir, f"worker-{i}.prom")
@@ -157,6 +224,25 @@ class Group:
         self._stop.set()
 
 
+def _write_json(path: str, value: dict) -> None:
+    """Atomically, as the other workers may read it at any moment."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    except OSError:  # the group's directory went with the supervisor
+        pass
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # not written yet
+        return None
+
+
 def _rss_of(page: str) -> int:
     m = re.search(r"^process_resident_memory_bytes (\d+)$", page, re.M)
     return int(m[1]) if m else 0
@@ -180,6 +266,29 @@ def _die_with_parent() -> None:
         pass
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(opts: ServeOptions, available: int | None = None) -> tuple[int, str]:
+    """How many workers --workers asks for (0: auto), and why, in a few words."""
+    available = cores() if available is None else available
+    if opts.workers < 0:
+        raise ServeError(f"--workers {opts.workers}: at least 1 (or 0, one per core)")
+    if opts.workers > 0:
+        return opts.workers, "--workers"
+    if opts.grpc_socket_path:
+        return 1, "--grpc_socket_path: a Unix socket cannot be shared between processes"
+    if opts.enable_batching:
+        return 1, ("--enable_batching: each process would batch 1/N of the requests; give --workers N with "
+                   "max_batch_size divided by N, or let tfpipe tune choose")
+    return available, f"one per core, {available} here"
+
+
 def check(opts: ServeOptions) -> None:
     if opts.workers < 1:
         raise ServeError(f"--workers {opts.workers}: at least 1")
@@ -188,11 +297,18 @@ def check(opts: ServeOptions) -> None:
                          f"(--grpc_socket_path {opts.grpc_socket_path}) cannot be shared: leave it out")
 
 
-def worker_options(opts: ServeOptions) -> ServeOptions:
-    """The options every worker gets: the same ports (free ones chosen for -1), one process each."""
+def worker_options(opts: ServeOptions, available: int | None = None) -> ServeOptions:
+    """The options every worker gets: the same ports (free ones chosen for -1), one process each,
+    and unless the command line sets TensorFlow's threads, a 1/N share of the cores for its
+    intra-op and inter-op pools (TensorFlow would give each worker a pool as large as the machine)."""
     port = free_port(opts.host) if opts.port < 0 else opts.port
     rest = free_port(opts.host) if opts.rest_api_port < 0 else opts.rest_api_port
-    return dataclasses.replace(opts, port=port, rest_api_port=rest, workers=1)
+    child = dataclasses.replace(opts, port=port, rest_api_port=rest, workers=1)
+    if not (opts.tensorflow_intra_op_parallelism or opts.tensorflow_inter_op_parallelism
+            or opts.tensorflow_session_parallelism or opts.tensorflow_session_config_file):
+        share = max(1, (cores() if available is None else available) // opts.workers)
+        child = dataclasses.replace(child, tensorflow_intra_op_parallelism=share, tensorflow_inter_op_parallelism=share)
+    return child
 
 
 class Supervisor:
@@ -286,8 +402,11 @@ class Supervisor:
                 p.wait()
 
 
-def run_workers(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
-    """Serve with opts.workers processes until SIGTERM or SIGINT; 0 once every worker has drained."""
+def run_workers(opts: ServeOptions, log: Callable[[str], None] = print, debug: bool = False) -> int:
+    """Serve with opts.workers processes until SIGTERM or SIGINT; 0 once every worker has drained.
+    `debug`: the workers keep TensorFlow's native stderr lines."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
     sup = Supervisor(opts, log)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())

@@ -114,6 +114,10 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.P
     """Start `tfpipe ARGS` like `subprocess.Popen([python, -m, tfpipe.cli, ...], text=True)`:
     forked from the CLI host, or a fresh interpreter when `env` changes what a process reads
     at its start. `stdout`/`stderr` take PIPE, STDOUT (stderr only), DEVNULL or a file."""
+    if args and args[0] == "serve" and not any(a.startswith("--workers") for a in args):
+        # one process per test server (a test about workers says --workers=N): the default, one per
+        # core, would multiply the suite's memory and start-up time on a machine with more cores
+        args = (*args, "--workers=1")
     env = dict(os.environ if env is None else env)
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
     if any(_READ_AT_START.match(k) for k in changed):

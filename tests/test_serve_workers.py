@@ -45,7 +45,8 @@ def test_worker_metrics_merge_into_one_page(pages, want):
 
 
 @pytest.mark.parametrize("flags, message", [
-    ({"workers": 0}, "at least 1"),
+    ({"workers": 0}, "at least 1"),  # the supervisor's own check: the command line resolves 0 first
+    ({"workers": -1}, "at least 1"),
     ({"workers": 2, "grpc_socket_path": "/tmp/x.sock"}, "Unix socket"),
 ])
 def test_worker_options_that_cannot_work_are_refused(flags, message):
@@ -55,6 +56,35 @@ def test_worker_options_that_cannot_work_are_refused(flags, message):
 
     with pytest.raises(ServeError, match=message):
         check(ServeOptions(**flags))
+
+
+@pytest.mark.parametrize("flags, cores, want", [
+    ({"workers": 0}, 8, 8),  # auto: one per core
+    ({"workers": 0}, 1, 1),
+    ({"workers": 3}, 8, 3),  # given: as given, whatever else is on
+    ({"workers": 3, "enable_batching": True}, 8, 3),
+    ({"workers": 0, "enable_batching": True}, 8, 1),  # batches fill per process: one unless asked
+    ({"workers": 0, "grpc_socket_path": "/tmp/x.sock"}, 8, 1),  # a Unix socket is not shared
+])
+def test_the_worker_count_by_default_and_as_given(flags, cores, want):
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.workers import worker_count
+
+    assert worker_count(ServeOptions(**flags), available=cores)[0] == want
+
+
+@pytest.mark.parametrize("flags, cores, want", [
+    ({"workers": 2}, 8, (4, 4)),  # TensorFlow's pools: a share of the cores each
+    ({"workers": 3}, 2, (1, 1)),
+    ({"workers": 2, "tensorflow_intra_op_parallelism": 6}, 8, (6, 0)),  # the command line's own setting wins
+    ({"workers": 2, "tensorflow_session_parallelism": 5}, 8, (0, 0)),
+])
+def test_each_worker_gets_a_share_of_tensorflows_threads(flags, cores, want):
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.workers import worker_options
+
+    child = worker_options(ServeOptions(port=8500, rest_api_port=8501, **flags), available=cores)
+    assert (child.tensorflow_intra_op_parallelism, child.tensorflow_inter_op_parallelism, child.workers) == (*want, 1)
 
 
 def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_path):
@@ -169,6 +199,72 @@ def test_two_workers_move_to_a_new_version_together_and_log_every_request_once(t
     logged = sorted(lg.predict_log.request.inputs["x"].float_val[0]
                     for lg, _ in iter_logs(read_log(prefix).records) if lg.WhichOneof("log_type") == "predict_log")
     assert logged == sorted(sent)  # none lost, none twice, across both workers' files
+
+
+def _predict_model(port: int, name: str) -> tuple[str, float] | tuple[str, str]:
+    """Predict x=2 of model `name` on a fresh connection: ("ok", y) or (status code name, details)."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = name
+        req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [2.0]
+        req.inputs["x"].tensor_shape.dim.add().size = 1
+        try:
+            return "ok", prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+                req, timeout=30).outputs["y"].float_val[0]
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+
+
+def test_a_reloaded_model_config_reaches_every_worker_before_the_answer(tmp_path):
+    """HandleReloadConfigRequest reaches one worker; once it answers OK, the model it adds serves from
+    every worker (16 fresh connections, none NOT_FOUND), and a worker killed afterwards comes back
+    with the reloaded config, not the command line's, before it opens its ports."""
+    import grpc
+    from serving_models import save_half
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+    from tensorflow_serving.config import model_server_config_pb2
+
+    save_half(str(tmp_path / "half" / "1"), b=2.0)
+    save_half(str(tmp_path / "other" / "1"), b=5.0)
+    (tmp_path / "models.config").write_text(
+        f'model_config_list {{ config {{ name: "half" base_path: "{tmp_path / "half"}" model_platform: '
+        '"tensorflow" } }')
+    proc, grpc_port, _ = start_cli_server("--workers=2", f"--model_config_file={tmp_path / 'models.config'}",
+                                          "--file_system_poll_wait_seconds=1")
+    try:
+        assert {_predict_model(grpc_port, "other")[0] for _ in range(8)} == {"NOT_FOUND"}
+        config = model_server_config_pb2.ModelServerConfig()
+        for name in ("half", "other"):
+            config.model_config_list.config.add(name=name, base_path=str(tmp_path / name),
+                                                model_platform="tensorflow")
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            reply = model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+                model_management_pb2.ReloadConfigRequest(config=config), timeout=120)
+        assert reply.status.error_code == 0
+        assert [_predict_model(grpc_port, "other") for _ in range(16)] == [("ok", 6.0)] * 16
+
+        old = {w.pid for w in _workers(proc)}
+        psutil.Process(min(old)).kill()
+        deadline, new = time.time() + 120, None
+        while new is None and time.time() < deadline:  # the replacement, once it listens on the gRPC port
+            for c in psutil.Process(proc.pid).children():
+                try:
+                    if c.pid not in old and any(s.status == psutil.CONN_LISTEN and s.laddr.port == grpc_port
+                                                for s in c.net_connections(kind="tcp")):
+                        new = c
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.2)
+        assert new is not None, "no worker took the killed one's place"
+        cpu = new.cpu_times().user + new.cpu_times().system
+        assert [_predict_model(grpc_port, "other") for _ in range(24)] == [("ok", 6.0)] * 24
+        assert new.cpu_times().user + new.cpu_times().system - cpu > 0.02  # the new worker answered some
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
 
 
 def test_a_killed_worker_is_started_again(tmp_path):

@@ -14,6 +14,10 @@ Ported from the tensorflow/serving repository:
 Models are built by tests/serving_models.py the way TF Serving's testdata generator builds
 them (versions 00000123/00000124); the config files below follow TF Serving's testdata.
 
+`TFPIPE_SUITE_WORKERS=2 pytest tests/test_tf_serving_suite.py` runs every case against
+`tfpipe serve --workers=2` (each server its own supervisor and two workers, no Unix socket, which
+workers cannot share: testPredictUDS then skips); by default each server is one process.
+
 Differences from the upstream command line, for this project's test rules: `--host=127.0.0.1`
 (servers listen on loopback only), ports the OS picks, and one Unix socket per server (upstream
 points every server at /tmp/tf-serving.sock, which the last one started takes over).
@@ -40,6 +44,7 @@ from serve_host import FAILED as FAILED_IN_HOST
 pytestmark = pytest.mark.xdist_group("tf_serving_suite")
 
 RPC_TIMEOUT = 20.0
+WORKERS = int(os.environ.get("TFPIPE_SUITE_WORKERS") or 0)  # >1: every server is `tfpipe serve --workers=N`
 REST_TIMEOUT_MS = 5000
 
 NOT_APPLICABLE = {
@@ -119,6 +124,9 @@ class Server:
                     raise AssertionError(f"the server exited ({self.proc.returncode}):\n{self.output()}")
                 if FAILED_IN_HOST in self.output():
                     raise AssertionError(f"the server did not start:\n{self.output()}")
+                if WORKERS > 1 and "serving gRPC" not in self.output():  # the supervisor's line: all serve
+                    time.sleep(0.2)
+                    continue
                 try:
                     stub.Predict(request, 1.0)
                 except grpc.RpcError as error:
@@ -159,6 +167,10 @@ class Servers:
         (tests/serve_host.py): each is the `tfpipe serve` its command line makes, on its own ports,
         and TensorFlow is imported once for all of them."""
         runs = [r for r in runs if self._key(**r) not in self.running]
+        if WORKERS > 1:  # a supervisor each: the host runs single-process servers only
+            for r in runs:
+                self.running[self._key(**r)] = self._start(*self._key(**r))
+            return
         servers = [self._server(**r) for r in runs]
         spec = os.path.join(self.tmp, f"host-{self._count}.json")
         with open(spec, "w") as f:
@@ -195,7 +207,10 @@ class Servers:
         command += " --port=" + str(port)
         command += " --rest_api_port=" + str(rest_port)
         command += " --rest_api_timeout_in_ms=" + str(REST_TIMEOUT_MS)
-        command += " --grpc_socket_path=" + socket_path
+        if WORKERS > 1:
+            command += f" --workers={WORKERS}"
+        else:
+            command += " --grpc_socket_path=" + socket_path
         if model_config_file:
             command += " --model_config_file=" + model_config_file
         elif model_path:
@@ -704,6 +719,7 @@ def test_cases_against_two_worker_processes(paths):
         assert proc.wait(timeout=90) == 0
 
 
+@pytest.mark.skipif(WORKERS > 1, reason="--workers processes cannot share a Unix socket")
 def test_predict_uds(servers, paths):
     """testPredictUDS: gRPC over the Unix socket of --grpc_socket_path"""
     server = servers.run("default", paths.half_plus_two)

@@ -4,6 +4,9 @@ The stages are subpackages (tfpipe.pipeline, tfpipe.train, tfpipe.export, tfpipe
 tfpipe.loadtest); tfpipe.cli and tfpipe.run drive them. Importing this package imports no
 stage and no TensorFlow."""
 
+import contextlib
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -11,4 +14,22 @@ try:
 except PackageNotFoundError:  # a source tree that is not installed
     __version__ = "0.0.0+source"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "quiet_native_stderr"]
+
+
+@contextlib.contextmanager
+def quiet_native_stderr(quiet: bool):
+    """Silence what native code writes straight to fd 2 (TensorFlow 2.21 prints CUDA-stub
+    lines on import that no log-level variable suppresses); `quiet=False` (--debug) keeps them."""
+    if not quiet:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

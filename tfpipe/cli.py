@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tfpipe import __version__
+from tfpipe import __version__, quiet_native_stderr
 from tfpipe.config import Config, load_config, validate
 from tfpipe.errors import ConfigError, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, user_errors
 
@@ -107,24 +107,6 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr(quiet: bool):
-    """Silence what native code writes straight to fd 2 (TensorFlow 2.21 prints CUDA-stub
-    lines on import that no log-level variable suppresses); --debug keeps them."""
-    if not quiet:
-        yield
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str,
                           check: Callable[[Any], Any]) -> int:
     """Check the inputs, then import the stage (TensorFlow comes with it, only now) and run it.
@@ -132,7 +114,7 @@ def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[Ba
     user as exceptions."""
     cfg = _section(args, load_config(args.config), section, model)
     check(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
-    with _quiet_native_stderr(not args.debug):
+    with quiet_native_stderr(not args.debug):
         importlib.import_module(module).run(cfg, log=lambda line: print(line, flush=True))
     return 0
 
@@ -158,11 +140,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     for arg in extra:  # as tensorflow_model_server: named, then ignored
         print(f"unknown argument: {arg} (ignored; 'tfpipe serve --help' lists the flags)", file=sys.stderr)
-    if opts.backend == "embedded" and opts.workers != 1 and not (opts.emit_k8s or opts.version):
-        from tfpipe.serve.workers import run_workers  # the supervisor imports no TensorFlow
+    if opts.backend == "embedded" and not (opts.emit_k8s or opts.version):
+        from tfpipe.serve.workers import run_workers, worker_count  # the supervisor imports no TensorFlow
 
-        return run_workers(opts, log)
-    with _quiet_native_stderr(not args.debug):
+        n, why = worker_count(opts)
+        if opts.workers == 0:  # auto: say what it chose
+            log(f"tfpipe serve: {n} worker process{'es' if n > 1 else ''} ({why}; --workers N to choose)")
+        opts = dataclasses.replace(opts, workers=n)
+        if n > 1:
+            return run_workers(opts, log, debug=args.debug)
+    with quiet_native_stderr(not args.debug):
         import tfpipe.serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
     if opts.emit_k8s:
         from tfpipe.serve.k8s import emit
@@ -173,7 +160,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         from tfpipe.serve.tfserving import launch
 
         return launch(opts, log)
-    with _quiet_native_stderr(not args.debug):
+    with quiet_native_stderr(not args.debug):
         from tfpipe.serve.server import run_embedded
     return run_embedded(opts, log)
 
@@ -182,7 +169,7 @@ def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.loadtest.config import LoadtestConfig
 
     cfg = _section(args, load_config(args.config), "loadtest", LoadtestConfig)
-    with _quiet_native_stderr(not args.debug):  # TensorFlow builds the gRPC requests
+    with quiet_native_stderr(not args.debug):  # TensorFlow builds the gRPC requests
         from tfpipe.loadtest.job import run
 
         return run(cfg, log=lambda line: print(line, flush=True))
@@ -194,7 +181,7 @@ def cmd_skew(args: argparse.Namespace, extra: list[str]) -> int:
 
     cfg = _section(args, load_config(args.config), "skew", SkewConfig)
     check_inputs(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
-    with _quiet_native_stderr(not args.debug):
+    with quiet_native_stderr(not args.debug):
         from tfpipe.skew.job import run
 
         return run(cfg, log=lambda line: print(line, flush=True))
@@ -206,7 +193,7 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> int:
 
     cfg = _section(args, load_config(args.config), "tune", TuneConfig)
     check_inputs(cfg)
-    with _quiet_native_stderr(not args.debug):  # TensorFlow builds the load test's requests
+    with quiet_native_stderr(not args.debug):  # TensorFlow builds the load test's requests
         return run(cfg, log=lambda line: print(line, flush=True))
 
 

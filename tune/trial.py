@@ -52,7 +52,7 @@ def serve_command(cfg: TuneConfig, batching_file: str, config_dir: str, port: in
             f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={cfg.model_name}",
             f"--model_base_path={os.path.abspath(cfg.model_base_path)}", "--enable_batching=true",
             f"--batching_parameters_file={os.path.abspath(batching_file)}",
-            f"--config_dir={os.path.abspath(config_dir)}", *((f"--workers={workers}",) if workers != 1 else ()),
+            f"--config_dir={os.path.abspath(config_dir)}", f"--workers={workers}",
             *cfg.serve_args]
 
 
