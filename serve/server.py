@@ -1,7 +1,7 @@
-"""The embedded server: TF Serving's gRPC API on grpcio's thread-pool server (TCP port and/or
-Unix socket, optionally TLS or ALTS, optionally the standard health service), its REST API
-on an asyncio loop whose model calls go to worker threads, models loaded and swapped by the
-ModelManager.
+"""The embedded server: TF Serving's gRPC API on grpc.aio (TCP port and/or Unix socket,
+optionally TLS or ALTS, optionally the standard health service) and its REST API on aiohttp,
+both on one asyncio loop whose model calls go to batch or worker threads, models loaded and
+swapped by the ModelManager.
 
 As tensorflow_model_server does, the server loads the configured models before it opens
 its ports, and refuses to start when a model's versions all fail to load.
