@@ -305,6 +305,8 @@ def _fast_numeric(value: list, dtype: tf.DType) -> np.ndarray | None:
     except (ValueError, TypeError):
         return None
     kind, want = arr.dtype.kind, _kind(dtype)
+    if arr.dtype == want.numpy:  # already the dtype (int64 from JSON integers): nothing to check or cast
+        return arr
     if want.boolean:
         return arr if kind == "b" else None
     if want.floating and kind in "iuf":
