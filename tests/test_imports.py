@@ -174,3 +174,37 @@ def test_the_wheel_installs_one_import_name(tmp_path):
     # the demo config `tfpipe run` falls back on, and no data: the taxi sample stays in the repository
     assert "tfpipe/examples/penguins.toml" in names
     assert not [n for n in names if n.endswith(".csv")]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function in `source` longer than `limit` lines, from its `def` line
+    to its last line (a nested function counts within its parent, and on its own)."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def _function(name: str, body_lines: int, indent: str = "") -> str:
+    return f"{indent}def {name}():\n" + "".join(f"{indent}    x = {i}\n" for i in range(body_lines))
+
+
+@pytest.mark.parametrize("source, want", [
+    (_function("f", 79), []),  # 80 lines with its def: the limit itself
+    (_function("f", 80), [("f", 81)]),
+    ("class C:\n" + _function("m", 85, "    "), [("m", 86)]),  # methods count
+    ("async " + _function("a", 90), [("a", 91)]),
+    (_function("outer", 2) + "    " + _function("inner", 81).replace("\n", "\n    ").rstrip() + "\n",
+     [("outer", 85), ("inner", 82)]),
+])
+def test_long_functions_are_found(source, want):
+    assert long_functions(source) == want
+
+
+def test_no_product_function_is_longer_than_80_lines():
+    """docs/architecture.md: a function longer than this is split where its data flows."""
+    found = [f"{os.path.relpath(path, ROOT)}: {name} ({n} lines)" for module, path in modules().items()
+             for name, n in long_functions(open(path).read())]
+    assert not found, "functions over 80 lines:\n" + "\n".join(found)
+

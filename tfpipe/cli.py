@@ -235,23 +235,24 @@ def cmd_show(args: argparse.Namespace, extra: list[str]) -> int:
     return show(workdir, as_json=args.json)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from tfpipe.pipeline.config import DataConfig
-    from tfpipe.train.config import TrainConfig
+@dataclasses.dataclass(frozen=True)
+class _StageCommand:
+    """A stage's subcommand, whose flags come from its config model (`config`, "module:Class",
+    imported when the parser is built), and its texts for --help."""
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="TOML", help="tfpipe.toml to read; flags override its keys")
-    common.add_argument("--debug", action="store_true", help="show tracebacks and Beam's logs")
+    name: str
+    config: str
+    handler: Callable[[argparse.Namespace, list[str]], int]
+    help: str
+    description: str
+    epilog: str
+    accepts_extra: bool = False  # options it does not know are passed on (Beam's)
+    flag_options: tuple[tuple[str, Any], ...] = ()  # add_model_flags' keyword arguments
 
-    parser = argparse.ArgumentParser(
-        prog="tfpipe",
-        description="Raw data to a served, load-tested TensorFlow model.",
-    )
-    parser.add_argument("--version", action="version", version=f"tfpipe {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    data = sub.add_parser(
-        "data", parents=[common],
+_STAGE_COMMANDS = (
+    _StageCommand(
+        "data", "tfpipe.pipeline.config:DataConfig", cmd_data,
         help="raw CSV/JSONL/Parquet -> validated, split, sharded gzip TFRecords + schema + stats",
         description=(
             "An Apache Beam job: reads CSV (with a header), JSON Lines or Parquet (globs, several "
@@ -264,16 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
             "With --format images it reads labelled JPEG/PNG/BMP/GIF files instead: a folder with one "
             "subfolder per class, or a CSV/JSONL manifest of image paths and labels; empty, "
             "non-image, truncated, too small (--min-size) and unknown-class files go to the dead-letter "
-            "with their reason, and each record keeps the file's bytes (re-encoded only with --resize)."
-        ),
-        epilog="examples: tfpipe data --input 'raw/*.csv' --label big_tipper --exclude tips --out work/data; "
-               "tfpipe data --format images --input photos/ --min-size 32x32 --out work/images",
-    )
-    add_model_flags(data, DataConfig, skip={"beam_args"})
-    data.set_defaults(handler=cmd_data, accepts_extra=True)
-
-    train = sub.add_parser(
-        "train", parents=[common],
+            "with their reason, and each record keeps the file's bytes (re-encoded only with --resize)."),
+        epilog=(
+            "examples: tfpipe data --input 'raw/*.csv' --label big_tipper --exclude tips --out work/data; "
+            "tfpipe data --format images --input photos/ --min-size 32x32 --out work/images"),
+        accepts_extra=True,
+        flag_options=(("skip", frozenset({"beam_args"})),),
+    ),
+    _StageCommand(
+        "train", "tfpipe.train.config:TrainConfig", cmd_train,
         help="TFRecords from tfpipe data -> a Keras 3 model with its preprocessing inside",
         description=(
             "Reads only the data stage's output (TFRecords, schema.json, stats.json): tf.data "
@@ -285,17 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
             "again with the same command continues from its last epoch. On an image data dir "
             "(tfpipe data --format images): a small CNN or a keras.applications network on uint8 "
             "pixels, with augmentation and normalisation inside the model (--model, --filters, "
-            "--image-size, --augment)."
-        ),
+            "--image-size, --augment)."),
         epilog="example: tfpipe train --data runs/taxi/data --out runs/taxi/train --epochs 20 --hidden 128,64",
-    )
-    add_model_flags(train, TrainConfig)
-    train.set_defaults(handler=cmd_train)
-
-    from tfpipe.export.config import ExportConfig
-
-    export = sub.add_parser(
-        "export", parents=[common],
+    ),
+    _StageCommand(
+        "export", "tfpipe.export.config:ExportConfig", cmd_export,
         help="a trained model -> a versioned SavedModel for TF Serving, published atomically",
         description=(
             "Writes BASE/NAME/VERSION/ (VERSION one more than the highest so far, never reused) with "
@@ -305,13 +299,100 @@ def build_parser() -> argparse.ArgumentParser:
             "come from real eval rows. The SavedModel is reloaded and checked against the Keras "
             "model before an atomic rename publishes it. An image model's serving_default takes "
             "encoded image bytes (image_bytes), predict_pixels uint8 pixels, classification "
-            "serialized Examples; its TFLite variants take uint8 pixels."
-        ),
+            "serialized Examples; its TFLite variants take uint8 pixels."),
         epilog="example: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models",
-    )
-    add_model_flags(export, ExportConfig)
-    export.set_defaults(handler=cmd_export)
+    ),
+    _StageCommand(
+        "loadtest", "tfpipe.loadtest.config:LoadtestConfig", cmd_loadtest,
+        help="load-test a TF Serving endpoint (REST or gRPC) with locust: true percentiles, sweeps, an SLO gate",
+        description=(
+            "Builds requests from real eval rows of a tfpipe data directory (with its test rows too when the "
+            "eval split has under 200; or takes --payload), shaped for the signature the server reports, "
+            "checks that the server accepts one, then runs locust as a library in its own process per step: "
+            "closed model (--users N, each user waits for its answer) or open model (--rate R requests/s on "
+            "a schedule, latency counted from the intended send time). Every response time is kept with "
+            "microsecond resolution; prints p50/p90/p95/p99/p99.9/max per step, finds the knee of a --sweep, "
+            "writes results.json, results.csv and report.html into --out (default runs/loadtest), and exits 1 "
+            "when --slo is missed (0 when met). With --replay PREFIX it sends a request log's requests "
+            "again (written by tfpipe serve's logging_config or --request_log_prefix), each over the API and "
+            "protocol it came in on, at its recorded time times 1/--speed, and compares count, rate and latency "
+            "with the log's. Requests go only to --target (and --grpc-target)."),
+        epilog=(
+            'examples: tfpipe loadtest --target http://127.0.0.1:8501 --model taxi --data runs/taxi/data '
+            '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"; '
+            'tfpipe loadtest --replay logs/taxi --target http://127.0.0.1:8501 '
+            '--grpc-target grpc://127.0.0.1:8500 --speed 2'),
+    ),
+    _StageCommand(
+        "skew", "tfpipe.skew.config:SkewConfig", cmd_skew,
+        help="training/serving skew: logged requests' features against the training split",
+        description=(
+            "Reads a request log written by tfpipe serve (a model's logging_config, or --request_log_prefix): "
+            "the features of every logged Predict (named tensors or serialized tf.Examples), Classify, Regress "
+            "and MultiInference request, REST or gRPC. Computes their statistics with the data stage's combiner "
+            "and compares each feature with the training split of --data, as TFDV does: L-infinity distance over "
+            "value frequencies for categorical features, Jensen-Shannon divergence (in bits, 0 to 1) over the "
+            "training quantile bins for numeric ones. Also reports features never sent, a rise in missing values, "
+            "categories training never saw and values beyond the training range. Each distance comes with its "
+            "noise bound, the distance that samples of the traffic's size (identical rows counted once) drawn "
+            "from the training split stay under with --confidence: a feature is skewed only when its distance "
+            "is over its threshold and beyond that bound. Writes skew.json and skew.html into --out; exits 1 "
+            "when a feature is skewed, 0 when none is."),
+        epilog=(
+            "example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
+            "trip_miles=0.2"),
+    ),
+    _StageCommand(
+        "tune", "tfpipe.tune.config:TuneConfig", cmd_tune,
+        help="batching tuned by measurement: TF Serving's BatchingParameters searched with the load generator",
+        description=(
+            "Searches max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches and "
+            "allowed_batch_sizes for the highest throughput within --slo. Each trial starts the server (--backend: "
+            "tfpipe's embedded server, tensorflow_model_server or the tensorflow/serving container, through tfpipe "
+            "serve) on the model with one candidate batching.config, load-tests it with tfpipe loadtest's generator "
+            "at each load level, lowest first, until one misses the SLO, and stops it. The candidates come coarse to "
+            "fine from the TF Serving batching guide's CPU starting point (num_batch_threads = cores, "
+            "batch_timeout_micros 0, max_batch_size 32): a 3x3 grid of batch size and timeout, the best pair's "
+            "neighbours, thread counts, the queue length and padding, and the start and the leader measured again; "
+            "at most --trials (20). Writes batching.config (the best), tune.json and tune.html (every trial) into "
+            "--out; exits 1 when no candidate met the SLO. A killed tune resumes where it stopped when run again. "
+            "Flags take TF Serving's spelling (--model_base_path) or tfpipe's (--model-base-path)."),
+        epilog=(
+            'example: tfpipe tune --model_name taxi --model_base_path runs/taxi/export/serving '
+            '--data runs/taxi/data --clients 32 --slo "p99<20ms" --out runs/taxi-tune; then: tfpipe serve '
+            '--model_name taxi --model_base_path ... --enable_batching '
+            '--batching_parameters_file runs/taxi-tune/batching.config'),
+        flag_options=(("underscores", True),),
+    ),
+)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="TOML", help="tfpipe.toml to read; flags override its keys")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and Beam's logs")
+
+    parser = argparse.ArgumentParser(
+        prog="tfpipe",
+        description="Raw data to a served, load-tested TensorFlow model.",
+    )
+    parser.add_argument("--version", action="version", version=f"tfpipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for stage in _STAGE_COMMANDS:  # in `tfpipe --help`'s order: data, train, export, then serve
+        if stage.name == "loadtest":
+            _add_serve(sub)
+        module, _, cls = stage.config.partition(":")
+        p = sub.add_parser(stage.name, parents=[common], help=stage.help, description=stage.description,
+                           epilog=stage.epilog)
+        add_model_flags(p, getattr(importlib.import_module(module), cls), **dict(stage.flag_options))
+        p.set_defaults(handler=stage.handler, **({"accepts_extra": True} if stage.accepts_extra else {}))
+    _add_run(sub, common)
+    _add_show(sub, common)
+    return parser
+
+
+def _add_serve(sub) -> None:
+    """`tfpipe serve`: tensorflow_model_server's flags, and tfpipe's own."""
     from tfpipe.serve.flags import add_serve_flags
 
     debug_only = argparse.ArgumentParser(add_help=False)
@@ -338,82 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     serve.set_defaults(handler=cmd_serve, accepts_extra=True)
 
-    from tfpipe.loadtest.config import LoadtestConfig
 
-    loadtest = sub.add_parser(
-        "loadtest", parents=[common],
-        help="load-test a TF Serving endpoint (REST or gRPC) with locust: true percentiles, sweeps, an SLO gate",
-        description=(
-            "Builds requests from real eval rows of a tfpipe data directory (with its test rows too when the "
-            "eval split has under 200; or takes --payload), shaped for the signature the server reports, "
-            "checks that the server accepts one, then runs locust as a library in its own process per step: "
-            "closed model (--users N, each user waits for its answer) or open model (--rate R requests/s on "
-            "a schedule, latency counted from the intended send time). Every response time is kept with "
-            "microsecond resolution; prints p50/p90/p95/p99/p99.9/max per step, finds the knee of a --sweep, "
-            "writes results.json, results.csv and report.html into --out (default runs/loadtest), and exits 1 "
-            "when --slo is missed (0 when met). With --replay PREFIX it sends a request log's requests "
-            "again (written by tfpipe serve's logging_config or --request_log_prefix), each over the API and "
-            "protocol it came in on, at its recorded time times 1/--speed, and compares count, rate and latency "
-            "with the log's. Requests go only to --target (and --grpc-target)."
-        ),
-        epilog=('examples: tfpipe loadtest --target http://127.0.0.1:8501 --model taxi --data runs/taxi/data '
-                '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"; '
-                'tfpipe loadtest --replay logs/taxi --target http://127.0.0.1:8501 '
-                '--grpc-target grpc://127.0.0.1:8500 --speed 2'),
-    )
-    add_model_flags(loadtest, LoadtestConfig)
-    loadtest.set_defaults(handler=cmd_loadtest)
-
-    from tfpipe.skew.config import SkewConfig
-
-    skew = sub.add_parser(
-        "skew", parents=[common],
-        help="training/serving skew: logged requests' features against the training split",
-        description=(
-            "Reads a request log written by tfpipe serve (a model's logging_config, or --request_log_prefix): "
-            "the features of every logged Predict (named tensors or serialized tf.Examples), Classify, Regress "
-            "and MultiInference request, REST or gRPC. Computes their statistics with the data stage's combiner "
-            "and compares each feature with the training split of --data, as TFDV does: L-infinity distance over "
-            "value frequencies for categorical features, Jensen-Shannon divergence (in bits, 0 to 1) over the "
-            "training quantile bins for numeric ones. Also reports features never sent, a rise in missing values, "
-            "categories training never saw and values beyond the training range. Each distance comes with its "
-            "noise bound, the distance that samples of the traffic's size (identical rows counted once) drawn "
-            "from the training split stay under with --confidence: a feature is skewed only when its distance "
-            "is over its threshold and beyond that bound. Writes skew.json and skew.html into --out; exits 1 "
-            "when a feature is skewed, 0 when none is."
-        ),
-        epilog=("example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
-                "trip_miles=0.2"),
-    )
-    add_model_flags(skew, SkewConfig)
-    skew.set_defaults(handler=cmd_skew)
-
-    from tfpipe.tune.config import TuneConfig
-
-    tune = sub.add_parser(
-        "tune", parents=[common],
-        help="batching tuned by measurement: TF Serving's BatchingParameters searched with the load generator",
-        description=(
-            "Searches max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches and "
-            "allowed_batch_sizes for the highest throughput within --slo. Each trial starts the server (--backend: "
-            "tfpipe's embedded server, tensorflow_model_server or the tensorflow/serving container, through tfpipe "
-            "serve) on the model with one candidate batching.config, load-tests it with tfpipe loadtest's generator "
-            "at each load level, lowest first, until one misses the SLO, and stops it. The candidates come coarse to "
-            "fine from the TF Serving batching guide's CPU starting point (num_batch_threads = cores, "
-            "batch_timeout_micros 0, max_batch_size 32): a 3x3 grid of batch size and timeout, the best pair's "
-            "neighbours, thread counts, the queue length and padding, and the start and the leader measured again; "
-            "at most --trials (20). Writes batching.config (the best), tune.json and tune.html (every trial) into "
-            "--out; exits 1 when no candidate met the SLO. A killed tune resumes where it stopped when run again. "
-            "Flags take TF Serving's spelling (--model_base_path) or tfpipe's (--model-base-path)."
-        ),
-        epilog=('example: tfpipe tune --model_name taxi --model_base_path runs/taxi/export/serving '
-                '--data runs/taxi/data --clients 32 --slo "p99<20ms" --out runs/taxi-tune; then: tfpipe serve '
-                '--model_name taxi --model_base_path ... --enable_batching '
-                '--batching_parameters_file runs/taxi-tune/batching.config'),
-    )
-    add_model_flags(tune, TuneConfig, underscores=True)
-    tune.set_defaults(handler=cmd_tune)
-
+def _add_run(sub, common: argparse.ArgumentParser) -> None:
     from tfpipe.manifest import STEPS
 
     run = sub.add_parser(
@@ -460,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override one config key, e.g. --set train.learning_rate=0.003 (repeatable)")
     run.set_defaults(handler=cmd_run)
 
+
+def _add_show(sub, common: argparse.ArgumentParser) -> None:
     show = sub.add_parser(
         "show", parents=[common],
         help="what a run's workdir holds: each step's state, fingerprint, inputs and outputs, and the lineage",
@@ -471,7 +480,6 @@ def build_parser() -> argparse.ArgumentParser:
                       "(its workdir is runs/<file stem>)")
     show.add_argument("--json", action="store_true", help="print manifest.json itself")
     show.set_defaults(handler=cmd_show)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
