@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -98,18 +99,109 @@ class EpochLog(keras.callbacks.Callback):
             f.write(json.dumps(row) + "\n")
 
 
+@dataclass
+class _Runtime:
+    """Where and how this process trains: devices, precision, XLA, the tf.distribute strategy, and
+    this process's place among the workers."""
+
+    gpus: list[dict]
+    policy: str
+    policy_why: str
+    xla: bool
+    xla_why: str
+    strategy: tf.distribute.Strategy
+    strategy_name: str
+    workers: int
+    worker: int
+    global_batch: int
+    devices: dict
+
+    @property
+    def shard(self) -> tuple[int, int] | None:
+        return (self.workers, self.worker) if self.workers > 1 else None
+
+
+@dataclass
+class _Model:
+    """What the model's kind (image or rows) decides: the model to save, the one to fit (the rows'
+    takes preprocessed features), how a split is read, and whether it is cached in memory."""
+
+    model: keras.Model
+    trainer: keras.Model
+    dataset: Callable[[str, bool], tf.data.Dataset]  # (split, shuffle)
+    feature_mb: float
+    cache: bool
+    image: dict | None = None  # the image model's size, network, augmentation, classes
+
+
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     """Train; returns the output directory (published atomically)."""
     started = time.time()
     data = check_inputs(config)
     out = os.path.abspath(config.out)
     fingerprint = digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
-                           "version": __version__})
+                          "version": __version__})
     previous = read_json(os.path.join(out, "train.json"))
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
         log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
         return out
+    rt = _runtime(config, log)
+    work = _work_dir(out, config, data, rt.worker)
+    with rt.strategy.scope():
+        built = _image_model(config, data, rt, log) if data.images else _row_model(config, data, rt)
+        compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla)
+    # Each worker batches its own files at the global batch size; tf.distribute splits every
+    # batch across all replicas, so a step sees `batch_size` examples per replica.
+    train_ds = built.dataset("train", True)
+    eval_split = "eval" if data.count("eval") else "train"
+    eval_ds = built.dataset(eval_split, False)
+    epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
+    sampler = _gpu_sampler(rt.gpus, work, log)
+    resumed = _resumed_epoch(work)
+    if resumed:
+        log(f"resuming from the backup of epoch {resumed} in {work}")
+    log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
+        + (f"; {'decoded images' if data.images else 'preprocessed features'} cached in memory "
+           f"({built.feature_mb:.1f} MB)" if built.cache else ""))
+    _fit(config, data, rt, built.trainer, (train_ds, eval_ds), work, epoch_log, sampler, log)
+    results = _evaluate(data, rt, built, eval_ds, eval_split)
+    shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
+    if rt.worker == 0:
+        built.model.save(os.path.join(work, "model.keras"))  # before _timing, which may step the trainer
+    timing = _timing(epoch_log.epochs, built.trainer, train_ds, config, data.schema.label.task, rt.xla,
+                     reuse=rt.workers == 1)
+    if rt.worker != 0:  # in multi-worker training only the chief publishes
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+    manifest = {
+        "stage": "train",
+        "tfpipe_version": __version__,
+        "fingerprint": fingerprint,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.model_dump(mode="json"),
+        "data": {"path": data.path, "fingerprint": data.manifest["fingerprint"]},
+        "devices": rt.devices,
+        "precision": {"policy": rt.policy, "why": rt.policy_why, "loss_scaling": rt.policy == "mixed_float16"},
+        "xla": {"jit_compile": rt.xla, "why": rt.xla_why},
+        "strategy": {"name": rt.strategy_name, "replicas": rt.strategy.num_replicas_in_sync, "workers": rt.workers,
+                     "global_batch": rt.global_batch, "grad_accum_steps": config.grad_accum_steps},
+        "gpu_utilization": sampler.summary() if sampler is not None else None,
+        "epochs_run": len(epoch_log.epochs),
+        "resumed_from_epoch": resumed,
+        "metrics": results,
+        "image": built.image,
+        **timing,
+        "elapsed_s": round(time.time() - started, 2),
+    }
+    with open(os.path.join(work, "train.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    _publish(work, out)
+    _print_summary(manifest, out, log)
+    return out
 
+
+def _runtime(config: TrainConfig, log: Callable[[str], None]) -> _Runtime:
+    """Choose devices, precision, XLA and strategy (and say which, and why); set Keras's policy and seed."""
     gpus = setup_gpus(config.log_device_placement)
     policy, policy_why = choose_precision(config.precision, gpus)
     xla, xla_why = choose_xla(config.xla, gpus)
@@ -120,69 +212,75 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     replicas = strategy.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
-    devices = {"cpus": os.cpu_count(), "cpu": cpu_features(), "gpus": gpus}
+    rt = _Runtime(gpus, policy, policy_why, xla, xla_why, strategy, strategy_name, workers, worker,
+                  config.batch_size * replicas, {"cpus": os.cpu_count(), "cpu": cpu_features(), "gpus": gpus})
     for g in gpus:
         log(f"GPU {g['device']}: {g['name']}, compute capability {g['compute_capability']}, "
             f"{g['memory_gb'] or '?'} GB")
     if not gpus:
-        cpu = devices["cpu"]
+        cpu = rt.devices["cpu"]
         log(f"devices: CPU only ({os.cpu_count()} cores"
             + (f", {', '.join(cpu['features'])}" if cpu["features"] else "") + ")")
     log(f"precision {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({xla_why}); {strategy_name}; "
-        f"global batch {global_batch} = {config.batch_size} x {replicas} replica(s)"
+        f"global batch {rt.global_batch} = {config.batch_size} x {replicas} replica(s)"
         + (f", gradients accumulated over {config.grad_accum_steps} batches" if config.grad_accum_steps > 1 else ""))
+    return rt
 
-    work = _work_dir(out, config, data, worker)
+
+def _image_model(config: TrainConfig, data: DataDir, rt: _Runtime, log: Callable[[str], None]) -> _Model:
+    """A CNN or keras.applications network on uint8 pixels, read from the image TFRecords."""
+    from tfpipe.pipeline.schema import parse_size
+    from tfpipe.train.images import build_image_model, image_dataset, image_size
+
     train_stats = data.train_stats()
-    shard = (workers, worker) if workers > 1 else None
-    image = None
-    with strategy.scope():
-        if data.images:
-            from tfpipe.pipeline.schema import parse_size
-            from tfpipe.train.images import build_image_model, image_size
+    classes = data.schema.label.classes
+    size = image_size(parse_size(config.image_size) if config.image_size else None, data.schema, train_stats,
+                      config.model)
+    model = build_image_model(size, classes, train_stats, model=config.model, filters=config.filters,
+                              dropout=config.dropout, augment=config.augmentations, seed=config.seed)
+    log(f"model {config.model}: {size[0]}x{size[1]}x3 uint8 pixels -> {len(classes)} classes, "
+        f"{model.count_params():,} parameters; augmentation: {', '.join(config.augmentations) or 'none'}")
+    feature_mb = data.count("train") * size[0] * size[1] * 3 / 2**20  # decoded uint8 pixels
+    cache = feature_mb <= config.cache_mb
 
-            size = image_size(parse_size(config.image_size) if config.image_size else None, data.schema,
-                              train_stats, config.model)
-            model = trainer = build_image_model(size, data.schema.label.classes, train_stats, model=config.model,
-                                                filters=config.filters, dropout=config.dropout,
-                                                augment=config.augmentations, seed=config.seed)
-            image = {"size": list(size), "model": config.model, "augment": config.augmentations,
-                     "classes": data.schema.label.classes, "parameters": model.count_params()}
-            log(f"model {config.model}: {size[0]}x{size[1]}x3 uint8 pixels -> {len(data.schema.label.classes)} "
-                f"classes, {model.count_params():,} parameters; augmentation: "
-                f"{', '.join(config.augmentations) or 'none'}")
-        else:
-            preprocessor, trainer, model = build_models(data.schema, train_stats, config.hidden, config.dropout,
-                                                        config.seed)
-        compile_trainer(trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, xla)
+    def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
+        return image_dataset(data.files(split), size, rt.global_batch, shuffle=shuffle, seed=config.seed,
+                             shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
+                             shard=rt.shard, cache=cache)
+    image = {"size": list(size), "model": config.model, "augment": config.augmentations, "classes": classes,
+             "parameters": model.count_params()}
+    return _Model(model, model, dataset, feature_mb, cache, image)
 
-    if data.images:
-        from tfpipe.train.images import image_dataset
 
-        feature_mb = data.count("train") * size[0] * size[1] * 3 / 2**20  # decoded uint8 pixels
-        cache = feature_mb <= config.cache_mb
+def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
+    """Dense layers behind the preprocessing built from the statistics; the trainer takes the
+    preprocessed features, which the datasets compute (and cache) once."""
+    preprocessor, trainer, model = build_models(data.schema, data.train_stats(), config.hidden, config.dropout,
+                                                config.seed)
+    feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
+    cache = feature_mb <= config.cache_mb
 
-        def dataset(split: str, shuffle: bool):
-            return image_dataset(data.files(split), size, global_batch, shuffle=shuffle, seed=config.seed,
-                                 shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
-                                 shard=shard, cache=cache)
-    else:
-        feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
-        cache = feature_mb <= config.cache_mb
+    def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
+        return make_dataset(data.files(split), data.schema, rt.global_batch, shuffle=shuffle, seed=config.seed,
+                            shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
+                            shard=rt.shard, preprocess=preprocessor, cache=cache and shuffle)
+    return _Model(model, trainer, dataset, feature_mb, cache)
 
-        def dataset(split: str, shuffle: bool):
-            return make_dataset(data.files(split), data.schema, global_batch, shuffle=shuffle, seed=config.seed,
-                                shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
-                                shard=shard, preprocess=preprocessor, cache=cache and shuffle)
 
-    # Each worker batches its own files at the global batch size; tf.distribute splits every
-    # batch across all replicas, so a step sees `batch_size` examples per replica.
-    train_ds = dataset("train", shuffle=True)
-    eval_split = "eval" if data.count("eval") else "train"
-    eval_ds = dataset(eval_split, shuffle=False)
+def _gpu_sampler(gpus: list[dict], work: str, log: Callable[[str], None]):
+    """GPU utilisation sampled while training, or None (no GPU, or NVML refused)."""
+    if not gpus:
+        return None
+    from tfpipe.train.gpu_monitor import GpuSampler
 
-    epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
+    try:
+        return GpuSampler(gpus, os.path.join(work, "logs"))
+    except Exception as e:  # NVML missing or refused: train anyway, say so
+        log(f"GPU utilisation is not sampled: NVML unavailable ({e})")
+        return None
+
+
+def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> list[keras.callbacks.Callback]:
     callbacks = [
         keras.callbacks.BackupAndRestore(os.path.join(work, "backup")),
         KeepLearningRate(config.learning_rate),
@@ -193,39 +291,33 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True),
         keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
     ]
-    sampler = None
-    if gpus:
-        from tfpipe.train.gpu_monitor import GpuSampler
+    return callbacks + ([sampler] if sampler is not None else [])
 
-        try:
-            sampler = GpuSampler(gpus, os.path.join(work, "logs"))
-        except Exception as e:  # NVML missing or refused: train anyway, say so
-            log(f"GPU utilisation is not sampled: NVML unavailable ({e})")
-    if sampler is not None:
-        callbacks.append(sampler)
-    resumed = _resumed_epoch(work)
-    if resumed:
-        log(f"resuming from the backup of epoch {resumed} in {work}")
-    log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
-        + (f"; {'decoded images' if data.images else 'preprocessed features'} cached in memory "
-           f"({feature_mb:.1f} MB)" if cache else ""))
+
+def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model, datasets: tuple, work: str,
+         epoch_log: EpochLog, sampler, log: Callable[[str], None]) -> None:
+    """Keras's fit with its callbacks in one process, the custom loop over several workers;
+    failures as TrainErrors. `datasets`: (train, eval)."""
+    train_ds, eval_ds = datasets
     try:
-        if workers > 1:
+        if rt.workers > 1:
             from tfpipe.train.multiworker import fit_multiworker
 
             if sampler is not None:
                 sampler.on_train_begin()  # the custom loop runs no Keras callbacks
-            fit_multiworker(strategy, trainer, train_ds, eval_ds, task=data.schema.label.task, epochs=config.epochs,
-                            patience=config.patience, time_limit=config.time_limit, work=work,
+            fit_multiworker(rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task,
+                            epochs=config.epochs, patience=config.patience, time_limit=config.time_limit, work=work,
                             examples=data.count("train"), learning_rate=config.learning_rate,
                             on_epoch=epoch_log.record, log=log)
         else:
-            trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs, callbacks=callbacks,
+            trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
+                        callbacks=_callbacks(config, work, epoch_log, sampler),
                         shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
     except DivergedError as e:
         good = _resumed_epoch(work)
         if good:
-            hint = f"the last good epoch ({good}) is kept in {work}; rerun with a lower --learning-rate to resume from it"
+            hint = (f"the last good epoch ({good}) is kept in {work}; rerun with a lower --learning-rate to resume "
+                    "from it")
         else:
             hint = "no epoch had finished; rerun with a lower --learning-rate"
         raise TrainError(f"{e}; {hint}") from None
@@ -235,51 +327,23 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         raise TrainError("out of GPU memory: lower --batch-size, use --precision mixed_float16, "
                          "or keep the batch with --grad-accum-steps") from None
 
+
+def _evaluate(data: DataDir, rt: _Runtime, built: _Model, eval_ds, eval_split: str) -> dict[str, dict]:
+    """Metrics on the eval and test splits that have rows."""
     results = {}
-    if workers > 1:
+    if rt.workers > 1:
         from tfpipe.train.multiworker import DistributedEval
 
-        evaluate = DistributedEval(strategy, trainer, data.schema.label.task)
+        evaluate = DistributedEval(rt.strategy, built.trainer, data.schema.label.task)
     for split in ("eval", "test"):
         if data.count(split):
-            ds = eval_ds if split == eval_split else dataset(split, shuffle=False)
-            if workers > 1:
-                results[split] = evaluate(strategy.experimental_distribute_dataset(ds))
+            ds = eval_ds if split == eval_split else built.dataset(split, False)
+            if rt.workers > 1:
+                results[split] = evaluate(rt.strategy.experimental_distribute_dataset(ds))
             else:
-                results[split] = {k: float(v) for k, v in trainer.evaluate(ds, verbose=0, return_dict=True).items()}
-    shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
-    if worker == 0:
-        model.save(os.path.join(work, "model.keras"))  # before _timing, which may step the trainer
-    timing = _timing(epoch_log.epochs, trainer, train_ds, config, data.schema.label.task, xla, reuse=workers == 1)
-    if worker != 0:  # in multi-worker training only the chief publishes
-        shutil.rmtree(work, ignore_errors=True)
-        return out
-    manifest = {
-        "stage": "train",
-        "tfpipe_version": __version__,
-        "fingerprint": fingerprint,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": config.model_dump(mode="json"),
-        "data": {"path": data.path, "fingerprint": data.manifest["fingerprint"]},
-        "devices": devices,
-        "precision": {"policy": policy, "why": policy_why,
-                      "loss_scaling": policy == "mixed_float16"},
-        "xla": {"jit_compile": xla, "why": xla_why},
-        "strategy": {"name": strategy_name, "replicas": replicas, "workers": workers,
-                     "global_batch": global_batch, "grad_accum_steps": config.grad_accum_steps},
-        "gpu_utilization": sampler.summary() if sampler is not None else None,
-        "epochs_run": len(epoch_log.epochs),
-        "resumed_from_epoch": resumed,
-        "metrics": results,
-        "image": image,
-        **timing,
-        "elapsed_s": round(time.time() - started, 2),
-    }
-    with open(os.path.join(work, "train.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-    _publish(work, out)
-    _print_summary(manifest, out, log)
-    return out
+                results[split] = {k: float(v) for k, v in
+                                  built.trainer.evaluate(ds, verbose=0, return_dict=True).items()}
+    return results
 
 
 def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum: int, xla: bool) -> None:

@@ -66,10 +66,58 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
                     work: str, examples: int, learning_rate: float,
                     on_epoch: Callable[[dict[str, Any]], None], log) -> None:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets."""
+    train_step, train_metrics = _train_step(strategy, trainer, task)
+
+    @tf.function
+    def any_worker(flag):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
+
+    validate = DistributedEval(strategy, trainer, task)
+    dist_train = strategy.experimental_distribute_dataset(train_ds)
+    dist_eval = strategy.experimental_distribute_dataset(eval_ds)
+    backup = os.path.join(work, "backup")
+    start = _resume(strategy, trainer, backup)
+    trainer.optimizer.learning_rate.assign(learning_rate)  # this run's rate, also after a resume
+    writer = tf.summary.create_file_writer(os.path.join(work, "logs", "train"))
+    best, best_weights, waited = math.inf, None, 0
+    started = time.perf_counter()
+    for epoch in range(start, epochs):
+        for m in train_metrics:
+            m.reset_state()
+        t0 = time.perf_counter()
+        steps, step_seconds = 0, 0.0
+        for x, y in dist_train:
+            ts = time.perf_counter()
+            loss = float(train_step(x, y))
+            step_seconds += time.perf_counter() - ts
+            steps += 1
+            if not math.isfinite(loss):
+                raise DivergedError(epoch + 1, steps, loss)
+        logs = {m.name: float(m.result()) for m in train_metrics}
+        logs.update({f"val_{k}": v for k, v in validate(dist_eval).items()})
+        seconds = time.perf_counter() - t0
+        _checkpoint(trainer, work, backup, epoch + 1, writer, logs)
+        on_epoch({"epoch": epoch + 1, **logs, "seconds": round(seconds, 4), "steps": steps,
+                  "step_seconds": round(step_seconds, 4), "examples_per_s": round(examples / step_seconds, 1)})
+        if logs["val_loss"] < best:
+            best, best_weights, waited = logs["val_loss"], trainer.get_weights(), 0
+        else:
+            waited += 1
+        out_of_time = bool(time_limit and time.perf_counter() - started > time_limit)
+        if float(any_worker(tf.constant(1.0 if out_of_time else 0.0))) > 0:
+            log(f"time limit of {time_limit:g} s reached after epoch {epoch + 1}")
+            break
+        if waited >= patience:  # val_loss is all-reduced, so every worker stops here together
+            break
+    if best_weights is not None:
+        trainer.set_weights(best_weights)
+
+
+def _train_step(strategy: tf.distribute.Strategy, trainer: keras.Model, task: str):
+    """(train_step(x, y) -> the loss summed over replicas, the training metrics it updates)."""
     with strategy.scope():
         loss_fn = make_loss(task, reduction=None)
         train_metrics = [keras.metrics.Mean(name="loss")] + loss_and_metrics(task)[1]
-    validate = DistributedEval(strategy, trainer, task)
     optimizer = trainer.optimizer
     scale = getattr(optimizer, "scale_loss", None)  # LossScaleOptimizer under mixed_float16
 
@@ -89,59 +137,28 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
     @tf.function(reduce_retracing=True)
     def train_step(x, y):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_replica, args=(x, y)), axis=None)
+    return train_step, train_metrics
 
-    @tf.function
-    def any_worker(flag):
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
 
-    dist_train = strategy.experimental_distribute_dataset(train_ds)
-    dist_eval = strategy.experimental_distribute_dataset(eval_ds)
-    backup = os.path.join(work, "backup")
+def _resume(strategy: tf.distribute.Strategy, trainer: keras.Model, backup: str) -> int:
+    """The epoch to start from: 0, or the last one the backup in `backup` holds (its weights loaded)."""
     os.makedirs(backup, exist_ok=True)
-    start = 0
     meta_path = os.path.join(backup, BACKUP_META)
-    if os.path.exists(meta_path):
-        with strategy.scope():
-            optimizer.build(trainer.trainable_variables)
-        trainer.load_weights(os.path.join(backup, BACKUP_WEIGHTS))
-        start = json.load(open(meta_path))["epoch"]
-    optimizer.learning_rate.assign(learning_rate)  # this run's rate, also after a resume
-    writer = tf.summary.create_file_writer(os.path.join(work, "logs", "train"))
-    best, best_weights, waited = math.inf, None, 0
-    started = time.perf_counter()
-    for epoch in range(start, epochs):
-        for m in train_metrics:
-            m.reset_state()
-        t0 = time.perf_counter()
-        steps, step_seconds = 0, 0.0
-        for x, y in dist_train:
-            ts = time.perf_counter()
-            loss = float(train_step(x, y))
-            step_seconds += time.perf_counter() - ts
-            steps += 1
-            if not math.isfinite(loss):
-                raise DivergedError(epoch + 1, steps, loss)
-        logs = {m.name: float(m.result()) for m in train_metrics}
-        logs.update({f"val_{k}": v for k, v in validate(dist_eval).items()})
-        seconds = time.perf_counter() - t0
-        trainer.save_weights(os.path.join(work, "checkpoints", f"epoch-{epoch + 1:03d}.weights.h5"))
-        trainer.save_weights(os.path.join(backup, BACKUP_WEIGHTS))
-        with open(meta_path, "w") as f:
-            json.dump({"epoch": epoch + 1, "batch": 0}, f)
-        with writer.as_default(step=epoch):
-            for k, v in logs.items():
-                tf.summary.scalar(f"epoch_{k}", v)
-        on_epoch({"epoch": epoch + 1, **logs, "seconds": round(seconds, 4), "steps": steps,
-                  "step_seconds": round(step_seconds, 4), "examples_per_s": round(examples / step_seconds, 1)})
-        if logs["val_loss"] < best:
-            best, best_weights, waited = logs["val_loss"], trainer.get_weights(), 0
-        else:
-            waited += 1
-        out_of_time = bool(time_limit and time.perf_counter() - started > time_limit)
-        if float(any_worker(tf.constant(1.0 if out_of_time else 0.0))) > 0:
-            log(f"time limit of {time_limit:g} s reached after epoch {epoch + 1}")
-            break
-        if waited >= patience:  # val_loss is all-reduced, so every worker stops here together
-            break
-    if best_weights is not None:
-        trainer.set_weights(best_weights)
+    if not os.path.exists(meta_path):
+        return 0
+    with strategy.scope():
+        trainer.optimizer.build(trainer.trainable_variables)
+    trainer.load_weights(os.path.join(backup, BACKUP_WEIGHTS))
+    with open(meta_path) as f:
+        return json.load(f)["epoch"]
+
+
+def _checkpoint(trainer: keras.Model, work: str, backup: str, epoch: int, writer, logs: dict[str, float]) -> None:
+    """After `epoch` (1-based): its weights, the backup a resume starts from, and TensorBoard's scalars."""
+    trainer.save_weights(os.path.join(work, "checkpoints", f"epoch-{epoch:03d}.weights.h5"))
+    trainer.save_weights(os.path.join(backup, BACKUP_WEIGHTS))
+    with open(os.path.join(backup, BACKUP_META), "w") as f:
+        json.dump({"epoch": epoch, "batch": 0}, f)
+    with writer.as_default(step=epoch - 1):
+        for k, v in logs.items():
+            tf.summary.scalar(f"epoch_{k}", v)
