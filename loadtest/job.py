@@ -47,8 +47,30 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
         raise LoadtestError("give --data (a tfpipe data directory), --payload (a JSON request body) or "
                             "--warmup-records (a SavedModel version directory)")
     terms = parse_slo(config.slo)
-    warmup, duration = parse_duration(config.warmup), parse_duration(config.duration)
+    spec, rows = _step_spec(config, kind, address)
+    _check_accepted(spec)
+    log(f"target {config.target}, model {config.model}, signature {config.signature}: "
+        f"{len(spec.bodies or spec.requests)} distinct requests of {config.batch_size} row(s)")
+    _check_out(config.out)
+    baseline = _baseline(config, rows, log)
+    if config.web:
+        log(f"locust web UI: http://127.0.0.1:{config.web_port} (while each step runs)")
+    if config.expect_workers:
+        log(f"each step waits for {config.expect_workers} worker(s) from other machines at {config.master_bind}: "
+            f"tfpipe loadtest --worker --master THIS_HOST:{spec.master_port} --workers N")
+    steps, interrupted = _run_steps(config, spec, terms, baseline, log)
+    if not steps:
+        if interrupted:
+            log("interrupted before any step measured a whole second: nothing to report")
+            return 130
+        raise LoadtestError("no step measured any request")
+    return _report(config, kind, steps, interrupted, terms, baseline, log)
 
+
+def _step_spec(config: LoadtestConfig, kind: str, address: str) -> tuple[StepSpec, list[dict] | None]:
+    """What every step sends (REST bodies or serialized gRPC requests, shaped for the signature the
+    server reports), and the rows they came from (None for a --payload without instances)."""
+    warmup, duration = parse_duration(config.warmup), parse_duration(config.duration)  # before any network call
     inputs = signature_inputs(kind, address, config.model, config.version, config.label, config.signature)
     if config.data:
         rows = rows_from_data(config.data, inputs, limit=2000)
@@ -71,40 +93,44 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
             rows, config.batch_size, inputs, config.model, config.version, config.label, config.signature)]
     bind, _, port = (config.master_bind or "").rpartition(":")
     spec = StepSpec(kind=kind, address=address, users=config.users, warmup=warmup, duration=duration,
-                    max_requests=config.max_requests, workers=config.workers, expect_workers=config.expect_workers,
+                    max_requests=config.max_requests,
+                    workers=config.workers, expect_workers=config.expect_workers,
                     worker_wait_s=WORKER_WAIT_S if config.expect_workers else 120.0,
                     master_bind=bind or None, master_port=int(port) if port else None,
                     web_port=config.web_port if config.web else None, **payloads)
-    _check_accepted(spec)
-    log(f"target {config.target}, model {config.model}, signature {config.signature}: "
-        f"{len(spec.bodies or spec.requests)} distinct requests of {config.batch_size} row(s)")
+    return spec, rows
 
-    _check_out(config.out)
-    baseline = None
-    if config.model_path:
-        if not rows:
-            raise LoadtestError("--model-path needs rows to replay: give --data, or a --payload with 'instances'")
-        baseline = measure_baseline(resolve_saved_model(config.model_path, config.version), rows, config.batch_size,
-                                    config.signature)
-        log(f"in-process SavedModel baseline ({baseline['path']}): p50 {baseline['p50_ms']:.3f} ms, "
-            f"p99 {baseline['p99_ms']:.3f} ms over {baseline['calls']} calls")
-    if config.web:
-        log(f"locust web UI: http://127.0.0.1:{config.web_port} (while each step runs)")
-    if config.expect_workers:
-        log(f"each step waits for {config.expect_workers} worker(s) from other machines at {config.master_bind}: "
-            f"tfpipe loadtest --worker --master THIS_HOST:{spec.master_port} --workers N")
+
+def _baseline(config: LoadtestConfig, rows: list[dict] | None, log: Callable[[str], None]) -> dict | None:
+    """With --model-path: the same rows through the SavedModel in this process, the latency floor."""
+    if not config.model_path:
+        return None
+    if not rows:
+        raise LoadtestError("--model-path needs rows to replay: give --data, or a --payload with 'instances'")
+    baseline = measure_baseline(resolve_saved_model(config.model_path, config.version), rows, config.batch_size,
+                                config.signature)
+    log(f"in-process SavedModel baseline ({baseline['path']}): p50 {baseline['p50_ms']:.3f} ms, "
+        f"p99 {baseline['p99_ms']:.3f} ms over {baseline['calls']} calls")
+    return baseline
+
+
+def _run_steps(config: LoadtestConfig, spec: StepSpec, terms, baseline: dict | None,
+               log: Callable[[str], None]) -> tuple[list[dict], bool]:
+    """Each load level in turn: (the steps measured, whether a stop signal cut them short)."""
     steps, interrupted = [], False
-    for i, value in enumerate(config.steps()):
-        last = i == len(config.steps()) - 1
+    levels = config.steps()
+    for i, value in enumerate(levels):
+        last = i == len(levels) - 1
         if config.rate:  # enough users in flight to keep the schedule
             step_spec = replace(spec, last_step=last, rate=value, users=max(config.users, int(value * 0.05) + 4))
         else:
             step_spec = replace(spec, last_step=last, users=int(value))
-        log(f"step {i + 1}/{len(config.steps())}: "
+        log(f"step {i + 1}/{len(levels)}: "
             + (f"{value:g} requests/s (open model)" if config.rate else f"{int(value)} users (closed model)")
-            + f", {warmup:g}s warmup + {duration:g}s")
+            + f", {spec.warmup:g}s warmup + {spec.duration:g}s")
         wait = spec.worker_wait_s if config.expect_workers else 0  # local workers fit in the 120 s
-        result, interrupted = _run_step(step_spec, timeout=warmup + duration + 120 + wait, label=f"step {i + 1}")
+        result, interrupted = _run_step(step_spec, timeout=spec.warmup + spec.duration + 120 + wait,
+                                        label=f"step {i + 1}")
         if result is None or not result["requests"]:
             break  # interrupted before a whole second was measured
         step = _summarise(i + 1, step_spec, result)
@@ -117,12 +143,12 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
             log(f"  warning: the load generator, not the server, may be the limit here ({step['generator_note']})")
         if interrupted:
             break
-    if not steps:
-        if interrupted:
-            log("interrupted before any step measured a whole second: nothing to report")
-            return 130
-        raise LoadtestError("no step measured any request")
+    return steps, interrupted
 
+
+def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: bool, terms,
+            baseline: dict | None, log: Callable[[str], None]) -> int:
+    """Write results.json, results.csv and report.html, print the table; the exit code."""
     knee = max((s for s in steps if s["slo_ok"] is not False), key=lambda s: s["rps"], default=None)
     passed = knee is not None if terms else True
     results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": kind,
