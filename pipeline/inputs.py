@@ -183,39 +183,58 @@ def read_csv_header(first_line: bytes, path: str) -> tuple[str, ...]:
 
 
 def scan_file(found: FoundFile, grain: int) -> InputFile:
-    """Hash a file and note record-aligned cut points about every `grain` bytes."""
-    path, fmt, compressed, size, mtime = found.path, found.format, found.compressed, found.size, found.mtime
+    """Hash a file and note record-aligned cut points about every `grain` bytes (row groups for
+    Parquet; none inside a gzip file, which is read whole)."""
+    if found.format == "parquet":
+        return _scan_parquet(found)
+    if found.compressed:
+        return _scan_gzip(found)
+    return _scan_text(found, grain)
+
+
+def _scan_parquet(found: FoundFile) -> InputFile:
+    """Its hash, columns, and one cut per row group."""
+    path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
     sha = hashlib.sha256()
-    if fmt == "parquet":
+    with open_raw(path) as f:
+        _hash_stream(f, sha)
+    try:
+        import pyarrow.parquet as pq
+
         with open_raw(path) as f:
-            _hash_stream(f, sha)
-        try:
-            import pyarrow.parquet as pq
+            meta = pq.ParquetFile(f).metadata
+            columns = tuple(meta.schema.to_arrow_schema().names)
+            groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{path} is not a readable Parquet file: {e}") from None
+    cuts = tuple((i, sum(groups[:i]) + 1) for i in range(len(groups)))
+    return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, 0, cuts, groups)
 
-            with open_raw(path) as f:
-                meta = pq.ParquetFile(f).metadata
-                columns = tuple(meta.schema.to_arrow_schema().names)
-                groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        except DataError:
-            raise
-        except Exception as e:
-            raise DataError(f"{path} is not a readable Parquet file: {e}") from None
-        cuts = tuple((i, sum(groups[:i]) + 1) for i in range(len(groups)))
-        return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, 0, cuts, groups)
 
-    if compressed:
-        with open_raw(path) as f:
-            _hash_stream(f, sha)
-        try:
-            with open_raw(path) as raw, gzip.GzipFile(fileobj=raw) as g:
-                first = g.readline() if fmt == "csv" else b""
-        except (OSError, EOFError) as e:
-            raise DataError(f"{path} is not a readable gzip file: {e}") from None
-        columns = read_csv_header(first, path) if fmt == "csv" else None
-        start_line = 2 if fmt == "csv" else 1
-        return InputFile(path, fmt, True, size, mtime, sha.hexdigest(), columns, len(first),
-                         ((len(first), start_line),))
+def _scan_gzip(found: FoundFile) -> InputFile:
+    """Its hash and, for CSV, the header line: a gzip stream cannot be entered midway."""
+    path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
+    sha = hashlib.sha256()
+    with open_raw(path) as f:
+        _hash_stream(f, sha)
+    try:
+        with open_raw(path) as raw, gzip.GzipFile(fileobj=raw) as g:
+            first = g.readline() if fmt == "csv" else b""
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path} is not a readable gzip file: {e}") from None
+    columns = read_csv_header(first, path) if fmt == "csv" else None
+    start_line = 2 if fmt == "csv" else 1
+    return InputFile(path, fmt, True, size, mtime, sha.hexdigest(), columns, len(first),
+                     ((len(first), start_line),))
 
+
+def _scan_text(found: FoundFile, grain: int) -> InputFile:
+    """Hash a CSV or JSON Lines file block by block and cut it at the first record start after
+    every `grain` bytes; in CSV a newline inside a quoted field starts no record."""
+    path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
+    sha = hashlib.sha256()
     quote_aware = fmt == "csv"
     cuts: list[tuple[int, int]] = []
     columns = None
