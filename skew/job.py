@@ -60,29 +60,13 @@ def check_inputs(cfg: SkewConfig):
 def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     """0 when every feature is within its threshold, 1 when one is not."""
     from tfpipe.pipeline.stats import SplitStatsFn
-    from tfpipe.prediction_logs import iter_logs, read_log
     from tfpipe.skew.columns import read_split, read_traffic
 
     data = check_inputs(cfg)
     default, per_feature = parse_thresholds(cfg.threshold)
-    read = read_log(cfg.logs, limit=cfg.max_records)
-    if not read.files:
-        raise SkewError(f"no request log files at {cfg.logs} (looked for {cfg.logs}-*.tfrecord; a prefix ending "
-                        "in / reads the directory's *.tfrecord)")
-    log(f"read {len(read.records):,} logged requests from {len(read.files)} file(s)"
-        + (f"; {len(read.truncated)} cut short by a stop mid-write (records before the cut kept)"
-           if read.truncated else "")
-        + (f"; stopped at --max-records {cfg.max_records:,}" if len(read.records) >= cfg.max_records else ""))
-    schema = data.schema
-    logs = list(iter_logs(read.records))
-    models = Counter(lg.log_metadata.model_spec.name for lg, _ in logs)  # requests per model
+    read, logs, models = _read_logs(cfg, log)
     model = cfg.model
-    if model is None and len(models) > 1:
-        raise SkewError(f"the log holds requests to {len(models)} models ({', '.join(sorted(models))}): "
-                        "pick one with --model")
-    if model is not None and model not in models:
-        raise SkewError(f"the log holds no request to model {model!r} "
-                        f"(it has {', '.join(sorted(models)) or 'none'})")
+    schema = data.schema
     traffic = read_traffic(logs, schema, model)
     if not traffic.rows:
         why = "; ".join(f"{k}: {v}" for k, v in traffic.skipped.items()) or "no requests"
@@ -126,18 +110,46 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     }
     for line in summary_lines(result):
         log(line)
-    tmp = temp_dir(cfg.out)
+    _publish(result, cfg.out)
+    log(f"wrote {os.path.join(cfg.out, 'skew.json')} and skew.html")
+    return 1 if flagged else 0
+
+
+def _read_logs(cfg: SkewConfig, log: Callable[[str], None]):
+    """(the read log, its PredictionLogs, requests per model), checked against --model."""
+    from tfpipe.prediction_logs import iter_logs, read_log
+
+    read = read_log(cfg.logs, limit=cfg.max_records)
+    if not read.files:
+        raise SkewError(f"no request log files at {cfg.logs} (looked for {cfg.logs}-*.tfrecord; a prefix ending "
+                        "in / reads the directory's *.tfrecord)")
+    log(f"read {len(read.records):,} logged requests from {len(read.files)} file(s)"
+        + (f"; {len(read.truncated)} cut short by a stop mid-write (records before the cut kept)"
+           if read.truncated else "")
+        + (f"; stopped at --max-records {cfg.max_records:,}" if len(read.records) >= cfg.max_records else ""))
+    logs = list(iter_logs(read.records))
+    models = Counter(lg.log_metadata.model_spec.name for lg, _ in logs)  # requests per model
+    if cfg.model is None and len(models) > 1:
+        raise SkewError(f"the log holds requests to {len(models)} models ({', '.join(sorted(models))}): "
+                        "pick one with --model")
+    if cfg.model is not None and cfg.model not in models:
+        raise SkewError(f"the log holds no request to model {cfg.model!r} "
+                        f"(it has {', '.join(sorted(models)) or 'none'})")
+    return read, logs, models
+
+
+def _publish(result: dict, out: str) -> None:
+    """skew.json and skew.html into `out`, atomically."""
+    tmp = temp_dir(out)
     try:
         write_json(os.path.join(tmp, "skew.json"), result)
         write_html(result, os.path.join(tmp, "skew.html"))
-        publish_dir(tmp, cfg.out)
+        publish_dir(tmp, out)
     except BaseException:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"wrote {os.path.join(cfg.out, 'skew.json')} and skew.html")
-    return 1 if flagged else 0
 
 
 def _codes(col) -> np.ndarray:
