@@ -31,11 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     from tfpipe.loadtest import generator
     from tfpipe.loadtest.protocol import StepSpec
 
-    if args.command == "worker":
-        return generator.worker(args.master, once=args.once)
-    with open(args.spec) as f:
-        spec = StepSpec.from_json(json.load(f))
-    result = generator.run(spec)
+    from tfpipe.loadtest.errors import LoadtestError
+
+    try:
+        if args.command == "worker":
+            return generator.worker(args.master, once=args.once)
+        with open(args.spec) as f:
+            spec = StepSpec.from_json(json.load(f))
+        result = generator.run(spec)
+    except LoadtestError as e:  # its last line is what the parent shows
+        print(e, file=sys.stderr, flush=True)
+        return 1
     with open(args.result, "w") as f:
         json.dump(result, f)
     return 0

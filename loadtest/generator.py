@@ -21,6 +21,7 @@ import psutil
 from locust import User, constant, task
 from locust.env import Environment
 
+from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
 from tfpipe.loadtest.http_client import HttpError, TimedConnection, build_request
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, encode
@@ -365,7 +366,7 @@ class Master:
             except Exception as e:  # a port in use, or an address not on this machine (zmq's error or the OS's)
                 error = e
         else:
-            raise SystemExit(f"cannot listen for workers on {self.address}: {error}") from None
+            raise LoadtestError(f"cannot listen for workers on {self.address}: {error}") from None
         # A worker asks once its handlers are in place (a spec sent on connect could arrive first).
         self.runner.register_message(
             "tfpipe_hello", lambda msg, **_: self.runner.send_message("tfpipe_spec", self.worker_spec, msg.data))
@@ -390,7 +391,7 @@ class Master:
             gevent.sleep(0.1)
         if len(self.ready) < self.expected:
             self.finish(more=False)
-            raise SystemExit(f"only {len(self.ready)} of {self.expected} locust workers connected to "
+            raise LoadtestError(f"only {len(self.ready)} of {self.expected} locust workers connected to "
                              f"{self.address} within {timeout:.0f}s")
 
     def cpu(self, first: int, last: int) -> float:

@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import replace
 from typing import Callable
 
+from tfpipe import EXIT_INTERRUPTED
 from tfpipe.files import publish_dir, temp_dir, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
@@ -32,6 +33,8 @@ from tfpipe.loadtest.slo import check, parse_slo
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
            "p99.9_ms", "max_ms", "mean_ms", "overhead_p50_ms", "generator_cpu", "slo_ok"]
+
+WORKER_WAIT_S = 600.0  # how long each step waits for workers from other machines
 
 
 def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
@@ -62,7 +65,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if not steps:
         if interrupted:
             log("interrupted before any step measured a whole second: nothing to report")
-            return 130
+            return EXIT_INTERRUPTED
         raise LoadtestError("no step measured any request")
     return _report(config, kind, steps, interrupted, terms, baseline, log)
 
@@ -169,7 +172,7 @@ def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: b
     log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html"
         + (" (partial: interrupted)" if interrupted else ""))
     if interrupted:
-        return 130
+        return EXIT_INTERRUPTED
     return 0 if passed else 1
 
 
@@ -206,7 +209,7 @@ def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
     if result is None or not result["requests"]:
         if interrupted:
             log("interrupted before a whole second was measured: nothing to report")
-            return 130
+            return EXIT_INTERRUPTED
         raise LoadtestError("the replay measured no request")
     step = _summarise(1, spec, result)
     sent = result.get("replay", {})
@@ -232,7 +235,7 @@ def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
     if terms:
         log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
     log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html")
-    return 130 if interrupted else (0 if passed else 1)
+    return EXIT_INTERRUPTED if interrupted else (0 if passed else 1)
 
 
 def replay_lines(replay: dict) -> list[str]:
@@ -378,9 +381,6 @@ def _run_step(spec: StepSpec, timeout: float, label: str) -> tuple[dict | None, 
             return json.load(f), interrupted
 
 
-WORKER_WAIT_S = 600.0  # how long each step waits for workers from other machines
-
-
 def _generator_env() -> dict[str, str]:
     """The environment of tfpipe.loadtest.generate processes: TensorFlow quiet."""
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -399,7 +399,7 @@ def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
             p.terminate()
         for p in procs:
             p.wait()
-        return 130
+        return EXIT_INTERRUPTED
     if any(codes):
         raise LoadtestError(f"{sum(1 for c in codes if c)} of {processes} worker(s) lost or never reached the "
                             f"master at {master} (see the lines above)")

@@ -1,14 +1,15 @@
 """The data stage's user-facing error: the CLI turns it into one line and exit code 2."""
 
-
 import re
+
+from tfpipe import UserError
 
 # Beam re-raises a worker's exception wrapped in its own, or as text from another process;
 # this marker lets the launcher find a user error inside whatever comes back.
 _MARK = "[tfpipe user error] "
 
 
-class DataError(Exception):
+class DataError(UserError):
     """Bad input or configuration for the data stage (missing file, bad schema, too many bad rows)."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import grpc
 
+from tfpipe import UserError
+
 _HTTP = {
     grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNKNOWN: 500, grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ALREADY_EXISTS: 409,
@@ -51,5 +53,5 @@ def unimplemented(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNIMPLEMENTED, message)
 
 
-class ServeError(Exception):
+class ServeError(UserError):
     """A user error starting `tfpipe serve` (bad flag, unreadable config, missing binary): exit 2."""

@@ -462,13 +462,6 @@ class ModelManager:
         self._settle(model)
 
     # -- lookups --------------------------------------------------------------------
-    def _model(self, name: str) -> Model:
-        with self._lock:
-            model = self._models.get(name)
-        if model is None:
-            raise not_found(f"Servable not found for request: Latest({name})")
-        return model
-
     def _label_version(self, name: str, label: str) -> int:
         version = self._labels.get(name, {}).get(label)
         if version is None:

@@ -60,9 +60,9 @@ class Metrics:
             self.padded_rows += padded - rows
 
     def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0,
-               load_bytes: dict[tuple[str, int], int] | None = None) -> str:
-        from tfpipe.serve.servable import LIVE
-
+               load_bytes: dict[tuple[str, int], int] | None = None, live_servables: int = 0) -> str:
+        """The Prometheus page; `live_servables`: versions not yet freed (unloaded ones that requests
+        or batch queues still hold count too)."""
         out = []
         with self._lock:
             out += ["# HELP tfpipe_serving_requests_total Requests by model, API and final status.",
@@ -98,7 +98,7 @@ class Metrics:
         out += ["# HELP tfpipe_serving_live_servables Loaded model versions still in memory (serving, or "
                 "unloaded but held by in-flight requests).",
                 "# TYPE tfpipe_serving_live_servables gauge",
-                f"tfpipe_serving_live_servables {len(LIVE)}",
+                f"tfpipe_serving_live_servables {live_servables}",
                 "# HELP process_resident_memory_bytes Resident memory size in bytes.",
                 "# TYPE process_resident_memory_bytes gauge",
                 f"process_resident_memory_bytes {rss_bytes()}",

@@ -34,7 +34,7 @@ from tfpipe.serve.manager import ManagerOptions, ModelManager
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.rest_api import RestApi
-from tfpipe.serve.servable import Servable, ServableSettings
+from tfpipe.serve.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.workers import Group, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
@@ -192,7 +192,7 @@ class EmbeddedServer:
         """This process's Prometheus page."""
         batcher, manager = self.inference.batcher, self.manager
         return self.metrics.render(manager.loaded(), batcher.depth() if batcher else 0,
-                                   batcher.queue_count() if batcher else 0, manager.load_sizes())
+                                   batcher.queue_count() if batcher else 0, manager.load_sizes(), len(LIVE))
 
     async def _start_rest(self) -> None:
         o = self.opts

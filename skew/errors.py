@@ -1,2 +1,5 @@
-class SkewError(Exception):
+from tfpipe import UserError
+
+
+class SkewError(UserError):
     """A user error (no logs under the prefix, not a tabular data dir, a bad threshold): one line, exit 2."""

@@ -14,7 +14,15 @@ try:
 except PackageNotFoundError:  # a source tree that is not installed
     __version__ = "0.0.0+source"
 
-__all__ = ["__version__", "quiet_native_stderr"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "UserError", "__version__", "quiet_native_stderr"]
+
+EXIT_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 1, 2, 130  # a bug; a user error; Ctrl-C or SIGTERM
+
+
+class UserError(Exception):
+    """An error the user can fix (a bad path, flag or input): every stage's own error class
+    derives from it, and a command shows it as one line and exits EXIT_USER_ERROR. Anything
+    else is a bug (EXIT_FAILED)."""
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from tfpipe import __version__, quiet_native_stderr
 from tfpipe.config import Config, load_config, validate
-from tfpipe.errors import ConfigError, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, user_errors
+from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, UserError
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         return args.handler(args, extra)
-    except user_errors() as e:
+    except UserError as e:
         if args.debug:
             traceback.print_exc()
         print(f"tfpipe {args.command}: error: {e}", file=sys.stderr)

@@ -27,7 +27,7 @@ from typing import Any
 
 from tfpipe import __version__
 from tfpipe.config import Config
-from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, user_errors
+from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, UserError
 from tfpipe.files import digest, file_sha256
 from tfpipe.manifest import STEPS, read_manifest
 
@@ -344,7 +344,7 @@ class Run:
         self.states[step] = entry["status"]
         self.save_manifest()
         with open(log_path, "a") as f:
-            if isinstance(e, user_errors()):
+            if isinstance(e, UserError):
                 f.write(f"error: {e}\n")
             else:
                 traceback.print_exception(e, file=f)
@@ -566,7 +566,7 @@ def _run_locked(r: Run, console: Console) -> int:
             return EXIT_INTERRUPTED
         if req.debug:
             raise e.error from None
-        known = isinstance(e.error, user_errors())
+        known = isinstance(e.error, UserError)
         console.print(f"tfpipe run: {e.step} failed" + ("" if known else " (a bug: the traceback is in its log)")
                       + "; fix the cause and run the same command again to resume from this step")
         return EXIT_USER_ERROR if known else EXIT_FAILED

@@ -1,7 +1,9 @@
 """The training stage's user-facing error: the CLI turns it into one line and exit code 2."""
 
+from tfpipe import UserError
 
-class TrainError(Exception):
+
+class TrainError(UserError):
     """Bad input or configuration for training (missing data dir, bad flag, diverged loss)."""
 
 

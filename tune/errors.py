@@ -1,2 +1,5 @@
-class TuneError(Exception):
+from tfpipe import UserError
+
+
+class TuneError(UserError):
     """A user error (no model at the path, no request source, a server that will not start): one line, exit 2."""
