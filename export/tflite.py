@@ -23,6 +23,7 @@ from keras import layers, ops
 
 from tfpipe.export.errors import ExportError
 from tfpipe.pipeline.schema import Schema
+from tfpipe.train.model import TRAINER, feature_layers
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
 NUMERIC_BLOCK = "numeric_block"
@@ -108,26 +109,23 @@ class Reorder(layers.Layer):
 def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[str, list[str]]]:
     """The trained model from vocabulary indices and raw numbers, sharing the trained layers.
     The numbers go through one NumericBlock (the block export quantization keeps float)."""
-    pre, trainer = model.get_layer("preprocessor"), model.get_layer("trainer")
+    trainer, used = model.get_layer(TRAINER), feature_layers(model, schema)
     inputs, vocabularies, numeric, others = {}, {}, [], []
     for c in schema.features:
+        found = used.get(c.name)  # None: the model does not use it (no value in training)
         if c.type in ("int", "float"):
-            inputs[c.name] = keras.Input(shape=(), dtype="float32", name=c.name)
-            try:
-                numeric.append((c.name, pre.get_layer(f"norm_{c.name}")))
-            except ValueError:
-                pass  # a number the model does not use (no value in training)
+            inputs[c.name] = keras.Input(shape=(), dtype="float32", name=c.name)  # taken, used or not
+            if found is not None:
+                numeric.append((c.name, found.norm))
             continue
-        try:
-            lookup = pre.get_layer(f"lookup_{c.name}")
-        except ValueError:
-            continue  # a string feature the model does not use (no vocabulary)
-        vocabularies[c.name] = [str(v) for v in lookup.get_vocabulary()[1:]]  # [0] is the OOV token
+        if found is None:
+            continue
+        vocabularies[c.name] = [str(v) for v in found.lookup.get_vocabulary()[1:]]  # [0] is the OOV token
         x = inputs[c.name] = keras.Input(shape=(), dtype="int32", name=c.name)
-        if lookup.output_mode == "one_hot":
-            others.append((c.name, OneHot(lookup.vocabulary_size(), name=f"one_hot_{c.name}")(x)))
+        if found.embed is None:  # a one-hot lookup
+            others.append((c.name, OneHot(found.lookup.vocabulary_size(), name=f"one_hot_{c.name}")(x)))
         else:
-            others.append((c.name, pre.get_layer(f"embed_{c.name}")(x)))
+            others.append((c.name, found.embed(x)))
     # Columns of [numeric block, strings...], then moved into the order the trainer learned.
     parts, position, width = [], {}, 0
     if numeric:
@@ -190,7 +188,10 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
             if not float_names:
                 float_names = _tensor_names(tf.lite.TFLiteConverter.from_saved_model(saved).convert())
             conv.representative_dataset = _calibration(representative)
-            conv._experimental_disable_per_channel = True  # the converter's own switch; no public one
+            # One scale per weight tensor rather than per output channel: on the Chicago taxi model int8
+            # was 25.5 KB against 29.9 KB per channel (0.37x against 0.44x float32's 68.4 KB), at the
+            # same test accuracy, 0.9118 (2026-11-25). The converter has no public switch for it.
+            conv._experimental_disable_per_channel = True
             keep_float = [n for n in float_names if NUMERIC_BLOCK in n]
             with warnings.catch_warnings():  # it builds a tf.lite.Interpreter we never run (LiteRT does)
                 warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")

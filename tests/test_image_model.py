@@ -356,3 +356,19 @@ def test_a_model_with_augmentation_exports_and_converts(tmp_path):
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-6)
     one, _ = litert_runner(convert_images(model, ["float32"], pixels)["float32"])
     np.testing.assert_allclose(one({"pixels": pixels[:1]}), expected[:1], atol=1e-5)
+
+
+def test_the_inference_model_leaves_out_exactly_the_augmentation_layers():
+    """The contract export relies on for images: every layer --augment adds, and no other, is dropped."""
+    import keras
+
+    from tfpipe.train.images import build_image_model, inference_model, is_augmentation
+
+    model = build_image_model((16, 16), ["a", "b"], {}, model="cnn", filters=[4], dropout=0.3,
+                              augment=["flip", "crop", "rotation"], seed=0)
+    randoms = (keras.layers.RandomFlip, keras.layers.RandomZoom, keras.layers.RandomRotation)
+    kept = [layer.name for layer in inference_model(model).layers if not isinstance(layer, keras.layers.InputLayer)]
+    trained = [layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    assert sorted(set(trained) - set(kept)) == sorted(layer.name for layer in model.layers
+                                                      if isinstance(layer, randoms))
+    assert len(set(trained) - set(kept)) == 3 and not any(is_augmentation(model.get_layer(n)) for n in kept)

@@ -253,3 +253,29 @@ def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     assert epochs and all("val_accuracy" in e for e in epochs)
     assert (out / "model.keras").exists() and glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
     assert not glob.glob(str(tmp_path / ".mw.partial*"))  # the other worker cleaned up after itself
+
+
+def test_feature_layers_finds_each_features_preprocessing_after_a_save(tmp_path):
+    """The contract export relies on: each feature's layers, by kind, found again in model.keras
+    (a number: norm; a string of few values: a one-hot lookup; of many: lookup and embedding);
+    a feature with no value in training has none."""
+    import keras
+
+    from tfpipe.pipeline.schema import Feature, Label, Schema
+    from tfpipe.train.model import ONE_HOT_MAX, build_models, feature_layers
+
+    schema = Schema([Feature("x", "float"), Feature("never", "int"), Feature("few", "string"),
+                     Feature("many", "string")], Label("y", "int", "binary", [0, 1]))
+    number = {"mean": 1.0, "variance": 4.0}
+    stats = {"features": {"x": number, "never": {"mean": None, "variance": None},
+                          "few": {"top": [("a", 3), ("b", 2)]},
+                          "many": {"top": [(f"v{i}", 1) for i in range(ONE_HOT_MAX + 4)]}},
+             "label": {}}
+    _, _, model = build_models(schema, stats, [4], 0.0, seed=0)
+    model.save(tmp_path / "model.keras")
+    found = feature_layers(keras.models.load_model(tmp_path / "model.keras"), schema)
+    kinds = {name: tuple(k for k in ("norm", "lookup", "embed") if getattr(f, k) is not None)
+             for name, f in found.items()}
+    assert kinds == {"x": ("norm",), "few": ("lookup",), "many": ("lookup", "embed")}
+    assert found["few"].lookup.get_vocabulary()[1:] == ["a", "b"]
+    assert found["many"].embed.input_dim == ONE_HOT_MAX + 5  # its values and the out-of-vocabulary index

@@ -27,6 +27,7 @@ from tfpipe.train.errors import TrainError
 AUTOTUNE = tf.data.AUTOTUNE
 MODELS = ("cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50")
 APPLICATIONS_MIN_SIZE = 32  # keras.applications networks downsample 32x
+AUGMENT_PREFIX = "augment_"  # the names of the augmentation layers: see is_augmentation
 
 
 def decode_pixels(encoded: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
@@ -95,19 +96,24 @@ def image_dataset(files: list[str], size: tuple[int, int], batch_size: int, *, s
     return ds.batch(batch_size).prefetch(AUTOTUNE).with_options(options)
 
 
+def is_augmentation(layer: layers.Layer) -> bool:
+    """A layer `augmentation` made (so named): active in training only, left out of what is served."""
+    return layer.name.startswith(AUGMENT_PREFIX)
+
+
 def augmentation(names: list[str], seed: int) -> list[layers.Layer]:
     """Random layers, active only in training: flip (left-right), crop (a random 80-100% of each
     side, resized back) and rotation (up to +-10% of a turn, 36 degrees)."""
     out = []
     for name in names:
         if name == "flip":
-            out.append(layers.RandomFlip("horizontal", seed=seed, dtype="float32", name="augment_flip"))
+            out.append(layers.RandomFlip("horizontal", seed=seed, dtype="float32", name=AUGMENT_PREFIX + "flip"))
         elif name == "crop":
             out.append(layers.RandomZoom((-0.2, 0.0), fill_mode="nearest", seed=seed + 1, dtype="float32",
-                                         name="augment_crop"))
+                                         name=AUGMENT_PREFIX + "crop"))
         elif name == "rotation":
             out.append(layers.RandomRotation(0.1, fill_mode="nearest", seed=seed + 2, dtype="float32",
-                                             name="augment_rotation"))
+                                             name=AUGMENT_PREFIX + "rotation"))
         else:
             raise TrainError(f"unknown augmentation '{name}'; choose from {', '.join(AUGMENTATIONS)}")
     return out
@@ -172,7 +178,7 @@ def inference_model(model: keras.Model) -> keras.Model:
     chain of layers, so it is rebuilt by calling the other layers in order."""
     x = pixels = keras.Input(shape=model.input.shape[1:], dtype=model.input.dtype, name="pixels")
     for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer) or layer.name.startswith("augment_"):
+        if isinstance(layer, keras.layers.InputLayer) or is_augmentation(layer):
             continue
         x = layer(x)
     return keras.Model(pixels, x, name=model.name)

@@ -12,6 +12,7 @@ so serving cannot skew from training.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -22,6 +23,7 @@ from tfpipe.pipeline.schema import Schema
 from tfpipe.train.errors import TrainError
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
+PREPROCESSOR, TRAINER = "preprocessor", "trainer"  # the two halves of a tabular model, by layer name
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
 
 
@@ -103,6 +105,34 @@ def embedding_dim(n: int) -> int:
     return int(min(32, max(2, round(1.6 * n ** 0.56))))
 
 
+def layer_name(kind: str, feature: str) -> str:
+    """The name of a feature's preprocessing layer of `kind` ("norm", "lookup" or "embed"): the
+    contract by which `feature_layers` (and through it the TFLite export) finds it again."""
+    return f"{kind}_{feature}"
+
+
+@dataclass(frozen=True)
+class FeatureLayers:
+    """One feature's preprocessing layers in a tabular model: `norm` for a number; `lookup`, and
+    `embed` unless the lookup is one-hot, for a string."""
+
+    norm: ImputeNormalize | None = None
+    lookup: layers.StringLookup | None = None
+    embed: layers.Embedding | None = None
+
+
+def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayers]:
+    """The preprocessing layers of each feature `model` (from build_models, or loaded from
+    model.keras) uses; a feature without a value in training has none and is left out."""
+    by_name = {layer.name: layer for layer in model.get_layer(PREPROCESSOR).layers}
+    out = {}
+    for c in schema.features:
+        found = {kind: by_name.get(layer_name(kind, c.name)) for kind in ("norm", "lookup", "embed")}
+        if any(found.values()):
+            out[c.name] = FeatureLayers(**found)
+    return out
+
+
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
                  seed: int) -> tuple[keras.Model, keras.Model, keras.Model]:
     """(preprocessor, trainer, model) for the schema, initialised from training statistics."""
@@ -116,25 +146,25 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
                 continue  # no value in the training split: nothing to learn from
             var = s["variance"] if s["variance"] else 1.0
             parts.append(ImputeNormalize(s["mean"], var, c.nullable, clip=Z_CLIP, dtype="float32",
-                                         name=f"norm_{c.name}")(x))
+                                         name=layer_name("norm", c.name))(x))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
             if not vocab:
                 continue  # never seen a value: nothing to learn from
             if len(vocab) + 1 <= ONE_HOT_MAX:
                 lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, output_mode="one_hot",
-                                             dtype="float32", name=f"lookup_{c.name}")
+                                             dtype="float32", name=layer_name("lookup", c.name))
                 parts.append(lookup(x))
             else:
-                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, name=f"lookup_{c.name}")
+                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, name=layer_name("lookup", c.name))
                 embed = layers.Embedding(len(vocab) + 1, embedding_dim(len(vocab) + 1), dtype="float32",
                                          embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
-                                         name=f"embed_{c.name}")
+                                         name=layer_name("embed", c.name))
                 parts.append(embed(lookup(x)))
     if not parts:
         raise TrainError("no feature has a value in the training split: nothing to train on")
     features = layers.Concatenate(dtype="float32", name="features")(parts) if len(parts) > 1 else parts[0]
-    preprocessor = keras.Model(inputs, features, name="preprocessor")
+    preprocessor = keras.Model(inputs, features, name=PREPROCESSOR)
 
     width = preprocessor.output.shape[-1]
     vec = keras.Input(shape=(width,), dtype="float32", name="features")
@@ -161,7 +191,7 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         # Predict in standard units and scale back, so the head starts near the label's range.
         out = layers.Rescaling(std, offset=mean, dtype="float32", name="rescale")(out)
         out = layers.Reshape((), dtype="float32", name="prediction")(out)
-    trainer = keras.Model(vec, out, name="trainer")
+    trainer = keras.Model(vec, out, name=TRAINER)
     model = keras.Model(inputs, trainer(preprocessor(inputs)), name="tfpipe_model")
     return preprocessor, trainer, model
 
