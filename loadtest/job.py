@@ -149,10 +149,16 @@ def _run_steps(config: LoadtestConfig, spec: StepSpec, terms, baseline: dict | N
     return steps, interrupted
 
 
+def knee_of(steps: list[dict]) -> dict | None:
+    """The step with the most requests/s among those that met the SLO (all, without one); None
+    when every step missed it."""
+    return max((s for s in steps if s["slo_ok"] is not False), key=lambda s: s["rps"], default=None)
+
+
 def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: bool, terms,
             baseline: dict | None, log: Callable[[str], None]) -> int:
     """Write results.json, results.csv and report.html, print the table; the exit code."""
-    knee = max((s for s in steps if s["slo_ok"] is not False), key=lambda s: s["rps"], default=None)
+    knee = knee_of(steps)
     passed = knee is not None if terms else True
     results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": kind,
                "interrupted": interrupted, "baseline": baseline,

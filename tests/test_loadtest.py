@@ -58,6 +58,19 @@ def delayed_endpoint():
     thread.join(5)
 
 
+@pytest.mark.parametrize("steps, want", [
+    ([(100, None), (300, None), (250, None)], 2),  # no SLO: the fastest step
+    ([(100, True), (300, False), (250, True)], 3),  # the fastest that met it
+    ([(100, True), (90, True)], 1),  # more load, fewer answers: past the knee
+    ([(100, False), (300, False)], None),  # every step missed the SLO
+])
+def test_the_knee_is_the_fastest_step_within_the_slo(steps, want):
+    from tfpipe.loadtest.job import knee_of
+
+    knee = knee_of([{"step": i + 1, "rps": rps, "slo_ok": ok} for i, (rps, ok) in enumerate(steps)])
+    assert (knee["step"] if knee else None) == want
+
+
 def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
     server, root = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0, 2.0]}))
@@ -72,7 +85,7 @@ def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
         assert step["errors"] == 0 and step["requests"] > 20
         assert sum(step["histogram"]["counts"]) == step["requests"]  # every answer is in the histogram
         assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]
-    assert results["knee"]["step"] in (1, 2)
+    assert results["knee"]["step"] == 2  # four users keep the server busier than one, and both meet the SLO
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["users"] for r in rows] == ["1", "4"]
     assert "knee" in res.stdout and "SLO p99<2s,errors<1%: met" in res.stdout
