@@ -16,11 +16,8 @@ import time
 from concurrent.futures import Executor
 
 import grpc
-from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
-    get_model_metadata_pb2,
-    get_model_status_pb2,
     inference_pb2,
     model_management_pb2,
     model_service_pb2_grpc,
@@ -32,6 +29,7 @@ from tensorflow_serving.apis import (
 from tfpipe.serve.errors import ServingError, invalid
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.model_info import metadata_response, spec_of, status_response
 from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
@@ -41,15 +39,6 @@ from tfpipe.serve.requests import (
     regression_result,
     tensor_proto,
 )
-
-
-def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
-    """A ModelSpec's (name, version, label); `named`: an empty name is INVALID_ARGUMENT here."""
-    if named and not spec.name:
-        raise invalid("ModelSpec has no name specified.")
-    choice = spec.WhichOneof("version_choice")
-    return (spec.name, spec.version.value if choice == "version" else None,
-            spec.version_label if choice == "version_label" else None)
 
 
 async def _answer(metrics: Metrics, api: str, name: str, context, handler):
@@ -161,35 +150,6 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         async def run():  # no model call: answered on the loop
             return metadata_response(self.inference, request)
         return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
-
-
-def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
-    name, version, label = spec_of(request.model_spec)
-    fields = list(request.metadata_field)
-    if not fields:
-        raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
-    for f in fields:
-        if f != "signature_def":
-            raise invalid(f"Metadata field {f} is not supported")
-    servable = inference.manager.resolve(name, version, label)
-    response = get_model_metadata_pb2.GetModelMetadataResponse()
-    model_spec(response.model_spec, name, servable.version, "")
-    sig_map = get_model_metadata_pb2.SignatureDefMap()
-    for k, v in servable.signature_defs.items():
-        sig_map.signature_def[k].CopyFrom(v)
-    response.metadata["signature_def"].Pack(sig_map)
-    return response
-
-
-def status_response(inference: Inference, request) -> get_model_status_pb2.GetModelStatusResponse:
-    name, version, label = spec_of(request.model_spec)
-    response = get_model_status_pb2.GetModelStatusResponse()
-    for s in inference.manager.status(name, version, label):
-        st = response.model_version_status.add(version=s.version)
-        st.state = get_model_status_pb2.ModelVersionStatus.State.Value(s.state)
-        st.status.error_code = error_codes_pb2.Code.Value(s.error_code)
-        st.status.error_message = s.error_message
-    return response
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):

@@ -24,9 +24,9 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.errors import ServingError, invalid, precondition
-from tfpipe.serve.grpc_api import metadata_response, status_response
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.model_info import metadata_response, status_response
 from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
