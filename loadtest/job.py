@@ -137,9 +137,7 @@ def _run_steps(config: LoadtestConfig, spec: StepSpec, terms, baseline: dict | N
         if result is None or not result["requests"]:
             break  # interrupted before a whole second was measured
         step = _summarise(i + 1, step_spec, result)
-        step["slo_failures"] = check(terms, step) if terms else []
-        step["slo_ok"] = not step["slo_failures"] if terms else None
-        step["overhead_p50_ms"] = round(step["p50_ms"] - baseline["p50_ms"], 4) if baseline else None
+        _judge(step, terms, baseline)
         steps.append(step)
         log("  " + _line(step) + (" (interrupted: partial)" if interrupted else ""))
         if step["generator_bound"]:
@@ -155,18 +153,28 @@ def knee_of(steps: list[dict]) -> dict | None:
     return max((s for s in steps if s["slo_ok"] is not False), key=lambda s: s["rps"], default=None)
 
 
+def _judge(step: dict, terms, baseline: dict | None) -> None:
+    """Mark a step against the SLO (when there is one) and the in-process baseline (when measured)."""
+    step["slo_failures"] = check(terms, step) if terms else []
+    step["slo_ok"] = not step["slo_failures"] if terms else None
+    step["overhead_p50_ms"] = round(step["p50_ms"] - baseline["p50_ms"], 4) if baseline else None
+
+
 def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: bool, terms,
-            baseline: dict | None, log: Callable[[str], None]) -> int:
-    """Write results.json, results.csv and report.html, print the table; the exit code."""
+            baseline: dict | None, log: Callable[[str], None], replay: dict | None = None) -> int:
+    """Write results.json, results.csv and report.html, print the steps (or the replay's comparison
+    with its log); the exit code: 0, 1 when the SLO was missed, EXIT_INTERRUPTED."""
     knee = knee_of(steps)
     passed = knee is not None if terms else True
+    if replay is not None:
+        knee = None  # one step, no sweep
     results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": kind,
                "interrupted": interrupted, "baseline": baseline,
                "slo": config.slo, "slo_passed": passed if terms else None,
                "knee": {"step": knee["step"], "rps": knee["rps"], "p99_ms": knee["p99_ms"]} if knee else None,
-               "steps": steps}
+               "steps": steps, **({"replay": replay} if replay is not None else {})}
     _publish(results, steps, config.out)
-    for line in table(steps):
+    for line in table(steps) if replay is None else replay_lines(replay):
         log(line)
     if knee is not None and len(steps) > 1:
         log(f"knee: step {knee['step']}, {knee['rps']:.0f} req/s with p99 {knee['p99_ms']:.2f} ms")
@@ -222,26 +230,14 @@ def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
     step["rate"] = None
     step["replay"] = {"sent": sent.get("sent", 0), "send_span_s": sent.get("send_span_s"),
                       "rate": (sent["sent"] - 1) / sent["send_span_s"] if sent.get("send_span_s") else None}
-    step["slo_failures"] = check(terms, step) if terms else []
-    step["slo_ok"] = not step["slo_failures"] if terms else None
-    step["overhead_p50_ms"] = None
+    _judge(step, terms, None)
     want_rate = recorded["rate"] * config.speed if recorded["rate"] else None
     replay = {"prefix": config.replay, "speed": config.speed, "recorded": recorded,
               "replayed": {"requests": step["requests"], "errors": step["errors"], "rate": step["replay"]["rate"],
                            "p50_ms": step["p50_ms"], "p99_ms": step["p99_ms"], "max_ms": step["max_ms"]},
               "count_ratio": step["requests"] / recorded["requests"],
               "rate_ratio": step["replay"]["rate"] / want_rate if want_rate and step["replay"]["rate"] else None}
-    passed = not step["slo_failures"] if terms else True
-    results = {"command": sys.argv, "config": config.model_dump(mode="json"), "target_kind": "replay",
-               "interrupted": interrupted, "baseline": None, "slo": config.slo,
-               "slo_passed": passed if terms else None, "knee": None, "steps": [step], "replay": replay}
-    _publish(results, [step], config.out)
-    for line in replay_lines(replay):
-        log(line)
-    if terms:
-        log(f"SLO {config.slo}: " + ("met" if passed else "MISSED"))
-    log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html")
-    return EXIT_INTERRUPTED if interrupted else (0 if passed else 1)
+    return _report(config, "replay", [step], interrupted, terms, None, log, replay=replay)
 
 
 def replay_lines(replay: dict) -> list[str]:
