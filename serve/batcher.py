@@ -53,6 +53,22 @@ class BatchOptions:
         o.check()
         return o
 
+    def to_proto(self):
+        """tensorflow.serving.BatchingParameters (batching.config) with these settings."""
+        from tfpipe.serve.protos import BatchingParameters
+
+        p = BatchingParameters()
+        p.max_batch_size.value = self.max_batch_size
+        p.batch_timeout_micros.value = self.batch_timeout_micros
+        p.max_enqueued_batches.value = self.max_enqueued_batches
+        p.num_batch_threads.value = self.num_batch_threads
+        p.allowed_batch_sizes.extend(self.allowed_batch_sizes)
+        if self.enable_large_batch_splitting:
+            p.enable_large_batch_splitting.value = True
+        if self.max_execution_batch_size:
+            p.max_execution_batch_size.value = self.max_execution_batch_size
+        return p
+
     @property
     def execution_size(self) -> int:
         """The most rows one model call takes."""

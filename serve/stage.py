@@ -28,16 +28,14 @@ class CheckFailed(ServeError):
 
 def write_batching(path: str, cfg: ServeConfig) -> str:
     """batching.config (TF Serving's BatchingParameters text proto) from the [serve] section."""
+    from tfpipe.serve.batcher import BatchOptions
     from tfpipe.serve.configs import write_text_proto
-    from tfpipe.serve.protos import BatchingParameters
 
-    p = BatchingParameters()
-    p.max_batch_size.value = cfg.max_batch_size
-    p.batch_timeout_micros.value = cfg.batch_timeout_micros
-    p.max_enqueued_batches.value = cfg.max_enqueued_batches
-    p.num_batch_threads.value = cfg.num_batch_threads or (os.cpu_count() or 1)
-    p.allowed_batch_sizes.extend(cfg.allowed_batch_sizes)
-    return write_text_proto(path, p)
+    options = BatchOptions(max_batch_size=cfg.max_batch_size, batch_timeout_micros=cfg.batch_timeout_micros,
+                           max_enqueued_batches=cfg.max_enqueued_batches,
+                           num_batch_threads=cfg.num_batch_threads or (os.cpu_count() or 1),
+                           allowed_batch_sizes=list(cfg.allowed_batch_sizes))
+    return write_text_proto(path, options.to_proto())
 
 
 class Deployment:

@@ -696,3 +696,22 @@ def test_per_model_batching_parameters(half_models, tmp_path):
         assert 1 <= _batches(s) < 4
         options = s.inference.batch_options(s.manager.resolve("batched"))
         assert options.max_batch_size == 8 and s.inference.batch_options(s.manager.resolve("plain")) is None
+
+
+@pytest.mark.parametrize("text", [
+    "max_batch_size { value: 16 } batch_timeout_micros { value: 500 } max_enqueued_batches { value: 4 } "
+    "num_batch_threads { value: 2 } allowed_batch_sizes: 8 allowed_batch_sizes: 16",
+    "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } max_enqueued_batches { value: 10 } "
+    "num_batch_threads { value: 1 } enable_large_batch_splitting { value: true } "
+    "max_execution_batch_size { value: 32 }",
+])
+def test_batching_parameters_read_and_written_are_the_same(text):
+    """One writer of batching.config (BatchOptions.to_proto, used by tfpipe run and tfpipe tune):
+    TF Serving's text read by the server and written back is the same message."""
+    from google.protobuf import text_format
+
+    from tfpipe.serve.batcher import BatchOptions
+    from tfpipe.serve.protos import BatchingParameters
+
+    given = text_format.Parse(text, BatchingParameters())
+    assert BatchOptions.from_proto(given).to_proto() == given

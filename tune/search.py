@@ -64,16 +64,12 @@ class Candidate:
         return cls(**{**d, "allowed_batch_sizes": tuple(d.get("allowed_batch_sizes", ()))})
 
     def to_proto(self):
-        """tensorflow.serving.BatchingParameters."""
-        from tfpipe.serve.protos import BatchingParameters
+        """tensorflow.serving.BatchingParameters, as the server's BatchOptions writes them."""
+        from tfpipe.serve.batcher import BatchOptions
 
-        p = BatchingParameters()
-        p.max_batch_size.value = self.max_batch_size
-        p.batch_timeout_micros.value = self.batch_timeout_micros
-        p.num_batch_threads.value = self.num_batch_threads
-        p.max_enqueued_batches.value = self.max_enqueued_batches
-        p.allowed_batch_sizes.extend(self.allowed_batch_sizes)
-        return p
+        return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
+                            max_enqueued_batches=self.max_enqueued_batches, num_batch_threads=self.num_batch_threads,
+                            allowed_batch_sizes=list(self.allowed_batch_sizes)).to_proto()
 
 
 def guide_start(cores: int) -> Candidate:
