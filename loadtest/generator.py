@@ -48,6 +48,36 @@ class Schedule:
         return slot
 
 
+def _post(conn: TimedConnection, raw: bytes) -> tuple[Exception | None, int, float, float]:
+    """One POST on a keep-alive connection: (error, response length, seconds, when it went out).
+    A status other than 200 and a failed connection are errors; neither stops the user."""
+    error, length, start = None, 0, time.perf_counter()
+    try:
+        status, length, seconds, start = conn.request(raw)
+        if status != 200:
+            error = Exception(f"HTTP {status}")
+    except (OSError, HttpError) as e:
+        error, seconds = e, time.perf_counter() - start
+    return error, length, seconds, start
+
+
+def _call(method, request) -> Exception | None:
+    """One gRPC call; its status as the error, None when OK."""
+    import grpc
+
+    try:
+        method(request, timeout=30)
+    except grpc.RpcError as e:
+        return Exception(f"gRPC {e.code().name}")
+    return None
+
+
+def _report(user: User, request_type: str, name: str, seconds: float, length: int, error: Exception | None) -> None:
+    """Locust's request event, as its own users fire it: what the recorder and the master count."""
+    user.environment.events.request.fire(request_type=request_type, name=name, response_time=seconds * 1000,
+                                         response_length=length, exception=error, context={})
+
+
 def rest_user(spec: StepSpec, schedule: Schedule | None):
     requests = [build_request(spec.address, "POST", spec.path, b.encode()) for b in spec.bodies]
     counter = itertools.count()
@@ -66,19 +96,11 @@ def rest_user(spec: StepSpec, schedule: Schedule | None):
 
         @task
         def predict(self):
-            raw = requests[next(counter) % len(requests)]
             slot = schedule.next_slot() if schedule else None
-            error, length, start = None, 0, time.perf_counter()
-            try:
-                status, length, seconds, start = self.conn.request(raw)
-                if status != 200:
-                    error = Exception(f"HTTP {status}")
-            except (OSError, HttpError) as e:  # connection errors count, they do not stop the user
-                error, seconds = e, time.perf_counter() - start
+            error, length, seconds, start = _post(self.conn, requests[next(counter) % len(requests)])
             if slot is not None:  # open model: from the time the request was due
                 seconds += start - slot
-            self.environment.events.request.fire(request_type="POST", name=name, response_time=seconds * 1000,
-                                                 response_length=length, exception=error, context={})
+            _report(self, "POST", name, seconds, length, error)
 
     return RestUser
 
@@ -100,16 +122,9 @@ def grpc_user(spec: StepSpec, schedule: Schedule | None):
 
         @task
         def predict(self):
-            req = requests[next(counter) % len(requests)]
             start = schedule.next_slot() if schedule else time.perf_counter()
-            error = None
-            try:
-                self.stub.Predict(req, timeout=30)
-            except grpc.RpcError as e:
-                error = Exception(f"gRPC {e.code().name}")
-            self.environment.events.request.fire(request_type="grpc", name="Predict",
-                                                 response_time=(time.perf_counter() - start) * 1000,
-                                                 response_length=0, exception=error, context={})
+            error = _call(self.stub.Predict, requests[next(counter) % len(requests)])
+            _report(self, "grpc", "Predict", time.perf_counter() - start, 0, error)
 
     return GrpcUser
 
@@ -184,22 +199,11 @@ def replay_user(spec: StepSpec, clock: ReplayClock):
                 raise StopUser()
             i, due = taken
             protocol, where, payload = prepared[i]
-            error, length = None, 0
             if protocol == "rest":
-                try:
-                    status, length, _, _ = self.conn.request(payload)
-                    if status != 200:
-                        error = Exception(f"HTTP {status}")
-                except (OSError, HttpError) as e:
-                    error = e
+                error, length, _, _ = _post(self.conn, payload)
             else:
-                try:
-                    getattr(self.stub, where)(payload, timeout=30)
-                except grpc.RpcError as e:
-                    error = Exception(f"gRPC {e.code().name}")
-            self.environment.events.request.fire(request_type=protocol, name=where,
-                                                 response_time=(time.perf_counter() - due) * 1000,
-                                                 response_length=length, exception=error, context={})
+                error, length = _call(getattr(self.stub, where), payload), 0
+            _report(self, protocol, where, time.perf_counter() - due, length, error)
 
     return ReplayUser
 
@@ -266,47 +270,38 @@ def _tree_cpu(proc: psutil.Process) -> float:
 def run(spec: StepSpec) -> dict:
     """One step: load for warmup + duration; measure whole seconds after the warmup.
 
-    One process (workers 1, none expected from elsewhere) runs the users itself. Otherwise
-    this process is a locust master: `workers` local worker processes plus `expect_workers`
-    started on other machines (`tfpipe loadtest --worker`) connect to it, receive the spec
-    (target, payloads, their share of an open-model rate) as a custom message, say they are
-    ready, and report finished seconds that are merged here."""
-    local, remote = spec.workers, spec.expect_workers
-    total = local + remote
-    me = psutil.Process()
+    One process (workers 1, none expected from elsewhere) runs the users itself (`_Local`).
+    Otherwise this process is a locust master (`Master`): `workers` local worker processes plus
+    `expect_workers` started on other machines (`tfpipe loadtest --worker`) connect to it,
+    receive the spec (target, payloads, their share of an open-model rate) as a custom message,
+    say they are ready, and report finished seconds that are merged here."""
+    total = spec.workers + spec.expect_workers
     clock = ReplayClock(spec.replay, spec.speed) if spec.kind == "replay" else None
-    if total <= 1 and not remote:
-        env = Environment(user_classes=[_user_class(spec, 1.0, clock)])
-        recorder = Recorder()
-        env.events.request.add_listener(recorder.on_request)
-        runner = env.create_local_runner()
-        master = None
+    if total <= 1 and not spec.expect_workers:
+        step: _Local | Master = _Local(spec, clock)
     else:
-        env = Environment(user_classes=[_user_class(spec, 1.0 / total)])
-        master = Master(env, spec, local, remote)
-        runner = master.runner
+        step = Master(Environment(user_classes=[_user_class(spec, 1.0 / total)]), spec, spec.workers,
+                      spec.expect_workers)
+        step.start()
     if spec.web_port is not None:
-        env.create_web_ui("127.0.0.1", spec.web_port)
+        step.env.create_web_ui("127.0.0.1", spec.web_port)
     stop = []
     gevent.signal_handler(signal.SIGINT, lambda: stop.append(True))  # stop early, keep whole seconds
-    if master:
-        master.wait_ready(stop)
-    users = spec.users
-    runner.start(users, spawn_rate=max(users, 1) * 10)
+    step.wait_ready(stop)
+    step.runner.start(spec.users, spawn_rate=max(spec.users, 1) * 10)
     started = time.time()
     first = math.ceil(started + spec.warmup)
     last = first + max(1, math.ceil(spec.duration))
-    cpu0, next_report = None, 0.0
+    opened, next_report = False, 0.0
     while time.time() < last:
         now = time.time()
-        if cpu0 is None and now >= first:
-            cpu0 = _tree_cpu(me)
+        if not opened and now >= first:
+            step.window_opens()
+            opened = True
         if stop:
             last = max(first, int(now))
             break
-        # Answers in the window so far: this process's own, or the workers' reports.
-        sources = master.reports.values() if master else [recorder.seconds]
-        answered = [(int(k), v["requests"]) for src in sources for k, v in src.items()]
+        answered = [(int(k), v["requests"]) for src in step.seconds() for k, v in src.items()]
         if sum(n for k, n in answered if first <= k < last) >= spec.max_requests:
             last = int(now) + 1
             break
@@ -315,24 +310,43 @@ def run(spec: StepSpec) -> dict:
             next_report = now + 0.5
         gevent.sleep(0.05)
     gevent.sleep(max(0.0, last - time.time()))
-    if master:
-        gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
-        result = _summarise_window(list(master.reports.values()), first, last)
-        result["generator_cpu"] = master.cpu(first, last)
-        result["per_worker"] = {w: _summarise_window([r], first, last)["requests"] for w, r in master.reports.items()}
-        master.finish(more=not stop and not spec.last_step)
-    else:
-        cpu = (_tree_cpu(me) - cpu0) / (last - first) if cpu0 is not None and last > first else 0.0
-        result = _summarise_window([recorder.pop_completed()], first, last)
-        result["generator_cpu"] = cpu
-        runner.quit()
-    if env.web_ui is not None:
-        env.web_ui.stop()
+    result = step.close(first, last, more=not stop and not spec.last_step)
+    if step.env.web_ui is not None:
+        step.env.web_ui.stop()
     result["workers"] = total
     result["interrupted"] = bool(stop)
     if clock is not None:
         result["replay"] = clock.summary()
     return result
+
+
+class _Local:
+    """A step in this one process: it runs the users itself and records their answers."""
+
+    def __init__(self, spec: StepSpec, clock: ReplayClock | None):
+        self.env = Environment(user_classes=[_user_class(spec, 1.0, clock)])
+        self.recorder = Recorder()
+        self.env.events.request.add_listener(self.recorder.on_request)
+        self.runner = self.env.create_local_runner()
+        self._me, self._cpu0 = psutil.Process(), None
+
+    def wait_ready(self, stop: list) -> None:
+        pass  # the users are this process's own
+
+    def window_opens(self) -> None:
+        self._cpu0 = _tree_cpu(self._me)
+
+    def seconds(self) -> list[dict[str, dict]]:
+        """Answers per finished second so far."""
+        return [self.recorder.seconds]
+
+    def close(self, first: int, last: int, more: bool) -> dict:
+        """The window's summary, with the cores this process used; the users stop."""
+        cpu = (_tree_cpu(self._me) - self._cpu0) / (last - first) if self._cpu0 is not None and last > first else 0.0
+        result = _summarise_window([self.recorder.pop_completed()], first, last)
+        result["generator_cpu"] = cpu
+        self.runner.quit()
+        return result
 
 
 def _unused_port(bind: str) -> int:
@@ -346,7 +360,7 @@ class Master:
     worker the spec, waits until all are ready, merges their reports per worker."""
 
     def __init__(self, env: Environment, spec: StepSpec, local: int, remote: int):
-        bind = spec.master_bind or "127.0.0.1"
+        self.env, self.spec, self.local = env, spec, local
         self.expected, self.remote = local + remote, remote
         self.wait_s = spec.worker_wait_s
         self.token = uuid.uuid4().hex  # this step, as workers tell masters apart
@@ -354,6 +368,12 @@ class Master:
         self.ready: set[str] = set()
         self.reports: dict[str, dict[str, dict]] = {}  # worker -> second -> its answers
         self.cpu_reports: dict[str, list[tuple[float, float]]] = {}  # worker -> (time, its CPU seconds)
+        self.address, self.procs, self.runner = "", [], None  # set by start()
+
+    def start(self) -> None:
+        """Listen for workers and start the local ones."""
+        env, spec, local = self.env, self.spec, self.local
+        bind = spec.master_bind or "127.0.0.1"
         # A port of our choosing is one the OS just handed out and let go, which any outgoing
         # connection may take before zmq binds it: such a port is chosen again, a given one is not.
         self.address = f"{bind}:{spec.master_port or 0}"
@@ -392,7 +412,23 @@ class Master:
         if len(self.ready) < self.expected:
             self.finish(more=False)
             raise LoadtestError(f"only {len(self.ready)} of {self.expected} locust workers connected to "
-                             f"{self.address} within {timeout:.0f}s")
+                                f"{self.address} within {timeout:.0f}s")
+
+    def window_opens(self) -> None:
+        pass  # the workers report their own CPU
+
+    def seconds(self) -> list[dict[str, dict]]:
+        """Each worker's answers per finished second, as reported so far."""
+        return list(self.reports.values())
+
+    def close(self, first: int, last: int, more: bool) -> dict:
+        """The window's summary merged over the workers; they are told whether another step follows."""
+        gevent.sleep(WORKER_REPORT_INTERVAL * 2.5)  # the workers' reports of the last second
+        result = _summarise_window(list(self.reports.values()), first, last)
+        result["generator_cpu"] = self.cpu(first, last)
+        result["per_worker"] = {w: _summarise_window([r], first, last)["requests"] for w, r in self.reports.items()}
+        self.finish(more)
+        return result
 
     def cpu(self, first: int, last: int) -> float:
         """Cores the workers used in the window, from the CPU seconds each reported."""
