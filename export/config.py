@@ -38,3 +38,8 @@ class ExportConfig(BaseModel):
     @property
     def variants(self) -> list[str]:
         return [n for n in self.tflite.split(",") if n]
+
+    def fingerprint_fields(self) -> dict:
+        """What decides this stage's result in `tfpipe run` (its step fingerprint): not where the
+        model, data and models come from and go, and which versions stay."""
+        return self.model_dump(exclude={"model", "data", "base", "version", "keep"})

@@ -27,6 +27,7 @@ from tfpipe.export.signatures import ServingModule, serving_dtype, set_method_na
 from tfpipe import __version__
 from tfpipe.files import clean_stale, publish_dir, read_json
 from tfpipe.prediction_logs import WARMUP_FILE
+from tfpipe.stage import StageResult
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import make_dataset
 
@@ -208,3 +209,15 @@ def _prune(model_dir: str, removed: list[int]) -> list[int]:
         shutil.rmtree(os.path.join(model_dir, str(v)), ignore_errors=True)
     return removed
 
+
+def result(final: str) -> StageResult:
+    """A published version for `tfpipe run`: its name and version, and the TFLite variants kept or dropped."""
+    path = os.path.join(final, "assets.extra", "export.json")
+    with open(path) as f:
+        m = json.load(f)
+    variants = [v for v in m["variants"] if v["variant"] != "savedmodel"]
+    kept = [v["variant"] for v in variants if not v.get("dropped")]
+    dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
+    summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
+               + (f" ({'; '.join(dropped)})" if dropped else ""))
+    return StageResult(path, summary, {"path": final, "name": m["name"], "version": m["version"]})

@@ -101,3 +101,8 @@ class LoadtestConfig(BaseModel):
     def steps(self) -> list[float]:
         values = [float(p) for p in self.sweep.split(",") if p.strip()]
         return values or [self.rate if self.rate else float(self.users)]
+
+    def fingerprint_fields(self) -> dict:
+        """What decides this stage's result in `tfpipe run` (its step fingerprint): not the server,
+        model and requests it is pointed at, and where it writes."""
+        return self.model_dump(exclude={"target", "model", "data", "out", "version", "label", "payload"})

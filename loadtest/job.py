@@ -30,6 +30,7 @@ from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_t
                                       saved_model_feeds, signature_inputs)
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
+from tfpipe.stage import StageResult
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
            "p99.9_ms", "max_ms", "mean_ms", "overhead_p50_ms", "generator_cpu", "slo_ok"]
@@ -475,4 +476,14 @@ def table(steps: list[dict]) -> list[str]:
     return lines
 
 
-
+def result(out: str, code: int = 0) -> StageResult:
+    """A load test's results for `tfpipe run`: its steps, the fastest one's p99 and the SLO verdict."""
+    path = os.path.join(out, "results.json")
+    with open(path) as f:
+        r = json.load(f)
+    best = max(r["steps"], key=lambda st: st["rps"])
+    summary = (f"{len(r['steps'])} step(s) over {r['target_kind'].upper()}, up to {best['rps']:,.0f} req/s, "
+               f"p99 {best['p99_ms']:.2f} ms at that load, {sum(st['errors'] for st in r['steps'])} errors")
+    if r["slo_passed"] is not None:
+        summary += f"; SLO {r['slo']} " + ("met" if r["slo_passed"] else "MISSED")
+    return StageResult(path, summary, {"path": out, "slo_passed": r["slo_passed"]}, code)

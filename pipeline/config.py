@@ -100,7 +100,7 @@ class DataConfig(BaseModel):
             parse_size(v)
         return v
 
-    def result_fingerprint_fields(self) -> dict:
+    def fingerprint_fields(self) -> dict:
         """The fields that decide the stage's output (not where it goes or how it is run)."""
         return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path"})
 

@@ -318,7 +318,7 @@ def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sour
               "label": {"name": SCHEMA_KEYS["label"], "task": "binary" if len(classes) == 2 else "multiclass",
                         "classes": classes},
               "image": {"resize": list(parse_size(config.resize)) if config.resize else None, "channels": 3}}
-    settings = config.result_fingerprint_fields()
+    settings = config.fingerprint_fields()
     fingerprint = digest({"settings": settings, "items": [[u.index, [i.name for i in u.items]] for u in units]})
     manifest = data_manifest(config, summaries, counts, tmp, started, fingerprint=fingerprint, settings=settings,
                              inputs=sources, runner=runner, workers=workers, shards=shards, kind="images")

@@ -83,7 +83,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         schema = load_schema(config.schema_path)
         with open(config.schema_path, "rb") as f:
             schema_text = f.read()
-    settings = config.result_fingerprint_fields()
+    settings = config.fingerprint_fields()
     settings["schema_file_sha256"] = hashlib.sha256(schema_text).hexdigest() if schema_text else None
 
     previous = read_data_manifest(out)

@@ -23,6 +23,7 @@ from tfpipe import __version__
 from tfpipe.files import publish_dir, temp_dir
 from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
+from tfpipe.stage import StageResult
 
 T = TypeVar("T")
 
@@ -306,3 +307,14 @@ class progress:
         self._thread.join()
         self.log(f"  pipeline finished in {time.time() - self.started:.1f} s")
         return False
+
+
+def result(out: str) -> StageResult:
+    """The data stage's output for `tfpipe run`: its counts in one line, its fingerprint."""
+    with open(os.path.join(out, "data.json")) as f:
+        m = json.load(f)
+    c = m["counts"]
+    noun = "images" if m.get("kind") == "images" else "rows"
+    summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
+               + f"; {c['bad']:,} dead-lettered")
+    return StageResult(os.path.join(out, "data.json"), summary, {"path": out, "fingerprint": m["fingerprint"]})

@@ -47,6 +47,14 @@ class ServeConfig(BaseModel):
                              f"max_batch_size ({self.max_batch_size}), as TF Serving requires")
         return self
 
+    def with_batching(self, max_batch_size: int, batch_timeout_micros: int, num_batch_threads: int,
+                      max_enqueued_batches: int, allowed_batch_sizes) -> ServeConfig:
+        """This section with the given BatchingParameters (what `tfpipe tune` chose) in place of its own."""
+        return self.model_copy(update={"max_batch_size": max_batch_size, "batch_timeout_micros": batch_timeout_micros,
+                                       "num_batch_threads": num_batch_threads,
+                                       "max_enqueued_batches": max_enqueued_batches,
+                                       "allowed_batch_sizes": list(allowed_batch_sizes)})
+
     def fingerprint_fields(self) -> dict:
         """What decides the serve step's result; where it listens does not."""
         return self.model_dump(exclude={"host", "port", "rest_api_port", "protocol"})

@@ -48,6 +48,10 @@ class Deployment:
         self._ctx = None
         self._log = None
 
+    def reconfigure(self, cfg: ServeConfig) -> None:
+        """Serve with `cfg` from the next `deploy` on (tfpipe run, once tune has chosen the batching)."""
+        self.cfg = cfg
+
     def options(self):
         from tfpipe.serve.flags import ServeOptions
 
@@ -270,3 +274,13 @@ def plain(value: Any) -> Any:
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value
+
+
+def deploy_summary(served: dict, name: str, version: int, noun: str, tuned: str = "") -> str:
+    """One line for `tfpipe run`: the version served and how its answers compared with the SavedModel's
+    (`served`: serve.json's content, as `Deployment.deploy` returns it)."""
+    check = served["check"]
+    return (f"{name} version {version} on the embedded server: REST and gRPC answers match the SavedModel on "
+            f"{check['rows']} {noun} (max diff {check['max_abs_diff']:.1e})" + (f"; batching tuned: {tuned}"
+                                                                                if tuned else ""))
+

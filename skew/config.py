@@ -54,3 +54,8 @@ class SkewConfig(BaseModel):
     def _check_threshold(cls, v: list[str]) -> list[str]:
         parse_thresholds(v)
         return v
+
+    def fingerprint_fields(self) -> dict:
+        """What decides this stage's result in `tfpipe run` (its step fingerprint): not which data,
+        logs and model it reads, and where it writes."""
+        return self.model_dump(exclude={"data", "logs", "model", "out"})

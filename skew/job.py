@@ -25,6 +25,7 @@ from tfpipe.skew.config import DEFAULT_CONFIDENCE, SkewConfig, parse_thresholds
 from tfpipe.skew.errors import SkewError
 from tfpipe.skew.measure import (NOISE_DRAWS, compare_categorical, compare_numeric, effective_rows,
                                  missing_noise_bound, missing_rise, noise_bound)
+from tfpipe.stage import StageResult
 
 TOP_K = 10
 
@@ -320,3 +321,25 @@ def write_html(result: dict[str, Any], path: str) -> None:
 """
     with open(path, "w") as f:
         f.write(doc)
+
+
+def result(out: str, code: int = 0) -> StageResult:
+    """The skew check's verdict for `tfpipe run`, in one line."""
+    path = os.path.join(out, "skew.json")
+    with open(path) as f:
+        r = json.load(f)
+    t, noisy = r["traffic"], r["within_noise"]
+    summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows ({r['noise']['effective_rows']:,.0f} "
+               f"effective) against {r['train']['rows']:,} training rows: "
+               + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
+                  f"no feature skewed ({', '.join(noisy)} within the noise)" if noisy else
+                  "every feature within its threshold"))
+    return StageResult(path, summary, {"path": out, "passed": r["passed"]}, code)
+
+
+def skipped(out: str, why: str) -> StageResult:
+    """A skew.json that says why no check ran (image data), for `tfpipe run`."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "skew.json")
+    write_json(path, {"stage": "skew", "skipped": why})
+    return StageResult(path, f"skipped: {why}", {"path": out, "passed": None})

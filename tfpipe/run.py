@@ -30,6 +30,7 @@ from tfpipe.config import Config
 from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, UserError
 from tfpipe.files import digest, file_sha256
 from tfpipe.manifest import STEPS, read_manifest
+from tfpipe.stage import StageResult
 
 NEEDS = {"data": (), "train": ("data",), "export": ("data", "train"), "serve": ("data", "export"),
          "loadtest": ("data", "export", "serve"), "skew": ("data", "loadtest")}
@@ -184,20 +185,19 @@ class Run:
         c = self.cfg
         if step == "data":
             schema = c.data.schema_path
-            return {**c.data.result_fingerprint_fields(), "schema_sha256": file_sha256(schema) if schema else None}
+            return {**c.data.fingerprint_fields(), "schema_sha256": file_sha256(schema) if schema else None}
         if step == "train":
-            return c.train.result_fingerprint_fields()
+            return c.train.fingerprint_fields()
         if step == "export":
-            return c.export.model_dump(exclude={"model", "data", "base", "version", "keep"})
+            return c.export.fingerprint_fields()
         if step == "serve":
             fields = c.serve.fingerprint_fields()
             if c.serve.batching == "tune":
-                fields["tune"] = c.tune.model_dump(exclude={"model_name", "model_base_path", "data", "payload", "out"})
+                fields["tune"] = c.tune.fingerprint_fields()
             return fields
         if step == "skew":
-            return c.skew.model_dump(exclude={"data", "logs", "model", "out"})
-        return {**c.loadtest.model_dump(exclude={"target", "model", "data", "out", "version", "label", "payload"}),
-                "protocol": c.serve.protocol}
+            return c.skew.fingerprint_fields()
+        return {**c.loadtest.fingerprint_fields(), "protocol": c.serve.protocol}
 
     def input_part(self, step: str) -> dict[str, Any]:
         if step == "data" and self.cfg.data.format == "images":
@@ -355,78 +355,53 @@ class Run:
 
     def step_data(self, log: Callable[[str], None]):
         from tfpipe.pipeline.job import run
+        from tfpipe.pipeline.launch import result
 
         # The run owns the cache (why_run decided this step runs): the stage's own cache, for
         # `tfpipe data` on its own, is bypassed.
-        cfg = self.cfg.data.model_copy(update={"out": self.path("data"), "force": True})
-        run(cfg, log=log)
-        m = _load(self.path("data", "data.json"))
-        c = m["counts"]
-        noun = "images" if self.cfg.data.format == "images" else "rows"
-        summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
-                   + f"; {c['bad']:,} dead-lettered")
-        return self._outputs(self.path("data", "data.json"), path=self.path("data"),
-                             fingerprint=m["fingerprint"]), summary, 0
+        run(self.cfg.data.model_copy(update={"out": self.path("data"), "force": True}), log=log)
+        return self._done(result(self.path("data")))
 
     def step_train(self, log: Callable[[str], None]):
-        from tfpipe.train.job import epochs_text, run
+        from tfpipe.train.job import result, run
 
         cfg = self.cfg.train.model_copy(update={"data": self.path("data"), "out": self.path("train"),
                                                 "force": True})  # the run owns the cache
         run(cfg, log=log)
-        m = _load(self.path("train", "train.json"))
-        split = "eval" if "eval" in m["metrics"] else next(iter(m["metrics"]), None)
-        metrics = m["metrics"].get(split, {})
-        metric = next((k for k in ("accuracy", "auc", "mae", "rmse") if k in metrics), None)
-        summary = (epochs_text(m) + (f" (resumed after epoch {m['resumed_from_epoch']})"
-                                     if m.get("resumed_from_epoch") else "")
-                   + (f", {split} {metric} {metrics[metric]:.3f}" if metric else "")
-                   + f", {m['precision']['policy']}, {m.get('examples_per_s', 0):,.0f} examples/s")
-        return self._outputs(self.path("train", "train.json"), path=self.path("train"),
-                             fingerprint=m["fingerprint"]), summary, 0
+        return self._done(result(self.path("train")))
 
     def step_export(self, log: Callable[[str], None]):
-        from tfpipe.export.job import run
+        from tfpipe.export.job import result, run
 
         cfg = self.cfg.export.model_copy(update={"model": self.path("train"), "data": self.path("data"),
                                                  "base": self.path("export", "models")})
-        final = run(cfg, log=log)
-        m = _load(os.path.join(final, "assets.extra", "export.json"))
-        variants = [v for v in m["variants"] if v["variant"] != "savedmodel"]
-        kept = [v["variant"] for v in variants if not v.get("dropped")]
-        dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
-        summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
-                   + (f" ({'; '.join(dropped)})" if dropped else ""))
-        return self._outputs(os.path.join(final, "assets.extra", "export.json"), path=final, name=m["name"],
-                             version=m["version"]), summary, 0
+        return self._done(result(run(cfg, log=log)))
 
     def step_serve(self, log: Callable[[str], None]):
         from tfpipe.loadtest.payloads import rows_from_data
+        from tfpipe.serve.stage import deploy_summary
 
         export = self.manifest["steps"]["export"]["outputs"]
         data = self.path("data")
         notes, tuned = {}, ""
         if self.cfg.serve.batching == "tune":
-            best = self.tune_batching(export["name"], log)
-            # the batching parameters (the run's server is one process in this one: no workers)
-            fields = type(self.cfg.serve).model_fields
-            self.serving().cfg = self.cfg.serve.model_copy(
-                update={k: v for k, v in best["candidate"].items() if k in fields})
+            best, tuned = self.tune_batching(export["name"], log)
+            # the batching parameters only: the run's server is one process in this one (no workers)
+            self.serving().reconfigure(self.cfg.serve.with_batching(
+                best.max_batch_size, best.batch_timeout_micros, best.num_batch_threads, best.max_enqueued_batches,
+                best.allowed_batch_sizes))
             notes["tune"] = os.path.join(self.path("tune"), "tune.json")
-            tuned = f"; batching tuned: {best['label']}"
-        result = self.serving().deploy(export["name"], self.model_base, export["version"],
+        served = self.serving().deploy(export["name"], self.model_base, export["version"],
                                        lambda inputs, n: rows_from_data(data, inputs, n),
                                        self.cfg.export.tolerance, log, notes=notes)
-        check = result["check"]
-        summary = (f"{export['name']} version {export['version']} on the embedded server: REST and gRPC answers "
-                   f"match the SavedModel on {check['rows']} {'images' if self.cfg.data.format == 'images' else 'rows'} "
-                   f"(max diff {check['max_abs_diff']:.1e})" + tuned)
+        noun = "images" if self.cfg.data.format == "images" else "rows"
+        summary = deploy_summary(served, export["name"], export["version"], noun, tuned)
         return self._outputs(self.path("serve", "serve.json"), path=self.path("serve")), summary, 0
 
-    def tune_batching(self, name: str, log: Callable[[str], None]) -> dict[str, Any]:
+    def tune_batching(self, name: str, log: Callable[[str], None]):
         """`tfpipe tune` on the exported model with the [tune] settings, into the workdir's tune/;
-        the best candidate (tune.json's `best`)."""
-        from tfpipe.tune.job import check_inputs, run
+        the best candidate and its label."""
+        from tfpipe.tune.job import best, check_inputs, run
 
         self.serving().stop()  # the trials get the machine to themselves
         cfg = self.cfg.tune.model_copy(update={"model_name": name, "model_base_path": self.model_base,
@@ -434,18 +409,16 @@ class Run:
                                                "protocol": self.cfg.serve.protocol, "skip_workers": True})
         check_inputs(cfg)
         code = run(cfg, log=lambda line: log("  " + line))
-        best = _load(os.path.join(self.path("tune"), "tune.json"))["best"]
         if code:
             log("  no candidate met the [tune] SLO: serving with the best of them anyway")
-        return best
+        return best(self.path("tune"))
 
     def step_loadtest(self, log: Callable[[str], None]):
-        from tfpipe.loadtest.job import run
+        from tfpipe.loadtest.job import result, run
 
         export = self.manifest["steps"]["export"]["outputs"]
         server = self.ensure_server()
-        s = self.cfg.serve
-        target = (f"http://127.0.0.1:{server.rest_port}" if s.protocol == "rest"
+        target = (f"http://127.0.0.1:{server.rest_port}" if self.cfg.serve.protocol == "rest"
                   else f"grpc://127.0.0.1:{server.grpc_port}")
         out = self.path("loadtest")
         cfg = self.cfg.loadtest.model_copy(update={"target": target, "model": export["name"],
@@ -457,33 +430,22 @@ class Run:
         images = self.cfg.data.format == "images"
         with contextlib.nullcontext() if images else self.serving().logging_requests(export["name"],
                                                                                       self.traffic_prefix):
-            code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: 130)
+            code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
         if code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
-        r = _load(os.path.join(out, "results.json"))
-        best = max(r["steps"], key=lambda st: st["rps"])
-        summary = (f"{len(r['steps'])} step(s) over {s.protocol.upper()}, up to {best['rps']:,.0f} req/s, "
-                   f"p99 {best['p99_ms']:.2f} ms at that load, {sum(st['errors'] for st in r['steps'])} errors")
-        if r["slo_passed"] is not None:
-            summary += f"; SLO {r['slo']} " + ("met" if r["slo_passed"] else "MISSED")
-        return self._outputs(os.path.join(out, "results.json"), path=out, slo_passed=r["slo_passed"]), summary, code
+        return self._done(result(out, code))
 
     @property
     def traffic_prefix(self) -> str:
         return self.path("traffic", "requests")
 
     def step_skew(self, log: Callable[[str], None]):
-        from tfpipe.files import write_json
+        from tfpipe.skew.job import result, run, skipped
 
         out = self.path("skew")
         if self.cfg.data.format == "images":
-            os.makedirs(out, exist_ok=True)
-            write_json(os.path.join(out, "skew.json"), {"stage": "skew", "skipped": "image data: tfpipe skew "
-                                                        "compares tabular features"})
-            return (self._outputs(os.path.join(out, "skew.json"), path=out, passed=None),
-                    "skipped: image data (skew compares tabular features)", 0)
+            return self._done(skipped(out, "image data (skew compares tabular features)"))
         from tfpipe.prediction_logs import log_files
-        from tfpipe.skew.job import run
 
         if not log_files(self.traffic_prefix):
             raise RunError(f"the load test's request log is gone ({shown(self.path('traffic'))}): "
@@ -491,16 +453,11 @@ class Run:
         export = self.manifest["steps"]["export"]["outputs"]
         cfg = self.cfg.skew.model_copy(update={"data": self.path("data"), "logs": self.traffic_prefix,
                                                "model": export["name"], "out": out})
-        code = run(cfg, log=log)
-        r = _load(os.path.join(out, "skew.json"))
-        t = r["traffic"]
-        noisy = r["within_noise"]
-        summary = (f"{t['requests']:,} logged requests, {t['rows']:,} rows ({r['noise']['effective_rows']:,.0f} "
-                   f"effective) against {r['train']['rows']:,} training rows: "
-                   + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
-                      f"no feature skewed ({', '.join(noisy)} within the noise)" if noisy else
-                      "every feature within its threshold"))
-        return self._outputs(os.path.join(out, "skew.json"), path=out, passed=r["passed"]), summary, code
+        return self._done(result(out, run(cfg, log=log)))
+
+    def _done(self, r: StageResult) -> tuple[dict[str, Any], str, int]:
+        """A step's (outputs for the run manifest, summary line, exit code) from its stage's result."""
+        return self._outputs(r.manifest, **r.outputs), r.summary, r.code
 
     def _outputs(self, manifest_path: str, **extra: Any) -> dict[str, Any]:
         return {"manifest": manifest_path, "sha256": file_sha256(manifest_path), **extra}

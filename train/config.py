@@ -83,7 +83,7 @@ class TrainConfig(BaseModel):
         return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps", "model",
                                         "filters", "image_size", "augment"})
 
-    def result_fingerprint_fields(self) -> dict:
+    def fingerprint_fields(self) -> dict:
         return self.model_dump(exclude={"data", "out", "force", "profile", "log_device_placement"})
 
 

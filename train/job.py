@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
+from tfpipe.stage import StageResult
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
@@ -139,7 +140,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     started = time.time()
     data = check_inputs(config)
     out = os.path.abspath(config.out)
-    fingerprint = digest({"settings": config.result_fingerprint_fields(), "data": data.manifest["fingerprint"],
+    fingerprint = digest({"settings": config.fingerprint_fields(), "data": data.manifest["fingerprint"],
                           "version": __version__})
     previous = read_json(os.path.join(out, "train.json"))
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
@@ -438,3 +439,17 @@ def _print_summary(m: dict[str, Any], out: str, log) -> None:
         log(f"  {epochs_text(m)}, {m['examples_per_s']:,.0f} examples/s, step {m['mean_step_s'] * 1000:.2f} ms "
             f"(input wait {m['input_wait_fraction']:.1%})")
     log(f"wrote {out} in {m['elapsed_s']:.1f} s")
+
+
+def result(out: str) -> StageResult:
+    """The training stage's output for `tfpipe run`: epochs, the eval metric, precision and speed in one line."""
+    with open(os.path.join(out, "train.json")) as f:
+        m = json.load(f)
+    split = "eval" if "eval" in m["metrics"] else next(iter(m["metrics"]), None)
+    metrics = m["metrics"].get(split, {})
+    metric = next((k for k in ("accuracy", "auc", "mae", "rmse") if k in metrics), None)
+    summary = (epochs_text(m) + (f" (resumed after epoch {m['resumed_from_epoch']})" if m.get("resumed_from_epoch")
+                                 else "")
+               + (f", {split} {metric} {metrics[metric]:.3f}" if metric else "")
+               + f", {m['precision']['policy']}, {m.get('examples_per_s', 0):,.0f} examples/s")
+    return StageResult(os.path.join(out, "train.json"), summary, {"path": out, "fingerprint": m["fingerprint"]})

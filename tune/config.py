@@ -94,3 +94,8 @@ class TuneConfig(BaseModel):
             return sorted({round(self.rate * f, 3) for f in (0.25, 0.5, 0.75, 1.0)})
         most = self.clients or 32
         return sorted({float(max(1, most * f // 4)) for f in (1, 2, 4)})
+
+    def fingerprint_fields(self) -> dict:
+        """What decides this stage's result in `tfpipe run` (its step fingerprint): not the model and
+        requests it is pointed at, and where it writes."""
+        return self.model_dump(exclude={"model_name", "model_base_path", "data", "payload", "out"})

@@ -193,3 +193,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if not best["score_rps"]:
         lines.append("no candidate met the SLO at any load level: loosen --slo or lower the load (--clients/--rate)")
     return lines
+
+
+def best(out: str) -> tuple[Candidate, str]:
+    """The best candidate a finished tune in `out` found, and its label (for `tfpipe run`)."""
+    entry = read_json(os.path.join(out, "tune.json"))["best"]
+    return Candidate.from_json(entry["candidate"]), entry["label"]
+
