@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -567,3 +568,16 @@ def test_corrupt_inputs_are_user_errors(tmp_path, penguins_csv):
     res = run_cli("data", "--input", str(tmp_path / "notes.txt"), "--label", "species",
                   "--out", str(tmp_path / "c"))
     assert res.returncode == 2 and "cannot tell the format of" in res.stderr and "--format" in res.stderr
+
+
+def test_the_data_result_summarises_its_own_output(penguins_data):
+    """What tfpipe run shows and keeps of the data stage, read by the stage itself: the 344
+    penguins rows and where each went."""
+    from tfpipe.pipeline.launch import result
+
+    r = result(penguins_data)
+    m = re.fullmatch(r"344 rows -> train (\d+), eval (\d+), test (\d+); (\d+) dead-lettered", r.summary)
+    assert m, r.summary
+    assert sum(int(n) for n in m.groups()) == 344 and r.manifest.endswith("data.json")
+    assert r.outputs["path"] == penguins_data and len(r.outputs["fingerprint"]) == 64 and r.code == 0
+

@@ -26,10 +26,15 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2
 
+    from tfpipe.export.job import result
+
     data, _ = penguins_trained
     res = export(penguins_trained, tmp_path)
     assert res.returncode == 0, res.stderr
     v1 = tmp_path / "penguins" / "1"
+    r = result(str(v1))  # what tfpipe run shows and keeps of it
+    assert r.summary.startswith("penguins version 1: SavedModel") and (r.outputs["name"], r.outputs["version"]) == (
+        "penguins", 1)
     loaded = tf.saved_model.load(str(v1))
     assert set(loaded.signatures) == {"serving_default", "predict_examples", "classification"}
     from tensorflow.core.protobuf import saved_model_pb2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import re
 import threading
 
 import pytest
@@ -86,6 +87,12 @@ def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
         assert sum(step["histogram"]["counts"]) == step["requests"]  # every answer is in the histogram
         assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]
     assert results["knee"]["step"] == 2  # four users keep the server busier than one, and both meet the SLO
+    from tfpipe.loadtest.job import result
+
+    r = result(str(out))  # what tfpipe run shows and keeps of it
+    assert re.match(r"2 step\(s\) over REST, up to [\d,]+ req/s, p99 [\d.]+ ms at that load, 0 errors; "
+                    r"SLO p99<2s,errors<1% met$", r.summary), r.summary
+    assert r.outputs["slo_passed"] is True
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["users"] for r in rows] == ["1", "4"]
     assert "knee" in res.stdout and "SLO p99<2s,errors<1%: met" in res.stdout

@@ -89,6 +89,11 @@ def test_fifty_rows_with_one_category_moved_by_half_are_skewed(own_run, tmp_path
     assert color["distance"] > 0.45 and color["distance"] > color["noise_bound"]
     assert skew["noise"]["effective_rows"] == pytest.approx(50)
     assert "over their threshold and beyond the noise: color" in res.stdout
+    from tfpipe.skew.job import result
+
+    r = result(str(tmp_path / "skew"), res.returncode)  # what tfpipe run shows and keeps of it
+    assert r.summary.endswith("SKEWED: color") and r.summary.startswith("5 logged requests, 50 rows (50 effective)")
+    assert (r.outputs["passed"], r.code) == (False, 1)
 
 
 @pytest.mark.parametrize("argv, workdir, name, config_path", [

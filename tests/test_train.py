@@ -279,3 +279,17 @@ def test_feature_layers_finds_each_features_preprocessing_after_a_save(tmp_path)
     assert kinds == {"x": ("norm",), "few": ("lookup",), "many": ("lookup", "embed")}
     assert found["few"].lookup.get_vocabulary()[1:] == ["a", "b"]
     assert found["many"].embed.input_dim == ONE_HOT_MAX + 5  # its values and the out-of-vocabulary index
+
+
+def test_the_train_result_summarises_its_own_output(penguins_trained):
+    """What tfpipe run shows of training, read by the stage itself: the epochs run of the 20
+    asked for, the eval accuracy of a model the penguins separate well, the precision."""
+    import re
+
+    from tfpipe.train.job import result
+
+    r = result(penguins_trained[1])
+    assert re.match(r"(20 epochs|\d+ of 20 epochs \(early stopping[^)]*\)), eval accuracy 0\.9\d\d, float32, "
+                    r"[\d,]+ examples/s$", r.summary), r.summary
+    assert r.outputs["path"] == penguins_trained[1] and r.manifest.endswith("train.json")
+
