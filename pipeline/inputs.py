@@ -195,9 +195,7 @@ def scan_file(found: FoundFile, grain: int) -> InputFile:
 def _scan_parquet(found: FoundFile) -> InputFile:
     """Its hash, columns, and one cut per row group."""
     path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
-    sha = hashlib.sha256()
-    with open_raw(path) as f:
-        _hash_stream(f, sha)
+    sha = _whole_file_sha256(path)
     try:
         import pyarrow.parquet as pq
 
@@ -210,15 +208,13 @@ def _scan_parquet(found: FoundFile) -> InputFile:
     except Exception as e:
         raise DataError(f"{path} is not a readable Parquet file: {e}") from None
     cuts = tuple((i, sum(groups[:i]) + 1) for i in range(len(groups)))
-    return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, 0, cuts, groups)
+    return InputFile(path, fmt, False, size, mtime, sha, columns, 0, cuts, groups)
 
 
 def _scan_gzip(found: FoundFile) -> InputFile:
     """Its hash and, for CSV, the header line: a gzip stream cannot be entered midway."""
     path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
-    sha = hashlib.sha256()
-    with open_raw(path) as f:
-        _hash_stream(f, sha)
+    sha = _whole_file_sha256(path)
     try:
         with open_raw(path) as raw, gzip.GzipFile(fileobj=raw) as g:
             first = g.readline() if fmt == "csv" else b""
@@ -226,7 +222,7 @@ def _scan_gzip(found: FoundFile) -> InputFile:
         raise DataError(f"{path} is not a readable gzip file: {e}") from None
     columns = read_csv_header(first, path) if fmt == "csv" else None
     start_line = 2 if fmt == "csv" else 1
-    return InputFile(path, fmt, True, size, mtime, sha.hexdigest(), columns, len(first),
+    return InputFile(path, fmt, True, size, mtime, sha, columns, len(first),
                      ((len(first), start_line),))
 
 
@@ -286,6 +282,14 @@ def _scan_text(found: FoundFile, grain: int) -> InputFile:
     if fmt == "csv" and columns is None:
         raise DataError(f"{path}: the first line must be a header naming the columns")
     return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, data_start, tuple(cuts))
+
+
+def _whole_file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes as stored (compressed ones too), read block by block."""
+    sha = hashlib.sha256()
+    with open_raw(path) as f:
+        _hash_stream(f, sha)
+    return sha.hexdigest()
 
 
 def _hash_stream(f, sha) -> None:
