@@ -354,3 +354,19 @@ def test_chicago_taxi_config_reads_the_shipped_sample(tmp_path, chicago_csv):
     counts = load(os.path.join(workdir, "data", "data.json"))["counts"]
     with open(chicago_csv) as f:
         assert counts["read"] == sum(1 for _ in csv.DictReader(f))
+
+
+@pytest.mark.parametrize("codes, want", [
+    ({}, ""),
+    ({"loadtest": 1}, "; the load test MISSED its SLO"),
+    ({"loadtest": 1, "skew": 1}, "; the load test MISSED its SLO; the served traffic is SKEWED from the training data"),
+    ({"loadtest": 0, "skew": 1}, "; the served traffic is SKEWED from the training data"),
+])
+def test_the_run_names_the_gates_that_failed(codes, want):
+    """From each step's recorded exit code (a cached step keeps its own), not from its stage's manifest."""
+    from types import SimpleNamespace
+
+    from tfpipe.run import _misses
+
+    run = SimpleNamespace(manifest={"steps": {name: {"status": "done", "code": c} for name, c in codes.items()}})
+    assert _misses(run) == want

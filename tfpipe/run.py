@@ -302,9 +302,7 @@ class Run:
             if why is None:
                 self.states[step] = "cached"
                 console.print(f"  {step:<9}cached   {0:6.1f}s  {prev.get('summary', '')}")
-                outputs = prev.get("outputs", {})
-                if outputs.get("slo_passed") is False or outputs.get("passed") is False:
-                    code = max(code, 1)  # a cached verdict stands: the SLO is still missed, the skew still there
+                code = max(code, prev.get("code", 0))  # a cached verdict stands (a missed SLO, a skew)
                 continue
             code = max(code, self.run_step(step, fp, parts, why, console))
         self.manifest["last_run"]["ended"] = now()
@@ -327,7 +325,7 @@ class Run:
         except BaseException as e:
             self.fail(step, entry, started, e, console)
         entry.update(status="done", ended=now(), elapsed_s=round(time.monotonic() - started, 2),
-                     outputs=outputs, summary=summary, error=None)
+                     outputs=outputs, summary=summary, code=code, error=None)
         self.states[step] = "done"
         self.save_manifest()
         console.print(f"  {step:<9}done     {entry['elapsed_s']:6.1f}s  {summary}")
@@ -544,15 +542,14 @@ def _run_locked(r: Run, console: Console) -> int:
     return code
 
 
+GATES = {"loadtest": "the load test MISSED its SLO", "skew": "the served traffic is SKEWED from the training data"}
+
+
 def _misses(r: Run) -> str:
-    """What made the run exit 1: an SLO missed, a skewed feature."""
+    """What made the run exit 1: the steps whose gate failed (their exit code, run or cached)."""
     steps = r.manifest.get("steps", {})
-    out = []
-    if steps.get("loadtest", {}).get("outputs", {}).get("slo_passed") is False:
-        out.append("the load test MISSED its SLO")
-    if steps.get("skew", {}).get("outputs", {}).get("passed") is False:
-        out.append("the served traffic is SKEWED from the training data")
-    return "".join(f"; {m}" for m in out)
+    return "".join(f"; {GATES.get(name, name + ' failed its check')}" for name in STEPS
+                   if steps.get(name, {}).get("code"))
 
 
 def _finish_report(r: Run, console: Console) -> None:
