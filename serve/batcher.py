@@ -30,26 +30,28 @@ import numpy as np
 from tfpipe.serve.errors import invalid, precondition, unavailable
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchOptions:
+    """TF Serving's BatchingParameters, the one type for them: what the server batches by, what
+    `tfpipe run` writes from its [serve] section (`ServeConfig.batch_options`) and what `tfpipe
+    tune` tries (its `Candidate` adds the worker count)."""
+
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0
-    max_enqueued_batches: int = 10
     num_batch_threads: int = os.cpu_count() or 1
-    allowed_batch_sizes: list[int] = field(default_factory=list)
+    max_enqueued_batches: int = 10
+    allowed_batch_sizes: tuple[int, ...] = ()
     enable_large_batch_splitting: bool = False
     max_execution_batch_size: int = 0  # 0: max_batch_size
 
     @classmethod
     def from_proto(cls, p) -> BatchOptions:
-        o = cls()
-        for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
-                     "max_execution_batch_size"):
-            if p.HasField(name):
-                setattr(o, name, int(getattr(p, name).value))
+        given: dict = {name: int(getattr(p, name).value) for name in (
+            "max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
+            "max_execution_batch_size") if p.HasField(name)}
         if p.HasField("enable_large_batch_splitting"):
-            o.enable_large_batch_splitting = bool(p.enable_large_batch_splitting.value)
-        o.allowed_batch_sizes = sorted(int(x) for x in p.allowed_batch_sizes)
+            given["enable_large_batch_splitting"] = bool(p.enable_large_batch_splitting.value)
+        o = cls(**given, allowed_batch_sizes=tuple(sorted(int(x) for x in p.allowed_batch_sizes)))
         o.check()
         return o
 

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:  # the batcher imports numpy: not at the CLI's start
+    from tfpipe.serve.batcher import BatchOptions
 
 
 class ServeConfig(BaseModel):
@@ -47,13 +51,23 @@ class ServeConfig(BaseModel):
                              f"max_batch_size ({self.max_batch_size}), as TF Serving requires")
         return self
 
-    def with_batching(self, max_batch_size: int, batch_timeout_micros: int, num_batch_threads: int,
-                      max_enqueued_batches: int, allowed_batch_sizes) -> ServeConfig:
-        """This section with the given BatchingParameters (what `tfpipe tune` chose) in place of its own."""
-        return self.model_copy(update={"max_batch_size": max_batch_size, "batch_timeout_micros": batch_timeout_micros,
-                                       "num_batch_threads": num_batch_threads,
-                                       "max_enqueued_batches": max_enqueued_batches,
-                                       "allowed_batch_sizes": list(allowed_batch_sizes)})
+    def batch_options(self) -> BatchOptions:
+        """The batching parameters of this section (num_batch_threads 0: one per core)."""
+        from tfpipe.serve.batcher import BatchOptions
+
+        return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
+                            num_batch_threads=self.num_batch_threads or (os.cpu_count() or 1),
+                            max_enqueued_batches=self.max_enqueued_batches,
+                            allowed_batch_sizes=tuple(self.allowed_batch_sizes))
+
+    def with_batching(self, options: BatchOptions) -> ServeConfig:
+        """This section with `options` (a BatchOptions, such as the candidate `tfpipe tune` chose) as its
+        batching parameters."""
+        return self.model_copy(update={"max_batch_size": options.max_batch_size,
+                                       "batch_timeout_micros": options.batch_timeout_micros,
+                                       "num_batch_threads": options.num_batch_threads,
+                                       "max_enqueued_batches": options.max_enqueued_batches,
+                                       "allowed_batch_sizes": list(options.allowed_batch_sizes)})
 
     def fingerprint_fields(self) -> dict:
         """What decides the serve step's result; where it listens does not."""

@@ -10,6 +10,7 @@ methods on a worker thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
@@ -119,9 +120,8 @@ class Inference:
             if p is None:
                 self._options[servable.uid] = None
             else:
-                o = BatchOptions.from_proto(p)
-                o.num_batch_threads = self.batcher.options.num_batch_threads  # the shared pool's size
-                self._options[servable.uid] = o
+                self._options[servable.uid] = dataclasses.replace(  # the shared pool's size
+                    BatchOptions.from_proto(p), num_batch_threads=self.batcher.options.num_batch_threads)
         return self._options[servable.uid]
 
     def forget(self, servable: Servable) -> None:

@@ -28,14 +28,9 @@ class CheckFailed(ServeError):
 
 def write_batching(path: str, cfg: ServeConfig) -> str:
     """batching.config (TF Serving's BatchingParameters text proto) from the [serve] section."""
-    from tfpipe.serve.batcher import BatchOptions
     from tfpipe.serve.configs import write_text_proto
 
-    options = BatchOptions(max_batch_size=cfg.max_batch_size, batch_timeout_micros=cfg.batch_timeout_micros,
-                           max_enqueued_batches=cfg.max_enqueued_batches,
-                           num_batch_threads=cfg.num_batch_threads or (os.cpu_count() or 1),
-                           allowed_batch_sizes=list(cfg.allowed_batch_sizes))
-    return write_text_proto(path, options.to_proto())
+    return write_text_proto(path, cfg.batch_options().to_proto())
 
 
 class Deployment:

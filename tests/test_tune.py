@@ -173,7 +173,7 @@ def test_the_candidate_is_a_batching_parameters_file_the_server_reads(tmp_path):
     path = write_text_proto(str(tmp_path / "batching.config"), c.to_proto())
     options = BatchOptions.from_proto(read_text_proto(path, BatchingParameters(), "--batching_parameters_file"))
     assert (options.max_batch_size, options.batch_timeout_micros, options.num_batch_threads,
-            options.max_enqueued_batches, options.allowed_batch_sizes) == (16, 0, 3, 7, [1, 2, 4, 8, 16])
+            options.max_enqueued_batches, options.allowed_batch_sizes) == (16, 0, 3, 7, (1, 2, 4, 8, 16))
     assert Candidate.from_json(json.loads(json.dumps(c.to_json()))) == c
 
 

@@ -385,9 +385,7 @@ class Run:
         if self.cfg.serve.batching == "tune":
             best, tuned = self.tune_batching(export["name"], log)
             # the batching parameters only: the run's server is one process in this one (no workers)
-            self.serving().reconfigure(self.cfg.serve.with_batching(
-                best.max_batch_size, best.batch_timeout_micros, best.num_batch_threads, best.max_enqueued_batches,
-                best.allowed_batch_sizes))
+            self.serving().reconfigure(self.cfg.serve.with_batching(best))
             notes["tune"] = os.path.join(self.path("tune"), "tune.json")
         served = self.serving().deploy(export["name"], self.model_base, export["version"],
                                        lambda inputs, n: rows_from_data(data, inputs, n),

@@ -24,7 +24,9 @@ back when the budget allows). Candidates are ranked by the mean of their scores.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+
+from tfpipe.serve.batcher import BatchOptions
 
 COARSE_SIZES = (8, 32, 128)
 COARSE_TIMEOUTS = (0, 2000, 8000)
@@ -34,15 +36,12 @@ MAX_TIMEOUT_MICROS = 100_000
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One BatchingParameters setting, and the embedded server's worker processes it runs in (the
-    parameters apply in each worker)."""
+class Candidate(BatchOptions):
+    """One setting of the batching parameters (the server's own BatchOptions, queued generously
+    while exploring), and the embedded server's worker processes it runs in (the parameters
+    apply in each worker)."""
 
-    max_batch_size: int
-    batch_timeout_micros: int
-    num_batch_threads: int
     max_enqueued_batches: int = EXPLORING_QUEUE
-    allowed_batch_sizes: tuple[int, ...] = ()
     workers: int = 1
 
     def label(self) -> str:
@@ -55,21 +54,14 @@ class Candidate:
         return text
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["allowed_batch_sizes"] = list(self.allowed_batch_sizes)
-        return d
+        """tune.json's candidate: the parameters tune varies, and the workers."""
+        return {"max_batch_size": self.max_batch_size, "batch_timeout_micros": self.batch_timeout_micros,
+                "num_batch_threads": self.num_batch_threads, "max_enqueued_batches": self.max_enqueued_batches,
+                "allowed_batch_sizes": list(self.allowed_batch_sizes), "workers": self.workers}
 
     @classmethod
     def from_json(cls, d: dict) -> Candidate:
         return cls(**{**d, "allowed_batch_sizes": tuple(d.get("allowed_batch_sizes", ()))})
-
-    def to_proto(self):
-        """tensorflow.serving.BatchingParameters, as the server's BatchOptions writes them."""
-        from tfpipe.serve.batcher import BatchOptions
-
-        return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
-                            max_enqueued_batches=self.max_enqueued_batches, num_batch_threads=self.num_batch_threads,
-                            allowed_batch_sizes=list(self.allowed_batch_sizes)).to_proto()
 
 
 def guide_start(cores: int) -> Candidate:
