@@ -33,14 +33,6 @@ class Inference:
 
     # ---- blocking: called on the caller's thread -------------------------------------
 
-    def predict(self, name: str, version: int | None, label: str | None, signature_name: str,
-                inputs: dict[str, np.ndarray], output_filter=()) -> tuple[Servable, Signature, dict]:
-        servable = self.manager.resolve(name, version, label)
-        sig, checked, keep = _prepare(servable, signature_name, inputs, output_filter)
-        future = self._submit(servable, sig, checked)
-        outputs = servable.run(sig, checked, keep) if future is None else _keep(future.result(), keep)
-        return servable, sig, outputs
-
     def classify(self, name, version, label, signature_name: str, examples: list[bytes]):
         servable = self.manager.resolve(name, version, label)
         sig, classes, scores = servable.classify(signature_name, examples, self._runner(servable))
@@ -85,7 +77,7 @@ class Inference:
                 results.append(("regress", servable.regress(signature_name, examples, run)[1]))
         return servable, results
 
-    # ---- asyncio: the REST API --------------------------------------------------------
+    # ---- asyncio: both APIs' Predict, REST's Classify and Regress -----------------------
 
     async def predict_async(self, servable: Servable, signature_name: str, inputs: dict[str, np.ndarray],
                             output_filter=(), executor: Executor | None = None) -> tuple[Servable, Signature, dict]:
