@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tfpipe.files import read_json
 from tfpipe.serve.errors import ServeError, precondition, unavailable
 from tfpipe.serve.flags import ServeOptions
 
@@ -120,6 +121,7 @@ class Group:
         self.dir = os.environ[GROUP_ENV]
         self.render, self.apply = render, apply
         self._applied = 0  # the generation of the shared config this worker last applied
+        self._config_path = os.path.join(self.dir, "model_config.json")  # the latest reloaded config
         self._config_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._write_loop, name="tfpipe-worker-metrics", daemon=True)]
@@ -136,12 +138,12 @@ class Group:
         that did not finish in `wait_s`."""
         with self._config_lock:
             generation = self._applied = time.time_ns()
-        _write_json(os.path.join(self.dir, "model_config.json"), {
+        _write_json(self._config_path, {
             "generation": generation, "from": self.index, "config": base64.b64encode(config).decode("ascii")})
         self._ack(generation, "")
         deadline = time.monotonic() + wait_s
         while True:
-            acks = {i: _read_json(self._ack_path(i)) for i in range(self.count) if i != self.index}
+            acks = {i: read_json(self._ack_path(i)) for i in range(self.count) if i != self.index}
             errors = [f"worker {i}: {a['error']}" for i, a in acks.items()
                       if a and a["generation"] == generation and a["error"]]
             if errors:
@@ -163,7 +165,7 @@ class Group:
         """Apply the group's model config when another worker received a newer one (a worker
         started again after a crash calls this before it opens its ports)."""
         with self._config_lock:
-            shared = _read_json(os.path.join(self.dir, "model_config.json"))
+            shared = read_json(self._config_path)
             if not shared or shared["generation"] <= self._applied:
                 return
             self._applied = shared["generation"]
@@ -190,13 +192,7 @@ class Group:
             self.write()
 
     def write(self) -> None:
-        tmp = self._path(self.index) + f".{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                f.write(self.render())
-            os.replace(tmp, self._path(self.index))
-        except OSError:  # the group's directory went with the supervisor
-            pass
+        _replace_file(self._path(self.index), self.render())
 
     def scrape(self) -> str:
         """This worker's metrics now, with the others' latest (at most SNAPSHOT_SECONDS old)."""
@@ -224,23 +220,19 @@ class Group:
         self._stop.set()
 
 
-def _write_json(path: str, value: dict) -> None:
-    """Atomically, as the other workers may read it at any moment."""
+def _replace_file(path: str, text: str) -> None:
+    """Write `path` whole, atomically, as the other workers may read it at any moment."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(value, f)
+            f.write(text)
         os.replace(tmp, path)
     except OSError:  # the group's directory went with the supervisor
         pass
 
 
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):  # not written yet
-        return None
+def _write_json(path: str, value: dict) -> None:
+    _replace_file(path, json.dumps(value))
 
 
 def _rss_of(page: str) -> int:
