@@ -26,15 +26,20 @@ def pipeline() -> TestPipeline:
     return TestPipeline(argv=["--runner=FnApiRunner"])  # Beam's default would fetch Prism
 
 
+def read_csv(p: TestPipeline, path, rows: str):
+    """The reader's (good, BAD) outputs for one work unit: `rows` after SCHEMA's header line."""
+    header = "x,color,y\n"
+    path.write_text(header + rows)
+    seg = Segment(str(path), "csv", False, ("x", "color", "y"), len(header), None, 2)
+    return (p | beam.Create([WorkUnit(0, (seg,), (0,))])
+            | beam.ParDo(ReadAndValidate(SCHEMA.to_json(), True, [])).with_outputs(BAD, main="good"))
+
+
 def test_the_reader_tags_bad_rows_and_accounts_for_every_row(tmp_path):
     """Five rows in: three good ones out as a batch, two on the BAD output with their line and
     reason, and a UnitEnd on both outputs counting all five."""
-    csv = tmp_path / "rows.csv"
-    csv.write_text("x,color,y\n1.5,red,a\nnot-a-number,blue,b\n2.5,,b\n3.5,green,c\n4.5,red,a\n")
-    seg = Segment(str(csv), "csv", False, ("x", "color", "y"), len("x,color,y\n"), None, 2)
     with pipeline() as p:
-        out = (p | beam.Create([WorkUnit(0, (seg,), (0,))])
-               | beam.ParDo(ReadAndValidate(SCHEMA.to_json(), True, [])).with_outputs(BAD, main="good"))
+        out = read_csv(p, tmp_path / "rows.csv", "1.5,red,a\nnot-a-number,blue,b\n2.5,,b\n3.5,green,c\n4.5,red,a\n")
         good = out.good | "good rows" >> beam.Map(
             lambda e: ("end", e.read, e.bad) if isinstance(e, UnitEnd) else
             ("rows", [float(v) for v in e.batch.columns["x"].values], list(e.batch.lines)))
@@ -123,11 +128,7 @@ def test_the_stats_combiner_merges_batches_into_one_splits_statistics():
 
 def test_bad_rows_keep_their_raw_text_for_the_dead_letter(tmp_path):
     """A bad row's dead-letter entry keeps the raw line, so nothing of the input is lost."""
-    csv = tmp_path / "rows.csv"
-    csv.write_text("x,color,y\noops,red,a\n")
-    seg = Segment(str(csv), "csv", False, ("x", "color", "y"), len("x,color,y\n"), None, 2)
     with pipeline() as p:
-        bad = (p | beam.Create([WorkUnit(0, (seg,), (0,))])
-               | beam.ParDo(ReadAndValidate(SCHEMA.to_json(), True, [])).with_outputs(BAD, main="good"))[BAD]
+        bad = read_csv(p, tmp_path / "rows.csv", "oops,red,a\n")[BAD]
         raws = bad | beam.FlatMap(lambda e: [r["raw"] for r in e.rows] if isinstance(e, BadRows) else [])
         assert_that(raws, equal_to(["oops,red,a"]))
