@@ -134,19 +134,24 @@ def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_pat
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
 
 
-def _predict(port: int, x: float):
-    """A gRPC Predict of half on a fresh connection (the kernel picks a worker per connection):
-    (version that answered, y)."""
+def _half_predict(port: int, name: str, x: float):
+    """A gRPC Predict of a half model (y = x / 2 + b) on a fresh connection: the kernel picks a
+    worker per connection."""
     import grpc
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         req = predict_pb2.PredictRequest()
-        req.model_spec.name = "half"
+        req.model_spec.name = name
         req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [x]
         req.inputs["x"].tensor_shape.dim.add().size = 1
-        out = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
-        return out.model_spec.version.value, out.outputs["y"].float_val[0]
+        return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
+
+
+def _predict(port: int, x: float):
+    """Model half's (version that answered, y)."""
+    out = _half_predict(port, "half", x)
+    return out.model_spec.version.value, out.outputs["y"].float_val[0]
 
 
 def _status(port: int) -> list[tuple[int, str]]:
@@ -202,20 +207,13 @@ def test_two_workers_move_to_a_new_version_together_and_log_every_request_once(t
 
 
 def _predict_model(port: int, name: str) -> tuple[str, float] | tuple[str, str]:
-    """Predict x=2 of model `name` on a fresh connection: ("ok", y) or (status code name, details)."""
+    """Predict x=2 of model `name`: ("ok", y) or (status code name, details)."""
     import grpc
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        req = predict_pb2.PredictRequest()
-        req.model_spec.name = name
-        req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [2.0]
-        req.inputs["x"].tensor_shape.dim.add().size = 1
-        try:
-            return "ok", prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
-                req, timeout=30).outputs["y"].float_val[0]
-        except grpc.RpcError as e:
-            return e.code().name, e.details()
+    try:
+        return "ok", _half_predict(port, name, 2.0).outputs["y"].float_val[0]
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
 
 
 def test_a_reloaded_model_config_reaches_every_worker_before_the_answer(tmp_path):
