@@ -27,7 +27,7 @@ from tfpipe.export.signatures import ServingModule, serving_dtype, set_method_na
 from tfpipe import __version__
 from tfpipe.files import clean_stale, publish_dir, read_json
 from tfpipe.prediction_logs import WARMUP_FILE
-from tfpipe.stage import StageResult
+from tfpipe.stage import ExportOutputs, StageResult
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
 from tfpipe.train.data import make_dataset
 
@@ -220,4 +220,4 @@ def result(final: str) -> StageResult:
     dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
     summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
                + (f" ({'; '.join(dropped)})" if dropped else ""))
-    return StageResult(path, summary, {"path": final, "name": m["name"], "version": m["version"]})
+    return StageResult(path, summary, ExportOutputs(final, m["name"], m["version"]))

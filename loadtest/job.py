@@ -30,7 +30,7 @@ from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_t
                                       saved_model_feeds, signature_inputs)
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
-from tfpipe.stage import StageResult
+from tfpipe.stage import LoadtestOutputs, StageResult
 
 COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
            "p99.9_ms", "max_ms", "mean_ms", "overhead_p50_ms", "generator_cpu", "slo_ok"]
@@ -486,4 +486,4 @@ def result(out: str, code: int = 0) -> StageResult:
                f"p99 {best['p99_ms']:.2f} ms at that load, {sum(st['errors'] for st in r['steps'])} errors")
     if r["slo_passed"] is not None:
         summary += f"; SLO {r['slo']} " + ("met" if r["slo_passed"] else "MISSED")
-    return StageResult(path, summary, {"path": out, "slo_passed": r["slo_passed"]}, code)
+    return StageResult(path, summary, LoadtestOutputs(out, r["slo_passed"]), code)

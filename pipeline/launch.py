@@ -23,7 +23,7 @@ from tfpipe import __version__
 from tfpipe.files import publish_dir, temp_dir
 from tfpipe.pipeline.errors import DataError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
-from tfpipe.stage import StageResult
+from tfpipe.stage import DataOutputs, StageResult
 
 T = TypeVar("T")
 
@@ -317,4 +317,4 @@ def result(out: str) -> StageResult:
     noun = "images" if m.get("kind") == "images" else "rows"
     summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
                + f"; {c['bad']:,} dead-lettered")
-    return StageResult(os.path.join(out, "data.json"), summary, {"path": out, "fingerprint": m["fingerprint"]})
+    return StageResult(os.path.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]))

@@ -17,6 +17,7 @@ from typing import Any
 from tfpipe.files import write_json
 from tfpipe.serve.config import ServeConfig
 from tfpipe.serve.errors import ServeError
+from tfpipe.stage import ServeOutputs, StageResult
 
 # {input name: TensorFlow dtype name, e.g. 'DT_FLOAT'} -> that many rows of {input: python value}
 RowSource = Callable[[dict[str, str], int], list[dict[str, Any]]]
@@ -271,11 +272,15 @@ def plain(value: Any) -> Any:
     return value
 
 
-def deploy_summary(served: dict, name: str, version: int, noun: str, tuned: str = "") -> str:
-    """One line for `tfpipe run`: the version served and how its answers compared with the SavedModel's
-    (`served`: serve.json's content, as `Deployment.deploy` returns it)."""
+def result(out: str, noun: str, tuned: str = "") -> StageResult:
+    """The serve step's output for `tfpipe run`: the version served and how its REST and gRPC answers
+    compared with the SavedModel's on `noun` (rows or images), in one line; `tuned` names the batching
+    `tfpipe tune` chose."""
+    path = os.path.join(out, "serve.json")
+    with open(path) as f:
+        served = json.load(f)
     check = served["check"]
-    return (f"{name} version {version} on the embedded server: REST and gRPC answers match the SavedModel on "
-            f"{check['rows']} {noun} (max diff {check['max_abs_diff']:.1e})" + (f"; batching tuned: {tuned}"
-                                                                                if tuned else ""))
-
+    summary = (f"{served['model']} version {served['version']} on the embedded server: REST and gRPC answers match "
+               f"the SavedModel on {check['rows']} {noun} (max diff {check['max_abs_diff']:.1e})"
+               + (f"; batching tuned: {tuned}" if tuned else ""))
+    return StageResult(path, summary, ServeOutputs(out))

@@ -25,7 +25,7 @@ from tfpipe.skew.config import DEFAULT_CONFIDENCE, SkewConfig, parse_thresholds
 from tfpipe.skew.errors import SkewError
 from tfpipe.skew.measure import (NOISE_DRAWS, compare_categorical, compare_numeric, effective_rows,
                                  missing_noise_bound, missing_rise, noise_bound)
-from tfpipe.stage import StageResult
+from tfpipe.stage import SkewOutputs, StageResult
 
 TOP_K = 10
 
@@ -334,7 +334,7 @@ def result(out: str, code: int = 0) -> StageResult:
                + (f"SKEWED: {', '.join(r['flagged'])}" if r["flagged"] else
                   f"no feature skewed ({', '.join(noisy)} within the noise)" if noisy else
                   "every feature within its threshold"))
-    return StageResult(path, summary, {"path": out, "passed": r["passed"]}, code)
+    return StageResult(path, summary, SkewOutputs(out, r["passed"]), code)
 
 
 def skipped(out: str, why: str) -> StageResult:
@@ -342,4 +342,4 @@ def skipped(out: str, why: str) -> StageResult:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "skew.json")
     write_json(path, {"stage": "skew", "skipped": why})
-    return StageResult(path, f"skipped: {why}", {"path": out, "passed": None})
+    return StageResult(path, f"skipped: {why}", SkewOutputs(out, None))

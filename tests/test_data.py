@@ -23,6 +23,7 @@ from conftest import ROOT, raw_records, read_split, run_cli
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.job import run
+from tfpipe.stage import DataOutputs
 
 
 def run_stage(log=None, **kw) -> str:
@@ -579,5 +580,6 @@ def test_the_data_result_summarises_its_own_output(penguins_data):
     m = re.fullmatch(r"344 rows -> train (\d+), eval (\d+), test (\d+); (\d+) dead-lettered", r.summary)
     assert m, r.summary
     assert sum(int(n) for n in m.groups()) == 344 and r.manifest.endswith("data.json")
-    assert r.outputs["path"] == penguins_data and len(r.outputs["fingerprint"]) == 64 and r.code == 0
+    assert isinstance(r.outputs, DataOutputs) and r.code == 0
+    assert r.outputs.path == penguins_data and len(r.outputs.fingerprint) == 64
 

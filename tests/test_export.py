@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import raw_records, run_cli, spawn_cli
+from tfpipe.stage import ExportOutputs
 
 
 def export(trained, base, *args) -> subprocess.CompletedProcess:
@@ -33,8 +34,8 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     assert res.returncode == 0, res.stderr
     v1 = tmp_path / "penguins" / "1"
     r = result(str(v1))  # what tfpipe run shows and keeps of it
-    assert r.summary.startswith("penguins version 1: SavedModel") and (r.outputs["name"], r.outputs["version"]) == (
-        "penguins", 1)
+    assert r.summary.startswith("penguins version 1: SavedModel")
+    assert r.outputs == ExportOutputs(str(v1), "penguins", 1)
     loaded = tf.saved_model.load(str(v1))
     assert set(loaded.signatures) == {"serving_default", "predict_examples", "classification"}
     from tensorflow.core.protobuf import saved_model_pb2

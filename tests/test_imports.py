@@ -18,7 +18,7 @@ FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.t
            "skew": "tfpipe.skew", "tune": "tfpipe.tune", "examples": "tfpipe.examples"}
 STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
-           "tfpipe.manifest")
+           "tfpipe.manifest", "tfpipe.steps")
 
 
 def modules() -> dict[str, str]:

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from conftest import free_port, run_cli
+from tfpipe.stage import LoadtestOutputs
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
@@ -95,7 +96,7 @@ def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
     r = result(str(out))  # what tfpipe run shows and keeps of it
     assert re.match(r"2 step\(s\) over REST, up to [\d,]+ req/s, p99 [\d.]+ ms at that load, 0 errors; "
                     r"SLO p99<2s,errors<1% met$", r.summary), r.summary
-    assert r.outputs["slo_passed"] is True
+    assert r.outputs == LoadtestOutputs(str(out), True)
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["users"] for r in rows] == ["1", "4"]
     assert "knee" in res.stdout and "SLO p99<2s,errors<1%: met" in res.stdout

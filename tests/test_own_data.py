@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from conftest import run_cli, skew_after, start_cli_server
+from tfpipe.stage import SkewOutputs
 
 pytestmark = pytest.mark.xdist_group("own_data")
 
@@ -93,7 +94,7 @@ def test_fifty_rows_with_one_category_moved_by_half_are_skewed(own_run, tmp_path
 
     r = result(str(tmp_path / "skew"), res.returncode)  # what tfpipe run shows and keeps of it
     assert r.summary.endswith("SKEWED: color") and r.summary.startswith("5 logged requests, 50 rows (50 effective)")
-    assert (r.outputs["passed"], r.code) == (False, 1)
+    assert (r.outputs, r.code) == (SkewOutputs(str(tmp_path / "skew"), False), 1)
 
 
 @pytest.mark.parametrize("argv, workdir, name, config_path", [

@@ -370,3 +370,63 @@ def test_the_run_names_the_gates_that_failed(codes, want):
 
     run = SimpleNamespace(manifest={"steps": {name: {"status": "done", "code": c} for name, c in codes.items()}})
     assert _misses(run) == want
+
+
+def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(first_run):
+    """The run manifest keeps each step's typed outputs as JSON; rebuilt (as a later run whose earlier
+    steps are cached does), they equal what the stage's own reader gives from its files now."""
+    from tfpipe.export.job import result as export_result
+    from tfpipe.loadtest.job import result as loadtest_result
+    from tfpipe.pipeline.launch import result as data_result
+    from tfpipe.serve.stage import result as serve_result
+    from tfpipe.skew.job import result as skew_result
+    from tfpipe.stage import ServeOutputs
+    from tfpipe.steps import BY_NAME
+    from tfpipe.train.job import result as train_result
+
+    workdir = first_run[0]
+    steps = manifest(workdir)["steps"]
+    at = lambda *parts: os.path.join(workdir, *parts)  # noqa: E731
+    served = serve_result(at("serve"), "rows")
+    assert served.summary.startswith("penguins version 1 on the embedded server: REST and gRPC answers match the "
+                                     "SavedModel on 16 rows (max diff "), served.summary
+    assert served.outputs == ServeOutputs(at("serve")) and served.manifest == at("serve", "serve.json")
+    now = {"data": data_result(at("data")), "train": train_result(at("train")),
+           "export": export_result(at("export", "models", "penguins", "1")), "serve": served,
+           "loadtest": loadtest_result(at("loadtest")), "skew": skew_result(at("skew"))}
+    assert list(now) == STEPS
+    for name, r in now.items():
+        stored = steps[name]
+        assert BY_NAME[name].outputs.from_json(stored["outputs"]) == r.outputs, name
+        assert (stored["outputs"]["manifest"], stored["summary"], stored["code"]) == (r.manifest, r.summary, r.code)
+
+
+def test_the_registry_runs_each_step_after_the_steps_it_reads():
+    from tfpipe.steps import REGISTRY, STEPS as registered
+
+    assert list(registered) == STEPS
+    for i, step in enumerate(REGISTRY):
+        assert set(step.needs) <= set(registered[:i]), step.name
+    # only the data step reads files outside the workdir; every later one reads earlier steps' outputs
+    assert [s.name for s in REGISTRY if s.sources] == ["data"] and all(s.needs for s in REGISTRY[1:])
+
+
+@pytest.mark.parametrize("kind, stored, want", [
+    ("ExportOutputs", {"path": "/m/p/1", "name": "p", "version": 1, "manifest": "x", "sha256": "y"},
+     ("/m/p/1", "p", 1)),
+    ("SkewOutputs", {"path": "/s", "passed": None}, ("/s", None)),
+    ("ExportOutputs", {"path": "/m/p/1", "name": "p"}, KeyError("ExportOutputs: the stored outputs lack version")),
+    ("DataOutputs", {"manifest": "x"}, KeyError("DataOutputs: the stored outputs lack path, fingerprint")),
+])
+def test_stored_outputs_rebuild_into_their_type_or_say_what_is_missing(kind, stored, want):
+    import dataclasses
+
+    from tfpipe import stage
+
+    cls = getattr(stage, kind)
+    if isinstance(want, KeyError):
+        with pytest.raises(KeyError) as e:
+            cls.from_json(stored)
+        assert e.value.args == want.args
+    else:
+        assert dataclasses.astuple(cls.from_json(stored)) == want

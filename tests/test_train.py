@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import backup_epoch, free_port, kill_after_epochs, run_cli, spawn_cli
+from tfpipe.stage import TrainOutputs
 
 
 def train(data: str, out, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -291,5 +292,6 @@ def test_the_train_result_summarises_its_own_output(penguins_trained):
     r = result(penguins_trained[1])
     assert re.match(r"(20 epochs|\d+ of 20 epochs \(early stopping[^)]*\)), eval accuracy (0\.9\d\d|1\.000), float32, "
                     r"[\d,]+ examples/s$", r.summary), r.summary
-    assert r.outputs["path"] == penguins_trained[1] and r.manifest.endswith("train.json")
+    assert r.outputs.path == penguins_trained[1] and r.manifest.endswith("train.json")
+    assert isinstance(r.outputs, TrainOutputs) and len(r.outputs.fingerprint) == 64
 

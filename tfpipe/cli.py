@@ -421,7 +421,7 @@ def _add_serve(sub) -> None:
 
 
 def _add_run(sub, common: argparse.ArgumentParser) -> None:
-    from tfpipe.manifest import STEPS
+    from tfpipe.steps import STEPS
 
     run = sub.add_parser(
         "run", parents=[common],

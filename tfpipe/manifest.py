@@ -8,9 +8,6 @@ from typing import Any
 
 from tfpipe.errors import RunError
 
-STEPS = ("data", "train", "export", "serve", "loadtest", "skew")
-
-
 def read_manifest(workdir: str) -> dict[str, Any]:
     """The workdir's manifest; {} when there is none yet."""
     try:

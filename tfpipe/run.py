@@ -15,12 +15,11 @@ import importlib.resources
 import json
 import os
 import re
-import shutil
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -29,11 +28,8 @@ from tfpipe import __version__
 from tfpipe.config import Config
 from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, UserError
 from tfpipe.files import digest, file_sha256
-from tfpipe.manifest import STEPS, read_manifest
-from tfpipe.stage import StageResult
-
-NEEDS = {"data": (), "train": ("data",), "export": ("data", "train"), "serve": ("data", "export"),
-         "loadtest": ("data", "export", "serve"), "skew": ("data", "loadtest")}
+from tfpipe.manifest import read_manifest
+from tfpipe.steps import BY_NAME, STEPS, StepInputs
 # the demo `tfpipe run` runs without --config: examples/penguins.toml, installed with the package
 DEMO_CONFIG = str(importlib.resources.files("tfpipe.examples") / "penguins.toml")
 
@@ -166,54 +162,19 @@ class Run:
         self.manifest: dict[str, Any] = {}
         self.states: dict[str, str] = {}
         self.deployment = None  # the embedded server, once the serve or loadtest step needs it
-        # each step: log -> (outputs for the manifest, summary line, exit code)
-        self.steps: dict[str, Callable[[Callable[[str], None]], tuple[dict[str, Any], str, int]]] = {
-            "data": self.step_data, "train": self.step_train, "export": self.step_export,
-            "serve": self.step_serve, "loadtest": self.step_loadtest, "skew": self.step_skew}
-        assert tuple(self.steps) == STEPS
 
     # paths -------------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
         return os.path.join(self.workdir, *parts)
 
-    @property
-    def model_base(self) -> str:
-        return self.path("export", "models", self.cfg.export.name)
-
     # fingerprints ------------------------------------------------------------------------------
-    def config_part(self, step: str) -> dict[str, Any]:
-        c = self.cfg
-        if step == "data":
-            schema = c.data.schema_path
-            return {**c.data.fingerprint_fields(), "schema_sha256": file_sha256(schema) if schema else None}
-        if step == "train":
-            return c.train.fingerprint_fields()
-        if step == "export":
-            return c.export.fingerprint_fields()
-        if step == "serve":
-            fields = c.serve.fingerprint_fields()
-            if c.serve.batching == "tune":
-                fields["tune"] = c.tune.fingerprint_fields()
-            return fields
-        if step == "skew":
-            return c.skew.fingerprint_fields()
-        return {**c.loadtest.fingerprint_fields(), "protocol": c.serve.protocol}
-
-    def input_part(self, step: str) -> dict[str, Any]:
-        if step == "data" and self.cfg.data.format == "images":
-            from tfpipe.pipeline.image_job import find_images
-
-            items, classes, _ = find_images(self.cfg.data, log=lambda _: None)
-            return {"images": digest([[i.path, i.size] for i in items]), "count": len(items), "classes": classes}
-        if step == "data":
-            from tfpipe.pipeline.inputs import resolve_inputs
-
-            return {"files": [{"path": f.path, "size": f.size, "mtime": f.mtime}
-                              for f in resolve_inputs(self.cfg.data.input, self.cfg.data.format)]}
-        return {need: self.manifest["steps"][need]["outputs"]["sha256"] for need in NEEDS[step]}
-
     def fingerprint(self, step: str) -> tuple[str, dict[str, Any]]:
-        parts = {"config": digest(self.config_part(step)), "inputs": self.input_part(step), "tfpipe": __version__}
+        """The step's settings, what it reads (its files outside the workdir, else the hashes of the
+        manifests of the steps it needs) and the tfpipe version: their digest, and them."""
+        s = BY_NAME[step]
+        inputs = (s.sources(self.cfg) if s.sources else
+                  {need: self.manifest["steps"][need]["outputs"]["sha256"] for need in s.needs})
+        parts = {"config": digest(s.settings(self.cfg)), "inputs": inputs, "tfpipe": __version__}
         return digest(parts), parts
 
     def why_run(self, step: str, fp: str, parts: dict[str, Any]) -> str | None:
@@ -237,7 +198,7 @@ class Run:
                 return "tfpipe version changed"
             if old.get("config") != parts["config"]:
                 return f"[{step}] config changed"
-            if step == "data":
+            if BY_NAME[step].sources:
                 return "input files changed"
             changed = [k for k, v in parts["inputs"].items() if old.get("inputs", {}).get(k) != v]
             return f"{', '.join(changed) or 'an input'} output changed"
@@ -262,11 +223,6 @@ class Run:
             self.deployment = Deployment(self.cfg.serve, self.path("serve"), self.path("logs", "server.log"))
         return self.deployment
 
-    def ensure_server(self):
-        """The embedded server on the generated configs, started once per run when a step needs it."""
-        with output_into(self.path("logs", "server.log"), not self.req.debug):  # TensorFlow's import chatter
-            return self.serving().start()
-
     def stop_server(self) -> None:
         if self.deployment is not None:
             self.deployment.stop()
@@ -287,7 +243,7 @@ class Run:
         self.manifest["last_run"] = {"command": req.command, "started": now(), "states": self.states}
         selected = [req.only] if req.only else list(STEPS)
         if req.only:
-            missing = [n for n in NEEDS[req.only] if self.manifest["steps"].get(n, {}).get("status") != "done"]
+            missing = [n for n in BY_NAME[req.only].needs if self.manifest["steps"].get(n, {}).get("status") != "done"]
             if missing:
                 raise RunError(f"--only {req.only} needs the output of {', '.join(missing)}: "
                                f"run without --only first")
@@ -321,15 +277,22 @@ class Run:
             f.write(f"\n=== {step} {entry['started']} ({why}) ===\n")
         try:
             with console.running(step, why), output_into(log_path, not self.req.debug):
-                outputs, summary, code = self.steps[step](lambda line: print(line, flush=True))
+                done = BY_NAME[step].run(self.cfg, self.inputs(step), lambda line: print(line, flush=True))
         except BaseException as e:
             self.fail(step, entry, started, e, console)
         entry.update(status="done", ended=now(), elapsed_s=round(time.monotonic() - started, 2),
-                     outputs=outputs, summary=summary, code=code, error=None)
+                     outputs={"manifest": done.manifest, "sha256": file_sha256(done.manifest),
+                              **done.outputs.as_json()}, summary=done.summary, code=done.code, error=None)
         self.states[step] = "done"
         self.save_manifest()
-        console.print(f"  {step:<9}done     {entry['elapsed_s']:6.1f}s  {summary}")
-        return code
+        console.print(f"  {step:<9}done     {entry['elapsed_s']:6.1f}s  {done.summary}")
+        return done.code
+
+    def inputs(self, step: str) -> StepInputs:
+        """The workdir, the typed outputs of the steps `step` needs (run now or cached) and the server."""
+        s = BY_NAME[step]
+        return StepInputs(self.workdir, {need: BY_NAME[need].outputs.from_json(self.manifest["steps"][need]["outputs"])
+                                         for need in s.needs}, self.serving)
 
     def fail(self, step: str, entry: dict[str, Any], started: float, e: BaseException, console: Console):
         """Record the failure (or interruption) in the manifest and the step's log, say so, raise StepFailed."""
@@ -350,113 +313,6 @@ class Run:
         console.print(f"  {step:<9}{entry['status']:<8} {entry['elapsed_s']:6.1f}s  {reason}")
         console.print(f"  log: {shown(log_path)}")
         raise StepFailed(step, e) from e
-
-    def step_data(self, log: Callable[[str], None]):
-        from tfpipe.pipeline.job import run
-        from tfpipe.pipeline.launch import result
-
-        # The run owns the cache (why_run decided this step runs): the stage's own cache, for
-        # `tfpipe data` on its own, is bypassed.
-        run(self.cfg.data.model_copy(update={"out": self.path("data"), "force": True}), log=log)
-        return self._done(result(self.path("data")))
-
-    def step_train(self, log: Callable[[str], None]):
-        from tfpipe.train.job import result, run
-
-        cfg = self.cfg.train.model_copy(update={"data": self.path("data"), "out": self.path("train"),
-                                                "force": True})  # the run owns the cache
-        run(cfg, log=log)
-        return self._done(result(self.path("train")))
-
-    def step_export(self, log: Callable[[str], None]):
-        from tfpipe.export.job import result, run
-
-        cfg = self.cfg.export.model_copy(update={"model": self.path("train"), "data": self.path("data"),
-                                                 "base": self.path("export", "models")})
-        return self._done(result(run(cfg, log=log)))
-
-    def step_serve(self, log: Callable[[str], None]):
-        from tfpipe.loadtest.payloads import rows_from_data
-        from tfpipe.serve.stage import deploy_summary
-
-        export = self.manifest["steps"]["export"]["outputs"]
-        data = self.path("data")
-        notes, tuned = {}, ""
-        if self.cfg.serve.batching == "tune":
-            best, tuned = self.tune_batching(export["name"], log)
-            # the batching parameters only: the run's server is one process in this one (no workers)
-            self.serving().reconfigure(self.cfg.serve.with_batching(best))
-            notes["tune"] = os.path.join(self.path("tune"), "tune.json")
-        served = self.serving().deploy(export["name"], self.model_base, export["version"],
-                                       lambda inputs, n: rows_from_data(data, inputs, n),
-                                       self.cfg.export.tolerance, log, notes=notes)
-        noun = "images" if self.cfg.data.format == "images" else "rows"
-        summary = deploy_summary(served, export["name"], export["version"], noun, tuned)
-        return self._outputs(self.path("serve", "serve.json"), path=self.path("serve")), summary, 0
-
-    def tune_batching(self, name: str, log: Callable[[str], None]):
-        """`tfpipe tune` on the exported model with the [tune] settings, into the workdir's tune/;
-        the best candidate and its label."""
-        from tfpipe.tune.job import best, check_inputs, run
-
-        self.serving().stop()  # the trials get the machine to themselves
-        cfg = self.cfg.tune.model_copy(update={"model_name": name, "model_base_path": self.model_base,
-                                               "data": self.path("data"), "payload": None, "out": self.path("tune"),
-                                               "protocol": self.cfg.serve.protocol, "skip_workers": True})
-        check_inputs(cfg)
-        code = run(cfg, log=lambda line: log("  " + line))
-        if code:
-            log("  no candidate met the [tune] SLO: serving with the best of them anyway")
-        return best(self.path("tune"))
-
-    def step_loadtest(self, log: Callable[[str], None]):
-        from tfpipe.loadtest.job import result, run
-
-        export = self.manifest["steps"]["export"]["outputs"]
-        server = self.ensure_server()
-        target = (f"http://127.0.0.1:{server.rest_port}" if self.cfg.serve.protocol == "rest"
-                  else f"grpc://127.0.0.1:{server.grpc_port}")
-        out = self.path("loadtest")
-        cfg = self.cfg.loadtest.model_copy(update={"target": target, "model": export["name"],
-                                                   "data": self.path("data"), "payload": None, "out": out,
-                                                   "version": None, "label": None, "model_path": export["path"]})
-        # The load test's requests are logged for the skew step: this load test's only (rows; the
-        # skew check compares tabular features).
-        shutil.rmtree(self.path("traffic"), ignore_errors=True)
-        images = self.cfg.data.format == "images"
-        with contextlib.nullcontext() if images else self.serving().logging_requests(export["name"],
-                                                                                      self.traffic_prefix):
-            code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
-        if code == EXIT_INTERRUPTED:
-            raise KeyboardInterrupt
-        return self._done(result(out, code))
-
-    @property
-    def traffic_prefix(self) -> str:
-        return self.path("traffic", "requests")
-
-    def step_skew(self, log: Callable[[str], None]):
-        from tfpipe.skew.job import result, run, skipped
-
-        out = self.path("skew")
-        if self.cfg.data.format == "images":
-            return self._done(skipped(out, "image data (skew compares tabular features)"))
-        from tfpipe.prediction_logs import log_files
-
-        if not log_files(self.traffic_prefix):
-            raise RunError(f"the load test's request log is gone ({shown(self.path('traffic'))}): "
-                           "run again with --from loadtest")
-        export = self.manifest["steps"]["export"]["outputs"]
-        cfg = self.cfg.skew.model_copy(update={"data": self.path("data"), "logs": self.traffic_prefix,
-                                               "model": export["name"], "out": out})
-        return self._done(result(out, run(cfg, log=log)))
-
-    def _done(self, r: StageResult) -> tuple[dict[str, Any], str, int]:
-        """A step's (outputs for the run manifest, summary line, exit code) from its stage's result."""
-        return self._outputs(r.manifest, **r.outputs), r.summary, r.code
-
-    def _outputs(self, manifest_path: str, **extra: Any) -> dict[str, Any]:
-        return {"manifest": manifest_path, "sha256": file_sha256(manifest_path), **extra}
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -533,7 +389,8 @@ def _run_locked(r: Run, console: Console) -> int:
             serve = r.manifest["steps"].get("serve", {})
             if serve.get("status") != "done":
                 raise RunError("--serve-after needs a done serve step")
-            r.ensure_server()
+            with output_into(r.path("logs", "server.log"), not req.debug):  # TensorFlow's import chatter
+                r.serving().start()
             r.serving().serve_forever(_load(serve["outputs"]["manifest"]), console.print)
     finally:
         r.stop_server()

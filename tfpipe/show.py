@@ -7,7 +7,8 @@ import os
 
 from tfpipe.errors import RunError
 from tfpipe.files import file_sha256
-from tfpipe.manifest import STEPS, read_manifest
+from tfpipe.manifest import read_manifest
+from tfpipe.steps import STEPS
 
 
 def show(workdir: str, as_json: bool = False) -> int:

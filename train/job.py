@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
-from tfpipe.stage import StageResult
+from tfpipe.stage import StageResult, TrainOutputs
 from tfpipe.train.config import TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
@@ -452,4 +452,4 @@ def result(out: str) -> StageResult:
                                  else "")
                + (f", {split} {metric} {metrics[metric]:.3f}" if metric else "")
                + f", {m['precision']['policy']}, {m.get('examples_per_s', 0):,.0f} examples/s")
-    return StageResult(os.path.join(out, "train.json"), summary, {"path": out, "fingerprint": m["fingerprint"]})
+    return StageResult(os.path.join(out, "train.json"), summary, TrainOutputs(out, m["fingerprint"]))

@@ -1,0 +1,223 @@
+"""The steps of `tfpipe run`, in order: each one a stage run on the workdir's paths.
+
+A step is one entry of REGISTRY: its name, the steps whose outputs it reads, the type of its
+own outputs, the settings that decide its result (fingerprinted), the files outside the workdir
+it reads (the data step's raw input), and `run(config, inputs, log) -> StageResult`.
+`tfpipe/run.py` loops over the registry: it decides which steps are cached, runs the others and
+keeps the manifest, and knows no stage's settings or files. Adding a stage to `tfpipe run` is
+one entry here plus the stage itself (docs/architecture.md, "Adding a stage").
+
+The stages are imported inside the step functions: `tfpipe --help` and the CLI's parser read
+this module without loading TensorFlow, Beam or gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tfpipe.files import file_sha256
+from tfpipe.stage import (DataOutputs, ExportOutputs, LoadtestOutputs, ServeOutputs, SkewOutputs, StageOutputs,
+                          StageResult, TrainOutputs)
+
+if TYPE_CHECKING:
+    from tfpipe.config import Config
+    from tfpipe.serve.stage import Deployment
+
+Log = Callable[[str], None]
+O = TypeVar("O", bound=StageOutputs)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a step gets besides the config: the run's workdir (each step writes its own folder of
+    it), the typed outputs of the steps it needs, and the run's embedded server (one per run: the
+    serve step deploys to it, the load test targets it, `--serve-after` keeps it up)."""
+
+    workdir: str
+    upstream: Mapping[str, StageOutputs]
+    server: Callable[[], Deployment]
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.workdir, *parts)
+
+    def of(self, step: str, kind: type[O]) -> O:
+        """The outputs of `step` (one this step needs), as the `kind` its stage returns."""
+        outputs = self.upstream[step]
+        if not isinstance(outputs, kind):
+            raise TypeError(f"{step}'s outputs are a {type(outputs).__name__}, not a {kind.__name__}")
+        return outputs
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    needs: tuple[str, ...]
+    outputs: type[StageOutputs]
+    settings: Callable[[Config], dict[str, Any]]
+    run: Callable[[Config, StepInputs, Log], StageResult]
+    # the files outside the workdir the step reads, as they stand (path, size, time): None for a
+    # step that reads only earlier steps' outputs (their manifests' hashes are fingerprinted instead)
+    sources: Callable[[Config], dict[str, Any]] | None = None
+
+
+# ---- data --------------------------------------------------------------------------------------------
+
+def data_settings(config: Config) -> dict[str, Any]:
+    schema = config.data.schema_path
+    return {**config.data.fingerprint_fields(), "schema_sha256": file_sha256(schema) if schema else None}
+
+
+def data_sources(config: Config) -> dict[str, Any]:
+    from tfpipe.files import digest
+
+    if config.data.format == "images":
+        from tfpipe.pipeline.image_job import find_images
+
+        items, classes, _ = find_images(config.data, log=lambda _: None)
+        return {"images": digest([[i.path, i.size] for i in items]), "count": len(items), "classes": classes}
+    from tfpipe.pipeline.inputs import resolve_inputs
+
+    return {"files": [{"path": f.path, "size": f.size, "mtime": f.mtime}
+                      for f in resolve_inputs(config.data.input, config.data.format)]}
+
+
+def run_data(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.pipeline.job import run
+    from tfpipe.pipeline.launch import result
+
+    # The run owns the cache (it decided this step runs): the stage's own, for `tfpipe data` on
+    # its own, is bypassed.
+    run(config.data.model_copy(update={"out": inputs.path("data"), "force": True}), log=log)
+    return result(inputs.path("data"))
+
+
+# ---- train and export --------------------------------------------------------------------------------
+
+def run_train(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.train.job import result, run
+
+    data = inputs.of("data", DataOutputs)
+    run(config.train.model_copy(update={"data": data.path, "out": inputs.path("train"), "force": True}), log=log)
+    return result(inputs.path("train"))
+
+
+def run_export(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.export.job import result, run
+
+    cfg = config.export.model_copy(update={"model": inputs.of("train", TrainOutputs).path,
+                                           "data": inputs.of("data", DataOutputs).path,
+                                           "base": inputs.path("export", "models")})
+    return result(run(cfg, log=log))
+
+
+# ---- serve ------------------------------------------------------------------------------------------
+
+def serve_settings(config: Config) -> dict[str, Any]:
+    fields = config.serve.fingerprint_fields()
+    if config.serve.batching == "tune":
+        fields["tune"] = config.tune.fingerprint_fields()
+    return fields
+
+
+def run_serve(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.loadtest.payloads import rows_from_data
+    from tfpipe.serve.stage import result
+
+    export, data = inputs.of("export", ExportOutputs), inputs.of("data", DataOutputs)
+    deployment = inputs.server()
+    notes, tuned = {}, ""
+    if config.serve.batching == "tune":
+        deployment.stop()  # the trials get the machine to themselves
+        best, tuned = tune_batching(config, inputs, export, log)
+        # the batching parameters only: the run's server is one process in this one (no workers)
+        deployment.reconfigure(config.serve.with_batching(best))
+        notes["tune"] = inputs.path("tune", "tune.json")
+    # the version's parent: TF Serving's model_base_path, where a later export adds the next version
+    deployment.deploy(export.name, os.path.dirname(export.path), export.version,
+                      lambda signature, n: rows_from_data(data.path, signature, n),
+                      config.export.tolerance, log, notes=notes)
+    return result(inputs.path("serve"), "images" if config.data.format == "images" else "rows", tuned)
+
+
+def tune_batching(config: Config, inputs: StepInputs, export: ExportOutputs, log: Log):
+    """`tfpipe tune` on the exported model with the [tune] settings, into the workdir's tune/;
+    the best candidate and its label."""
+    from tfpipe.tune.job import best, run
+
+    out = inputs.path("tune")
+    cfg = config.tune.model_copy(update={"model_name": export.name, "model_base_path": os.path.dirname(export.path),
+                                         "data": inputs.of("data", DataOutputs).path, "payload": None, "out": out,
+                                         "protocol": config.serve.protocol, "skip_workers": True})
+    if run(cfg, log=lambda line: log("  " + line)):
+        log("  no candidate met the [tune] SLO: serving with the best of them anyway")
+    return best(out)
+
+
+# ---- loadtest and skew ----------------------------------------------------------------------------------
+
+def loadtest_settings(config: Config) -> dict[str, Any]:
+    return {**config.loadtest.fingerprint_fields(), "protocol": config.serve.protocol}
+
+
+def traffic_prefix(workdir: str) -> str:
+    """The request log the load test's traffic is written to, for the skew step."""
+    return os.path.join(workdir, "traffic", "requests")
+
+
+def run_loadtest(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.errors import EXIT_INTERRUPTED
+    from tfpipe.loadtest.job import result, run
+
+    export = inputs.of("export", ExportOutputs)
+    deployment = inputs.server()
+    server = deployment.start()
+    target = (f"http://127.0.0.1:{server.rest_port}" if config.serve.protocol == "rest"
+              else f"grpc://127.0.0.1:{server.grpc_port}")
+    out = inputs.path("loadtest")
+    cfg = config.loadtest.model_copy(update={"target": target, "model": export.name,
+                                             "data": inputs.of("data", DataOutputs).path, "payload": None,
+                                             "out": out, "version": None, "label": None, "model_path": export.path})
+    # The load test's requests are logged for the skew step: this load test's only (rows; the
+    # skew check compares tabular features).
+    shutil.rmtree(os.path.dirname(traffic_prefix(inputs.workdir)), ignore_errors=True)
+    images = config.data.format == "images"
+    with (contextlib.nullcontext() if images
+          else deployment.logging_requests(export.name, traffic_prefix(inputs.workdir))):
+        code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
+    if code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    return result(out, code)
+
+
+def run_skew(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.errors import RunError
+    from tfpipe.skew.job import result, run, skipped
+
+    out = inputs.path("skew")
+    if config.data.format == "images":
+        return skipped(out, "image data (skew compares tabular features)")
+    from tfpipe.prediction_logs import log_files
+
+    logs = traffic_prefix(inputs.workdir)
+    if not log_files(logs):
+        raise RunError(f"the load test's request log is gone ({os.path.dirname(logs)}): run again with --from loadtest")
+    cfg = config.skew.model_copy(update={"data": inputs.of("data", DataOutputs).path, "logs": logs,
+                                         "model": inputs.of("export", ExportOutputs).name, "out": out})
+    return result(out, run(cfg, log=log))
+
+
+REGISTRY = (
+    Step("data", (), DataOutputs, data_settings, run_data, sources=data_sources),
+    Step("train", ("data",), TrainOutputs, lambda c: c.train.fingerprint_fields(), run_train),
+    Step("export", ("data", "train"), ExportOutputs, lambda c: c.export.fingerprint_fields(), run_export),
+    Step("serve", ("data", "export"), ServeOutputs, serve_settings, run_serve),
+    Step("loadtest", ("data", "export", "serve"), LoadtestOutputs, loadtest_settings, run_loadtest),
+    Step("skew", ("data", "export", "loadtest"), SkewOutputs, lambda c: c.skew.fingerprint_fields(), run_skew),
+)
+STEPS = tuple(s.name for s in REGISTRY)
+BY_NAME = {s.name: s for s in REGISTRY}
