@@ -790,3 +790,31 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     assert rss[-1] - rss[0] <= model_size, (
         f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over 19 reloads; one model is {model_size / 2**20:.1f} MiB; "
         f"RSS per reload (MiB): {[round(r / 2**20) for r in rss]}")
+
+
+def test_the_serve_stage_deploys_checks_the_answers_and_reads_back_its_own_serve_json(tmp_path):
+    """`tfpipe run`'s serve step on its own: Deployment.deploy writes the configs and serve.json after
+    comparing the server's answers with the SavedModel's, and the stage's result() reads that file."""
+    from serving_models import save_half
+
+    from tfpipe.serve.config import ServeConfig
+    from tfpipe.serve.stage import Deployment, result
+    from tfpipe.stage import ServeOutputs
+
+    save_half(str(tmp_path / "models" / "half" / "1"))
+    out = str(tmp_path / "serve")
+    deployment = Deployment(ServeConfig(check_rows=5), out, str(tmp_path / "server.log"))
+    lines: list[str] = []
+    try:
+        served = deployment.deploy("half", str(tmp_path / "models" / "half"), 1,
+                                   lambda inputs, n: [{"x": float(i)} for i in range(n)] if inputs == {
+                                       "x": "DT_FLOAT"} else [], 0.0, lines.append)
+    finally:
+        deployment.stop()
+    assert served["check"]["served"] == {"y": 2.0} and served["check"]["rows"] == 5  # 0.5 * 0 + 2
+    assert "REST: 5 rows agree with the in-process SavedModel" in lines
+    r = result(out, "rows", "max_batch_size=8")
+    assert r.summary == ("half version 1 on the embedded server: REST and gRPC answers match the SavedModel on 5 rows "
+                         "(max diff 0.0e+00); batching tuned: max_batch_size=8")
+    assert (r.manifest, r.outputs, r.code) == (os.path.join(out, "serve.json"), ServeOutputs(out), 0)
+    assert sorted(os.listdir(out)) == ["models.config", "monitoring.config", "serve.json"]
