@@ -29,8 +29,8 @@ wrk (or hey) for REST :predict and ghz (`go install github.com/bojand/ghz/cmd/gh
 gRPC Predict, batching on (max 32 divided among the workers, 2 ms, one thread each),
 --grpc_max_threads=32. Beside it the same
 load against an empty handler on the same stack, the floor: aiohttp answering a fixed body
-(benchmarks/noop_endpoint.py) and a grpcio thread-pool server answering a fixed response
-(benchmarks/noop_grpc_endpoint.py).
+(benchmarks/noop_endpoint.py) and grpc.aio, the stack of the server's gRPC APIs, answering a
+fixed response (benchmarks/noop_grpc_endpoint.py --aio); grpcio's thread-pool server beside it.
 
 --images serves the image CNN that `bench_export.py --images 4000` writes (.bench/export/
 models/images; run first when missing), with one encoded JPEG per request: a compute-bound
@@ -583,10 +583,12 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
         finally:
             proc.terminate()
             proc.wait()
-    floors = (("floor: aiohttp, fixed answer", "noop_endpoint.py", "rest", "/v1/models/noop:predict"),
-              ("floor: grpcio thread pool, fixed answer", "noop_grpc_endpoint.py", "grpc", ""))
-    for what, script, proto, url in floors:  # the same load on an empty handler of each stack
-        proc, ports = start([sys.executable, os.path.join(HERE, script), str(free_port())], r"at 127.0.0.1:(\d+)", 1)
+    floors = (("floor: aiohttp, fixed answer", ("noop_endpoint.py",), "rest", "/v1/models/noop:predict"),
+              ("floor: grpc.aio, fixed answer", ("noop_grpc_endpoint.py", "--aio"), "grpc", ""),
+              ("floor: grpcio thread pool, fixed answer", ("noop_grpc_endpoint.py",), "grpc", ""))
+    for what, (script, *flags), proto, url in floors:  # the same load on an empty handler of each stack
+        proc, ports = start([sys.executable, os.path.join(HERE, script), str(free_port()), *flags],
+                            r"at 127.0.0.1:(\d+)", 1)
         try:
             n, p99, client, cpu, client_cpu = measured(proc.pid, load(proto, ports[0], url))
             rows.append((what, client, n / secs, p99, cpu, (cpu * n / 1e6 + client_cpu) / secs))

@@ -1,14 +1,16 @@
 """A TF-Serving-shaped gRPC endpoint for benchmarking load generators.
 
-    python benchmarks/noop_grpc_endpoint.py PORT [DELAY_MS]
+    python benchmarks/noop_grpc_endpoint.py PORT [DELAY_MS] [--aio]
 
 Implements PredictionService.GetModelMetadata (model "noop", serving_default taking a float
 "x") and PredictionService.Predict, which holds each call DELAY_MS (0 by default) and answers
-one float. Prints one line once it listens; stops on SIGTERM.
+one float. On grpcio's thread-pool server, or with --aio on grpc.aio (the stack `tfpipe serve`
+runs its gRPC APIs on). Prints one line once it listens; stops on SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import time
@@ -55,8 +57,34 @@ class Noop(prediction_service_pb2_grpc.PredictionServiceServicer):
         return self.answer
 
 
+class AioNoop(Noop):
+    async def GetModelMetadata(self, request, context):
+        return self.meta
+
+    async def Predict(self, request, context):
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self.answer
+
+
+async def serve_aio(port: int, delay: float) -> None:
+    server = grpc.aio.server()
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(AioNoop(delay), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print(f"noop gRPC endpoint (grpc.aio) at 127.0.0.1:{port}", flush=True)
+    await stop.wait()
+    await server.stop(0)
+
+
 def main() -> None:
-    port, delay = int(sys.argv[1]), (float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0)
+    args = [a for a in sys.argv[1:] if a != "--aio"]
+    port, delay = int(args[0]), (float(args[1]) / 1000 if len(args) > 1 else 0.0)
+    if "--aio" in sys.argv[1:]:
+        asyncio.run(serve_aio(port, delay))
+        return
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Noop(delay), server)
     server.add_insecure_port(f"127.0.0.1:{port}")

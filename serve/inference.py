@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from concurrent.futures import Executor, ThreadPoolExecutor
+from operator import itemgetter
 
 import numpy as np
 
@@ -126,10 +127,10 @@ class Inference:
         """The batch queue's future for this request (an asyncio.Future of `loop` when given), or
         None when it runs unbatched."""
         options = self.batch_options(servable)
-        if options is None or not _batchable(checked):
+        shapes = _batch_shapes(checked) if options is not None else None
+        if shapes is None:
             return None
-        # dtype objects, not their names: numpy's dtype.str builds a string on every call
-        key = (servable.uid, sig.name, tuple(sorted((k, v.dtype, v.shape[1:]) for k, v in checked.items())))
+        key = (servable.uid, sig.name, shapes)
         return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options, loop)
 
     def _runner(self, servable: Servable):
@@ -149,7 +150,19 @@ def _keep(outputs: dict[str, np.ndarray], keep: list[str] | None) -> dict[str, n
     return {k: outputs[k] for k in keep} if keep else outputs
 
 
-def _batchable(inputs: dict[str, np.ndarray]) -> bool:
-    """Every input has a batch dimension of the same, non-zero size."""
-    sizes = {v.shape[0] if v.ndim else None for v in inputs.values()}
-    return len(sizes) == 1 and None not in sizes and 0 not in sizes
+def _batch_shapes(inputs: dict[str, np.ndarray]) -> tuple | None:
+    """What a request must share with the others of its batch: each input's name, dtype and shape
+    past the batch dimension (dtype objects, not their names: numpy's dtype.str builds a string on
+    every call), by name. None when the inputs cannot batch: a scalar, or batch dimensions that
+    are zero or differ."""
+    size, shapes = None, []
+    for name, value in inputs.items():
+        shape = value.shape
+        if not shape or shape[0] == 0 or (size is not None and shape[0] != size):
+            return None
+        size = shape[0]
+        shapes.append((name, value.dtype, shape[1:]))
+    shapes.sort(key=itemgetter(0))
+    return tuple(shapes) if shapes else None
+
+

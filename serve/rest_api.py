@@ -20,6 +20,7 @@ import time
 import urllib.parse
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
@@ -74,6 +75,9 @@ def _proto_json(message) -> dict:
                                      always_print_fields_with_no_presence=True)
 
 
+_DECODER = json.JSONDecoder()  # raw_decode keeps no state: one for every request
+
+
 def parse_json(raw: bytes):
     """A request body as TF Serving's ParseJson reads it: rapidjson's error texts, and
     anything after the first complete value ignored (kParseStopWhenDoneFlag)."""
@@ -87,7 +91,7 @@ def parse_json(raw: bytes):
     if start == len(text):
         raise invalid(f"JSON Parse error: The document is empty. at offset: {start}")
     try:
-        value, _ = json.JSONDecoder().raw_decode(text, start)
+        value, _ = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as e:
         raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
     except RecursionError:
@@ -154,30 +158,107 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
     return name, version, label, api
 
 
+async def _expect(request: web.BaseRequest) -> None:
+    """`Expect: 100-continue` (curl sends it before a body over 1 KiB): the interim answer, as an
+    aiohttp Application's router gives it; any other expectation is a 417."""
+    expect = request.headers["Expect"]
+    if request.version == HttpVersion11:
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(reason=f"Unknown Expect: {expect}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own size starts after it
+
+
+class Deadlines:
+    """The REST timeout of every request in flight on one timer. All requests get the same timeout,
+    so their deadlines come in the order they started: a dict in that order, and one loop timer at
+    the oldest deadline, which cancels the requests past theirs and moves to the next. A request
+    costs a dict entry instead of asyncio.timeout's own timer, context manager and heap entry per
+    request (about 6 us of a 150 us request, measured with py-spy)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._deadlines: dict[asyncio.Task, float] = {}
+        self._expired: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def run(self, work):
+        """`work`'s answer, awaited on the calling task; TimeoutError once the timeout has passed
+        (another cancellation stays a cancellation)."""
+        task = asyncio.current_task()
+        self.start(task)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self.expired(task):
+                raise TimeoutError from None
+            raise
+        finally:
+            self.end(task)
+
+    def start(self, task: asyncio.Task) -> None:
+        loop = task.get_loop()
+        deadline = loop.time() + self.seconds
+        self._deadlines[task] = deadline
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._fire, loop)
+
+    def end(self, task: asyncio.Task) -> None:
+        self._deadlines.pop(task, None)
+        self.expired(task)  # in case the work swallowed the cancellation: forget it all the same
+
+    def expired(self, task: asyncio.Task) -> bool:
+        """Whether `task` was cancelled for its deadline (once: the task is uncancelled and forgotten)."""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        task.uncancel()
+        return True
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        while self._deadlines:
+            task, deadline = next(iter(self._deadlines.items()))
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._fire, loop)
+                return
+            del self._deadlines[task]
+            self._expired.add(task)
+            task.cancel()
+
+
 class RestApi:
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
                  metrics_path: str | None, render_metrics, cors: bool = False, logs: RequestLogs | None = None):
         self.inference, self.metrics, self.logs = inference, metrics, logs
-        self.timeout = timeout_ms / 1000 if timeout_ms > 0 else None
+        self.deadlines = Deadlines(timeout_ms / 1000) if timeout_ms > 0 else None
         self.metrics_path = metrics_path
         self.render_metrics = render_metrics  # () -> the Prometheus page
         self.max_body_bytes = max_body_bytes
         self.cors = cors
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors_as_json])
-        self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        # aiohttp's low-level server: every path comes to one handler, so an Application's router,
+        # middleware chain and per-request bookkeeping (5-7 us a request, measured) are left out.
+        self.server = web.Server(self.handle, request_factory=self._request, access_log=None)
 
-    @web.middleware
-    async def _errors_as_json(self, request, handler):
+    def _request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
+                               client_max_size=self.max_body_bytes)
+
+    async def handle(self, request: web.BaseRequest) -> web.Response:
+        """Every request: dispatched, aiohttp's own HTTP errors answered as TF Serving's JSON errors."""
         try:
-            response = await handler(request)
-        except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 405, ...
+            if "Expect" in request.headers:
+                await _expect(request)
+            response = await self.dispatch(request)
+        except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 417, ...
             response = _error(e.status, e.reason if e.status != 413 else
                               f"Request body too large (limit {self.max_body_bytes} bytes)")
         if self.cors:
             response.headers.update(CORS_HEADERS)
         return response
 
-    async def dispatch(self, request: web.Request) -> web.Response:
+    async def dispatch(self, request: web.BaseRequest) -> web.Response:
         raw_path = request.raw_path.split("?", 1)[0]
         if self.metrics_path and request.path == self.metrics_path:
             if request.method != "GET":
@@ -201,9 +282,8 @@ class RestApi:
             if api in ("predict", "classify", "regress"):
                 body = parse_json(await request.read())
                 work = getattr(self, api)(spec, body, started)
-                if self.timeout:  # a timer on this task (wait_for would run the work as a task of its own)
-                    async with asyncio.timeout(self.timeout):
-                        response = await work
+                if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
+                    response = await self.deadlines.run(work)
                 else:
                     response = await work
             elif not name:

@@ -200,8 +200,7 @@ class EmbeddedServer:
         rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
                        self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
                        render_metrics=scrape)
-        self._runner = web.AppRunner(rest.app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=o.drain_seconds)
+        self._runner = web.ServerRunner(rest.server, handle_signals=False, shutdown_timeout=o.drain_seconds)
         await self._runner.setup()
         # A worker of --workers N shares the port with the others (grpcio sets SO_REUSEPORT itself).
         site = web.TCPSite(self._runner, o.host, max(o.rest_api_port, 0),

@@ -256,3 +256,39 @@ def test_served_answers_are_compared_output_by_output(got, tolerance, worst, mes
             compare("REST", want, got, tolerance)
     else:
         assert compare("REST", want, got, tolerance) == pytest.approx(worst, abs=1e-7)
+
+
+def test_deadlines_time_out_only_the_requests_past_theirs_on_one_timer():
+    """The REST timeout: each request's work runs on its own task; those still running when their
+    deadline passes end in TimeoutError, the others answer, and a cancellation from elsewhere (a
+    client gone) stays a CancelledError."""
+    import asyncio
+
+    from tfpipe.serve.rest_api import Deadlines
+
+    async def main():
+        d = Deadlines(0.2)
+
+        async def request(hold: float, delay: float = 0.0):
+            await asyncio.sleep(delay)
+            try:
+                return await d.run(asyncio.sleep(hold, "answered"))
+            except TimeoutError:
+                return "timed out", asyncio.get_running_loop().time()
+
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        # the second starts 0.1 s later, so its deadline is the timer's second stop
+        results = await asyncio.gather(request(5), request(5, 0.1), request(0.05), request(0.05, 0.12))
+        gone = asyncio.create_task(request(5))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return t0, results, d
+
+    t0, results, d = asyncio.run(main())
+    (first, at1), (second, at2) = results[0], results[1]
+    assert (first, second, results[2], results[3]) == ("timed out", "timed out", "answered", "answered")
+    assert 0.2 <= at1 - t0 < 0.3 and 0.3 <= at2 - t0 < 0.4, (at1 - t0, at2 - t0)
+    assert not d._deadlines and not d._expired  # nothing kept of finished requests

@@ -818,3 +818,25 @@ def test_the_serve_stage_deploys_checks_the_answers_and_reads_back_its_own_serve
                          "(max diff 0.0e+00); batching tuned: max_batch_size=8")
     assert (r.manifest, r.outputs, r.code) == (os.path.join(out, "serve.json"), ServeOutputs(out), 0)
     assert sorted(os.listdir(out)) == ["models.config", "monitoring.config", "serve.json"]
+
+
+def test_expect_100_continue_gets_its_interim_answer_before_the_body(server):
+    """curl sends `Expect: 100-continue` before a body over 1 KiB and waits up to a second for the
+    interim answer; an expectation the server does not know is a 417 in TF Serving's JSON error."""
+    import socket
+
+    body = json.dumps({"instances": [2.0] * 300}).encode()
+    head = (f"POST /v1/models/half/versions/1:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/json\r\nExpect: 100-continue\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as s:
+        s.sendall(head)
+        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"  # before any of the body was sent
+        s.sendall(body)
+        answer = b""
+        while b"]}" not in answer:
+            answer += s.recv(65536)
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 200 OK" and json.loads(rest.partition(b"\r\n\r\n")[2]) == {"predictions": [3.0] * 300}
+
+    r = requests.post(server.url + "/v1/models/half:predict", data=b'{"instances": [1.0]}', headers={"Expect": "tea"})
+    assert r.status_code == 417 and r.json() == {"error": "Unknown Expect: tea"}
