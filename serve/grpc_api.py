@@ -90,7 +90,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             response = predict_pb2.PredictResponse()
             model_spec(response.model_spec, name, servable.version, sig.name)
             for k, v in outputs.items():
-                response.outputs[k].CopyFrom(tensor_proto(v, self.tensor_content))
+                tensor_proto(v, self.tensor_content, into=response.outputs[k])
             self._log(started, name, servable.version, sig.name, "predict", request, response)
             return response
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)

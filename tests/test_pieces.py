@@ -56,12 +56,18 @@ def test_quantile_sketches_merge_as_if_fed_one_stream():
     np.array([b"a", b"\xff\x00"], dtype=object),
     np.zeros((0, 3), np.float32),
     np.array(7, np.int32),  # a scalar
+    np.array([1.5, -0.25], np.float16),  # no typed field of ours: tf.make_tensor_proto's
 ])
 @pytest.mark.parametrize("content", [False, True])
 def test_tensor_proto_round_trips(value, content):
     from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
 
-    back = tensor_to_numpy(tensor_proto(value, content=content))
+    from tensorflow.core.framework import tensor_pb2
+
+    made = tensor_proto(value, content=content)
+    filled = tensor_pb2.TensorProto()
+    assert tensor_proto(value, content=content, into=filled) is filled and filled == made
+    back = tensor_to_numpy(made)
     assert back.shape == value.shape
     assert back.tolist() == value.tolist()
     if value.dtype != object:
@@ -81,6 +87,49 @@ def test_tensor_protos_follow_tfs_rules_for_short_values_and_open_shapes():
     open_shape.tensor_shape.dim.add(size=-1)
     with pytest.raises(ServingError, match="fully defined shape"):
         tensor_to_numpy(open_shape, "x")
+
+
+def _one_input(dtype: str, field: str, values: list, dims: list[int], content: bytes = b""):
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+
+    proto = tensor_pb2.TensorProto(dtype=getattr(types_pb2, dtype), tensor_content=content)
+    getattr(proto, field).extend(values)
+    for d in dims:
+        proto.tensor_shape.dim.add(size=d)
+    return proto
+
+
+@pytest.mark.parametrize("dtype, field, values, dims, content, taken", [
+    ("DT_FLOAT", "float_val", [1.5], [1], b"", True),
+    ("DT_DOUBLE", "double_val", [float("nan")], [1], b"", True),
+    ("DT_INT32", "int_val", [-2**31], [1], b"", True),
+    ("DT_INT64", "int64_val", [2**63 - 1], [1], b"", True),
+    ("DT_BOOL", "bool_val", [True], [1], b"", True),
+    ("DT_STRING", "string_val", [b"\xff\x00"], [1], b"", True),
+    ("DT_FLOAT", "float_val", [1.0, 2.0], [2], b"", False),  # two rows
+    ("DT_FLOAT", "float_val", [1.0], [1, 1], b"", False),  # a rank-2 tensor
+    ("DT_FLOAT", "float_val", [], [1], b"", False),  # no value: TF's zero
+    ("DT_FLOAT", "float_val", [], [1], np.float32(4).tobytes(), False),  # tensor_content
+    ("DT_INT8", "int_val", [5], [1], b"", False),  # a narrow integer: tensor_to_numpy's checks
+    ("DT_FLOAT", "float_val", [1.0], [], b"", False),  # a scalar
+])
+def test_one_value_grpc_inputs_read_in_one_pass_as_tensor_to_numpy_reads_them(dtype, field, values, dims,
+                                                                                content, taken):
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.serve.requests import _one_value_tensors, predict_inputs, tensor_to_numpy
+
+    request = predict_pb2.PredictRequest()
+    request.inputs["a"].CopyFrom(_one_input("DT_FLOAT", "float_val", [0.5], [1]))
+    request.inputs["b"].CopyFrom(_one_input(dtype, field, values, dims, content))
+    request.inputs["c"].CopyFrom(_one_input("DT_STRING", "string_val", [b"x"], [1]))
+    assert (_one_value_tensors(request.inputs) is not None) is taken
+    got = predict_inputs(request)
+    assert list(got) == list(request.inputs)  # in the request's order
+    for name, proto in request.inputs.items():
+        want = tensor_to_numpy(proto, name)
+        assert (got[name].dtype, got[name].shape) == (want.dtype, want.shape), name
+        np.testing.assert_array_equal(got[name], want)
 
 
 # ---- model version policy ---------------------------------------------------------------------------
