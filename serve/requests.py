@@ -467,8 +467,9 @@ def _scalar_check(dtype: tf.DType, numpy: np.dtype):
         return lambda v: type(v) is str
     if dtype == tf.bool:
         return lambda v: type(v) is bool
-    if dtype.is_floating:
-        return lambda v: type(v) is float or type(v) is int  # not bool: its type is its own
+    if dtype.is_floating:  # not bool, whose type is its own; integers only where a double holds them exactly,
+        # so that converting through float64 rounds once, as the exact reader's int64 array does
+        return lambda v: type(v) is float or (type(v) is int and -2**53 <= v <= 2**53)
     if numpy in (np.dtype(np.int32), np.dtype(np.int64)):
         lo, hi = int(np.iinfo(numpy).min), int(np.iinfo(numpy).max)
         return lambda v: type(v) is int and lo <= v <= hi

@@ -96,9 +96,35 @@ def parse_json(raw: bytes):
         raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
     except RecursionError:
         raise invalid("JSON Parse error: Terminate parsing due to Handler error. at offset: 0") from None
+    if "\\u" in text:  # only an escaped code point can be half of a surrogate pair
+        bad = _lone_surrogate(text)
+        if bad is not None:  # Python would keep it in a str that no UTF-8 encoder takes
+            raise invalid(f"JSON Parse error: The surrogate pair in string is invalid. at offset: {bad}")
     if not isinstance(value, dict):
         raise invalid(f"JSON Value: {json_debug(value)} Is not object")
     return value
+
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")  # every escape of a parsed document, in order
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The offset of the first escaped surrogate that is not half of a pair (a high one not
+    followed at once by an escaped low one, or a low one on its own), as rapidjson refuses it."""
+    high_end, high_at = None, None
+    for m in _ESCAPE.finditer(text):
+        code = int(m[1], 16) if m[1] else None
+        is_low = code is not None and 0xDC00 <= code <= 0xDFFF
+        if high_at is not None:
+            if not (is_low and m.start() == high_end):
+                return high_at
+            high_at = None
+            continue
+        if is_low:
+            return m.start()
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            high_end, high_at = m.end(), m.start()
+    return high_at
 
 
 def _rapidjson_message(e: json.JSONDecodeError) -> str:

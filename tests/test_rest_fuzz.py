@@ -73,7 +73,8 @@ ROW_SIGNATURE = {"species": "string", "bill_length_mm": "float32", "body_mass_g"
                  "flag": "bool", "ratio": "float64", "small": "int8"}
 FITTING = {  # values of each input's own kind, edges included
     "string": st.text(max_size=5), "bool": st.booleans(),
-    "float32": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2**70, 2**70)),
+    "float32": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2**70, 2**70),
+                         st.integers(2**53 - 2, 2**53 + 2), st.just(2**60 + 2**36 + 1)),
     "int64": st.integers(-2**63 - 2, 2**63 + 2), "int32": st.integers(-2**31 - 2, 2**31 + 2),
     "int8": st.integers(-200, 200)}
 FITTING["float64"] = FITTING["float32"]
@@ -131,6 +132,10 @@ def test_the_one_pass_row_reader_gives_the_exact_readers_tensors_or_leaves_the_b
       "ratio": 1e308}, True),
     ({"species": "Adelie", "bill_length_mm": 1e39, "body_mass_g": 0, "year": 0, "flag": True, "ratio": 0.5},
      True),  # beyond float32: inf, as the exact reader makes it
+    ({"species": "Adelie", "bill_length_mm": 2**53, "body_mass_g": 0, "year": 0, "flag": True, "ratio": 0.5},
+     True),
+    ({"species": "Adelie", "bill_length_mm": 2**60 + 2**36 + 1, "body_mass_g": 0, "year": 0, "flag": True,
+      "ratio": 0.5}, False),  # an integer a double rounds: float32 straight from int64, as the exact reader
     ({"species": "Adelie", "bill_length_mm": True, "body_mass_g": 1, "year": 1, "flag": True, "ratio": 0.5},
      False),  # a boolean for a float
     ({"species": "Adelie", "bill_length_mm": 1.0, "body_mass_g": 1.5, "year": 1, "flag": True, "ratio": 0.5},

@@ -291,6 +291,9 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/half:predict", "{not json", 400),
     ("POST", "/v1/models/half:predict", '{"instances": [1.0], "inputs": [1.0]}', 400),
     ("POST", "/v1/models/half:predict", '{"instances": ["a", "b"]}', 400),
+    ("POST", "/v1/models/penguins:predict", '{"instances": [{"island": "\\ud800", "sex": "female", '
+     '"bill_length_mm": 38.0, "bill_depth_mm": 19.0, "flipper_length_mm": 185, "body_mass_g": 3600, "year": 2007}]}',
+     400),  # half a surrogate pair in a string
     ("POST", "/v1/models/half:predict", '{"instances": [[1.0, 2.0], [1.0]]}', 400),
     ("POST", "/v1/models/half:predict", '{"instances": [1.0], "signature_name": "nope"}', 400),
     ("POST", "/v1/models/half:predict", '{"inputs": {"z": [1.0]}}', 400),

@@ -221,6 +221,12 @@ PLATFORM_CONFIG = """platform_configs {
     (b'{"a": "\\q"}', "JSON Parse error: Invalid escape character in string."),
     (b"\xff", "JSON Parse error: Invalid encoding in string."),
     (b"[1, 2]", "JSON Value: [1,2] Is not object"),
+    # half a surrogate pair: Python's parser keeps it, rapidjson (and so TF Serving) refuses it
+    (b'{"a": "\\ud800"}', "JSON Parse error: The surrogate pair in string is invalid. at offset: 7"),
+    (b'{"a": "x\\udc00"}', "JSON Parse error: The surrogate pair in string is invalid. at offset: 8"),
+    (b'{"a": "\\ud800\\u0041"}', "JSON Parse error: The surrogate pair in string is invalid. at offset: 7"),
+    (b'{"\\ud800": 1, "b": "\\ud83d\\ude00"}',
+     "JSON Parse error: The surrogate pair in string is invalid. at offset: 2"),
 ])
 def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
     from tfpipe.serve.errors import ServingError
@@ -235,6 +241,17 @@ def test_json_parsing_stops_after_the_first_value():
     from tfpipe.serve.rest_api import parse_json
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
+
+
+@pytest.mark.parametrize("raw, value", [
+    (b'{"a": "\\ud83d\\ude00"}', "\U0001f600"),  # a pair: one code point
+    (b'{"a": "\\\\ud800"}', "\\ud800"),  # an escaped backslash, then plain letters
+    (b'{"a": "\\u00e9\\\\"}', "\u00e9\\"),
+])
+def test_escapes_that_are_not_half_a_pair_parse(raw, value):
+    from tfpipe.serve.rest_api import parse_json
+
+    assert parse_json(raw) == {"a": value}
 
 
 @pytest.mark.parametrize("method,path,expected", [
