@@ -91,13 +91,13 @@ def parse_json(raw: bytes):
     if start == len(text):
         raise invalid(f"JSON Parse error: The document is empty. at offset: {start}")
     try:
-        value, _ = _DECODER.raw_decode(text, start)
+        value, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as e:
         raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
     except RecursionError:
         raise invalid("JSON Parse error: Terminate parsing due to Handler error. at offset: 0") from None
     if "\\u" in text:  # only an escaped code point can be half of a surrogate pair
-        bad = _lone_surrogate(text)
+        bad = _lone_surrogate(text, start, end)
         if bad is not None:  # Python would keep it in a str that no UTF-8 encoder takes
             raise invalid(f"JSON Parse error: The surrogate pair in string is invalid. at offset: {bad}")
     if not isinstance(value, dict):
@@ -108,11 +108,12 @@ def parse_json(raw: bytes):
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")  # every escape of a parsed document, in order
 
 
-def _lone_surrogate(text: str) -> int | None:
-    """The offset of the first escaped surrogate that is not half of a pair (a high one not
-    followed at once by an escaped low one, or a low one on its own), as rapidjson refuses it."""
+def _lone_surrogate(text: str, start: int, end: int) -> int | None:
+    """The offset of the first escaped surrogate of the document at text[start:end] that is not
+    half of a pair (a high one not followed at once by an escaped low one, or a low one on its
+    own), as rapidjson refuses it."""
     high_end, high_at = None, None
-    for m in _ESCAPE.finditer(text):
+    for m in _ESCAPE.finditer(text, start, end):
         code = int(m[1], 16) if m[1] else None
         is_low = code is not None and 0xDC00 <= code <= 0xDFFF
         if high_at is not None:

@@ -241,6 +241,7 @@ def test_json_parsing_stops_after_the_first_value():
     from tfpipe.serve.rest_api import parse_json
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
+    assert parse_json(b'{"instances": [1]} "\\ud800"') == {"instances": [1]}  # half a pair, but after it
 
 
 @pytest.mark.parametrize("raw, value", [
