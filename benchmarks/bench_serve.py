@@ -26,8 +26,8 @@ Servers run as separate processes on 127.0.0.1; clients share this machine's cor
 --only-cpu measures the server's CPU time per request (read from /proc, summed over its
 processes) and its throughput at --clients, with clients that cost little CPU of their own:
 wrk (or hey) for REST :predict and ghz (`go install github.com/bojand/ghz/cmd/ghz@latest`) for
-gRPC Predict, batching on (max 32 divided among the workers, 2 ms, one thread each),
---grpc_max_threads=32. Beside it the same
+gRPC Predict, for --workers 1 and 2 with batching on (max 32 divided among the workers, 2 ms,
+one thread each) and off, --grpc_max_threads=32. Beside it the same
 load against an empty handler on the same stack, the floor: aiohttp answering a fixed body
 (benchmarks/noop_endpoint.py) and grpc.aio, the stack of the server's gRPC APIs, answering a
 fixed response (benchmarks/noop_grpc_endpoint.py --aio); grpcio's thread-pool server beside it.
@@ -571,15 +571,15 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
             return ghz_client(port, reqs[0], args.clients, s, tmp)
         return run
 
-    for workers in args.workers:
+    for batching, workers in [(b, w) for b in (True, False) for w in args.workers]:
         # each worker sees 1/N of the clients: a batch as large as one process's would wait out its timeout
-        proc, gport, rport = serve(path, batching=True, tmp=tmp, grpc_threads=32, extra=(f"--workers={workers}",),
-                                   max_batch=32 // workers)
+        proc, gport, rport = serve(path, batching=batching, tmp=tmp, grpc_threads=32,
+                                   extra=(f"--workers={workers}",), max_batch=32 // workers)
         try:
             for proto, port in (("rest", rport), ("grpc", gport)):
                 n, p99, client, cpu, client_cpu = measured(proc.pid, load(proto, port))
-                rows.append((f"tfpipe serve --workers {workers}, {proto.upper()}", client, n / secs, p99, cpu,
-                             (cpu * n / 1e6 + client_cpu) / secs))
+                rows.append((f"--workers {workers}, batching {'on' if batching else 'off'}, {proto.upper()}", client,
+                             n / secs, p99, cpu, (cpu * n / 1e6 + client_cpu) / secs))
         finally:
             proc.terminate()
             proc.wait()
@@ -595,17 +595,16 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
         finally:
             proc.terminate()
             proc.wait()
-    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching on: max 32 split among the "
+    print(f"\nserver CPU per request at {args.clients} clients, {secs:g} s each (batching: max 32 split among the "
           f"workers, 2 ms, 1 thread per worker; CPU summed over the server's processes; {os.cpu_count()} cores shared with the client)")
-    print(f"  {'server':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s} {'busy cores':>11s}")
+    print(f"  {'tfpipe serve / floor':42s} {'client':6s} {'req/s':>8s} {'p99 ms':>8s} {'CPU us/req':>11s} {'busy cores':>11s}")
     for what, client, rps, p99, cpu, busy in rows:
         print(f"  {what:42s} {client:6s} {rps:8.0f} {p99:8.2f} {cpu:11.0f} {busy:11.2f}")
     print(f"  (busy cores: the server's and the client's CPU seconds per second, of the {os.cpu_count()} there are)")
-    one = {r[0].rsplit(", ", 1)[1]: r[2] for r in rows if "--workers 1," in r[0]}
+    one = {r[0].split(", ", 1)[1]: r[2] for r in rows if r[0].startswith("--workers 1,")}
     for what, _, rps, _, _, _ in rows:
-        if "--workers 1," not in what and "--workers" in what:
-            proto = what.rsplit(", ", 1)[1]
-            print(f"  {what}: {rps / one[proto]:.2f}x the throughput of one worker")
+        if what.startswith("--workers") and not what.startswith("--workers 1,"):
+            print(f"  {what}: {rps / one[what.split(', ', 1)[1]]:.2f}x the throughput of one worker")
 
 
 def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:
