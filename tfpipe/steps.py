@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tfpipe.files import file_sha256
+from tfpipe.files import digest, file_sha256
 from tfpipe.stage import (DataOutputs, ExportOutputs, LoadtestOutputs, ServeOutputs, SkewOutputs, StageOutputs,
                           StageResult, TrainOutputs)
 
@@ -73,8 +73,6 @@ def data_settings(config: Config) -> dict[str, Any]:
 
 
 def data_sources(config: Config) -> dict[str, Any]:
-    from tfpipe.files import digest
-
     if config.data.format == "images":
         from tfpipe.pipeline.image_job import find_images
 
@@ -184,10 +182,10 @@ def run_loadtest(config: Config, inputs: StepInputs, log: Log) -> StageResult:
                                              "out": out, "version": None, "label": None, "model_path": export.path})
     # The load test's requests are logged for the skew step: this load test's only (rows; the
     # skew check compares tabular features).
-    shutil.rmtree(os.path.dirname(traffic_prefix(inputs.workdir)), ignore_errors=True)
+    traffic = traffic_prefix(inputs.workdir)
+    shutil.rmtree(os.path.dirname(traffic), ignore_errors=True)
     images = config.data.format == "images"
-    with (contextlib.nullcontext() if images
-          else deployment.logging_requests(export.name, traffic_prefix(inputs.workdir))):
+    with contextlib.nullcontext() if images else deployment.logging_requests(export.name, traffic):
         code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
     if code == EXIT_INTERRUPTED:
         raise KeyboardInterrupt
