@@ -84,11 +84,11 @@ def split_images(data, split: str, limit: int = 100000, formats: list[str] | Non
 
 def export_images(tmp: str, model: keras.Model, data, config, log) -> dict[str, Any]:
     """Write the SavedModel into `tmp` and everything beside it; returns what export.json records."""
-    from tfpipe.export.signatures import set_method_names
+    from tfpipe.export.signatures import finish_signatures
 
     module = ImageServingModule(model, data.schema.label.classes)
     tf.saved_model.save(module, tmp, signatures=module.signatures())
-    set_method_names(tmp, module.method_names())
+    finish_signatures(tmp, module.method_names(), {})
     warm = write_warmup(tmp, config, data)
     split = "test" if data.count("test") else "eval"
     formats: list[str] = []

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
-from tfpipe.export.signatures import ServingModule, serving_dtype, set_method_names
+from tfpipe.export.signatures import ServingModule, finish_signatures, input_renames, serving_dtype
 from tfpipe import __version__
 from tfpipe.files import clean_stale, publish_dir, read_json
 from tfpipe.prediction_logs import WARMUP_FILE
@@ -85,7 +85,7 @@ def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log) 
     """The SavedModel of a tabular model, its warmup records, reload check and TFLite variants."""
     module = ServingModule(model, data.schema)
     tf.saved_model.save(module, tmp, signatures=module.signatures())
-    set_method_names(tmp, module.method_names())
+    finish_signatures(tmp, module.method_names(), input_renames(data.schema))
     warm = _write_warmup(tmp, config, data)
     # Read back once: the reload check and the variants' baseline use the same load and rows.
     split = "test" if data.count("test") else "eval"
@@ -175,7 +175,8 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "vocabularies.json"), "w") as f:
         json.dump({"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies}, f)
-    converted = convert_all(lite_model, config.variants, device_inputs(train_raw, data.schema, vocabularies))
+    converted = convert_all(lite_model, config.variants, device_inputs(train_raw, data.schema, vocabularies),
+                            input_renames(data.schema))
 
     def quality(blob: bytes) -> dict[str, Any]:
         one, every = litert_runner(blob)

@@ -33,6 +33,11 @@ def serving_dtype(feature) -> tf.DType:
     return TF_DTYPES[feature.type]
 
 
+def input_renames(schema: Schema) -> dict[str, str]:
+    """The inputs whose graph name differs from their column's name: graph name -> column."""
+    return {g: c for c, g in schema.graph_names().items() if g != c}
+
+
 class ServingModule(tf.Module):
     """Wraps the end-to-end Keras model with TF Serving signatures."""
 
@@ -44,7 +49,10 @@ class ServingModule(tf.Module):
         self._classes = None
         if label.task != "regression":
             self._classes = tf.constant([str(c) for c in label.classes])
-        spec = {c.name: tf.TensorSpec([None], serving_dtype(c), name=c.name) for c in schema.features}
+        # TensorFlow names a signature's inputs after their specs, which must be graph names;
+        # `finish_signatures` gives the inputs their columns' own names back once it is saved.
+        names = schema.graph_names()
+        spec = {c.name: tf.TensorSpec([None], serving_dtype(c), name=names[c.name]) for c in schema.features}
         self.serve = tf.function(self._serve_raw, input_signature=[spec])
         self.serve_examples = tf.function(
             self._serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
@@ -102,8 +110,14 @@ class ServingModule(tf.Module):
                 "classes": tf.gather(self._classes, class_ids)}
 
 
-def set_method_names(saved_model_dir: str, methods: dict[str, str]) -> None:
-    """Rewrite signature method names in saved_model.pb (TF2's saver has no option for it)."""
+def finish_signatures(saved_model_dir: str, methods: dict[str, str], renames: dict[str, str],
+                      signature: str = "serving_default") -> None:
+    """Rewrite saved_model.pb where TF2's saver has no option: the signatures' method names
+    (`methods`: signature -> method), and the input keys of `signature` (`renames`: graph name
+    -> the column's own name, which TensorFlow does not take as a spec name, such as 'wind
+    speed'). An input is renamed in the SignatureDef, which TF Serving and TF1-style loaders
+    read, and among the keyword arguments of the signature function, which tf.saved_model.load
+    calls it with; the tensors and their order stay as saved."""
     path = os.path.join(saved_model_dir, "saved_model.pb")
     proto = saved_model_pb2.SavedModel()
     with open(path, "rb") as f:
@@ -112,5 +126,28 @@ def set_method_names(saved_model_dir: str, methods: dict[str, str]) -> None:
         for key, method in methods.items():
             if key in graph.signature_def:
                 graph.signature_def[key].method_name = method
+        if not renames or signature not in graph.signature_def:
+            continue
+        inputs = graph.signature_def[signature].inputs
+        for old, new in renames.items():
+            info = inputs[old]
+            inputs[new].CopyFrom(info)
+            del inputs[old]
+        wrapper = _signature_function(graph, signature)
+        for node in graph.object_graph_def.nodes:
+            bare = node.bare_concrete_function
+            if node.WhichOneof("kind") == "bare_concrete_function" and bare.concrete_function_name == wrapper:
+                keywords = [renames.get(k, k) for k in bare.argument_keywords]
+                del bare.argument_keywords[:]
+                bare.argument_keywords.extend(keywords)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
+
+
+def _signature_function(graph, signature: str) -> str:
+    """The concrete function the object graph's signature map holds for `signature`."""
+    nodes = graph.object_graph_def.nodes
+    root = nodes[0]
+    signatures = next(c.node_id for c in root.children if c.local_name == "signatures")
+    node = next(c.node_id for c in nodes[signatures].children if c.local_name == signature)
+    return nodes[node].bare_concrete_function.concrete_function_name

@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras import layers, ops
 
 from tfpipe.export.errors import ExportError
+from tfpipe.export.signatures import finish_signatures
 from tfpipe.pipeline.schema import Schema
 from tfpipe.train.model import TRAINER, feature_layers
 
@@ -110,20 +111,21 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
     """The trained model from vocabulary indices and raw numbers, sharing the trained layers.
     The numbers go through one NumericBlock (the block export quantization keeps float)."""
     trainer, used = model.get_layer(TRAINER), feature_layers(model, schema)
+    names = schema.graph_names()  # inputs keyed by column, named in the graph by graph name
     inputs, vocabularies, numeric, others = {}, {}, [], []
     for c in schema.features:
         found = used.get(c.name)  # None: the model does not use it (no value in training)
         if c.type in ("int", "float"):
-            inputs[c.name] = keras.Input(shape=(), dtype="float32", name=c.name)  # taken, used or not
+            inputs[c.name] = keras.Input(shape=(), dtype="float32", name=names[c.name])  # taken, used or not
             if found is not None:
                 numeric.append((c.name, found.norm))
             continue
         if found is None:
             continue
         vocabularies[c.name] = [str(v) for v in found.lookup.get_vocabulary()[1:]]  # [0] is the OOV token
-        x = inputs[c.name] = keras.Input(shape=(), dtype="int32", name=c.name)
+        x = inputs[c.name] = keras.Input(shape=(), dtype="int32", name=names[c.name])
         if found.embed is None:  # a one-hot lookup
-            others.append((c.name, OneHot(found.lookup.vocabulary_size(), name=f"one_hot_{c.name}")(x)))
+            others.append((c.name, OneHot(found.lookup.vocabulary_size(), name=f"one_hot_{names[c.name]}")(x)))
         else:
             others.append((c.name, found.embed(x)))
     # Columns of [numeric block, strings...], then moved into the order the trainer learned.
@@ -160,8 +162,10 @@ def device_inputs(raw: dict[str, np.ndarray], schema: Schema, vocabularies: dict
     return out
 
 
-def convert_all(lite_model: keras.Model, variants: list[str], representative: dict[str, np.ndarray]) -> dict[str, bytes]:
-    """Convert through a SavedModel (the converter does not take Keras 3 models directly).
+def convert_all(lite_model: keras.Model, variants: list[str], representative: dict[str, np.ndarray],
+                renames: dict[str, str] | None = None) -> dict[str, bytes]:
+    """Convert through a SavedModel (the converter does not take Keras 3 models directly), whose
+    serving signature takes the inputs by their columns' names (`renames`: graph name -> column).
 
     int8 is full-integer with two choices made from measurements on the Chicago taxi model:
     - The numeric block stays float (TFLite's selective quantization, through the public
@@ -176,6 +180,8 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, "sm")
         lite_model.export(saved, verbose=False)
+        if renames:
+            finish_signatures(saved, {}, renames)
         float_names: list[str] = []
         for variant in variants:
             conv = converter(saved, variant)

@@ -27,7 +27,7 @@ from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
 from tfpipe.loadtest.payloads import (chunks, grpc_requests, model_path, parse_target, resolve_saved_model,
                                       rest_bodies, rows_from_data, rows_from_payload, rows_from_warmup,
-                                      saved_model_feeds, signature_inputs)
+                                      saved_model_feeds, saved_model_inputs, signature_inputs)
 from tfpipe.loadtest.protocol import Progress, StepSpec, Waiting, decode
 from tfpipe.loadtest.slo import check, parse_slo
 from tfpipe.stage import LoadtestOutputs, StageResult
@@ -294,11 +294,11 @@ def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: st
     without any serving, so the report can show serving overhead apart."""
     import tensorflow as tf
 
-    try:
-        fn = tf.saved_model.load(path).signatures[signature]
-    except KeyError:
-        raise LoadtestError(f"{path} has no signature {signature!r}") from None
-    feeds = [saved_model_feeds(fn, chunk) for chunk in chunks(rows, batch_size)]
+    inputs = saved_model_inputs(path, signature)
+    if inputs is None:
+        raise LoadtestError(f"{path} has no signature {signature!r}")
+    fn = tf.saved_model.load(path).signatures[signature]
+    feeds = [saved_model_feeds(inputs, chunk) for chunk in chunks(rows, batch_size)]
     fn(**feeds[0])  # the first call traces; not part of the baseline
     hist, started = LatencyHistogram(), time.perf_counter()
     while hist.n < most and (time.perf_counter() - started < seconds or hist.n < 20):

@@ -279,12 +279,31 @@ def grpc_requests(rows: list[dict], batch_size: int, inputs: dict[str, str], mod
     return out
 
 
-def saved_model_feeds(fn, rows: list[dict]) -> dict:
-    """Tensors for a SavedModel signature function from rows of {input: python value}."""
-    import tensorflow as tf
+def saved_model_inputs(path: str, signature: str) -> dict[str, str] | None:
+    """{input name: dtype name} of a SavedModel's signature, from its SignatureDef (the names
+    a client sends, which tf.function's structured signature may spell otherwise); None when
+    the SavedModel has no such signature."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.protobuf import saved_model_pb2
 
-    return {key: tf.constant([r[key].encode() if isinstance(r[key], str) else r[key] for r in rows], spec.dtype)
-            for key, spec in fn.structured_input_signature[1].items()}
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    graph = next((g for g in proto.meta_graphs if "serve" in g.meta_info_def.tags), proto.meta_graphs[0])
+    if signature not in graph.signature_def:
+        return None
+    return {k: types_pb2.DataType.Name(v.dtype) for k, v in graph.signature_def[signature].inputs.items()}
+
+
+def saved_model_feeds(inputs: dict[str, str], rows: list[dict]) -> dict:
+    """Tensors for a SavedModel signature function from rows of {input: python value}, keyed by
+    the signature's input names (`inputs`: name -> dtype name, as the server's metadata gives)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    return {key: tf.constant([r[key].encode() if isinstance(r[key], str) else r[key] for r in rows],
+                             tf.as_dtype(types_pb2.DataType.Value(dtype)))
+            for key, dtype in inputs.items()}
 
 
 def resolve_saved_model(path: str, version: int | None) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -50,6 +52,10 @@ class Schema:
     def columns(self) -> list[Feature]:
         """Features followed by the label, in the order they are written to each Example."""
         return [*self.features, Feature(self.label.name, self.label.type, nullable=False)]
+
+    def graph_names(self) -> dict[str, str]:
+        """Each feature's name inside TensorFlow graphs (see `graph_names`)."""
+        return graph_names([f.name for f in self.features])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -113,6 +119,35 @@ class Schema:
             raise DataError(f"{source}: missing key {e}") from None
         except (ValueError, TypeError) as e:
             raise DataError(f"{source}: {e}") from None
+
+
+# What TensorFlow takes as an op or scope name (graph nodes, Keras layer names); a column's
+# own name is kept everywhere a user sees it: the data, the schema, the signature, the report.
+_GRAPH_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
+
+
+def graph_names(names: Iterable[str]) -> dict[str, str]:
+    """Each column name and the name that stands for it inside a TensorFlow graph: the name
+    itself when TensorFlow takes it, else its ASCII letters, digits, '.', '-' and '_' with
+    everything else as '_' (accents folded: 'humidité' -> 'humidite', 'wind speed' ->
+    'wind_speed'), made unique with a numeric suffix. The mapping depends only on the names,
+    so training, export and every reader derive the same one."""
+    out: dict[str, str] = {}
+    taken = {n for n in names if _GRAPH_NAME.match(n)}
+    for name in names:
+        if name in taken:
+            out[name] = name
+            continue
+        folded = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        base = re.sub(r"[^A-Za-z0-9_.\-]", "_", folded).strip("_") or "column"
+        if not re.match(r"[A-Za-z0-9.]", base):
+            base = "c" + base
+        candidate, i = base, 2
+        while candidate in taken:
+            candidate, i = f"{base}_{i}", i + 1
+        taken.add(candidate)
+        out[name] = candidate
+    return out
 
 
 def _check_type(value: Any, where: str) -> None:

@@ -194,15 +194,17 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
     from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
 
     fn = tf.saved_model.load(model_path).signatures["serving_default"]
-    specs = fn.structured_input_signature[1]
-    inputs = {k: types_pb2.DataType.Name(spec.dtype.as_datatype_enum) for k, spec in specs.items()}
+    # The inputs as a client names them: the SignatureDef's keys (tf.function's structured
+    # signature turns a name such as 'Sepal.Length' into a Python identifier).
+    dtypes = signature_inputs(model_path, "serving_default")
+    inputs = {k: types_pb2.DataType.Name(dtype.as_datatype_enum) for k, dtype in dtypes.items()}
     batch = rows(inputs, rows_wanted)
     if not batch:
         raise CheckFailed("no rows to check the served model on")
     columns = {k: np.array([r[k].encode() if isinstance(r[k], str) else r[k] for r in batch],
-                           dtype=object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
-               for k, spec in specs.items()}
-    local = {k: v.numpy() for k, v in fn(**{k: tf.constant(v, specs[k].dtype) for k, v in columns.items()}).items()}
+                           dtype=object if dtype == tf.string else dtype.as_numpy_dtype)
+               for k, dtype in dtypes.items()}
+    local = {k: v.numpy() for k, v in fn(**{k: tf.constant(v, dtypes[k]) for k, v in columns.items()}).items()}
 
     rest = f"http://127.0.0.1:{server.rest_port}"
     # encoded images as {"b64": ...}, TF Serving's JSON for binary strings
@@ -234,6 +236,20 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
             "apis": ["REST", "gRPC"], "input_dtypes": inputs,
             "example": {"instance": instance, "prediction": {k: plain(v[0]) for k, v in local.items()}},
             "served": predictions[0]}
+
+
+def signature_inputs(model_path: str, signature: str) -> dict[str, Any]:
+    """The input names and dtypes of a SavedModel's signature, from its SignatureDef."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tfpipe.serve.servable import meta_graph
+
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(model_path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    sig = meta_graph(proto, ("serve",)).signature_def[signature]
+    return {k: tf.as_dtype(v.dtype) for k, v in sig.inputs.items()}
 
 
 def compare(api: str, want: dict[str, Any], got: dict[str, Any], tolerance: float) -> float:

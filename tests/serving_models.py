@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
-from tfpipe.export.signatures import set_method_names
+from tfpipe.export.signatures import finish_signatures
 
 
 class Half(tf.Module):
@@ -64,7 +64,7 @@ class Slow(tf.Module):
 def save_half(path: str, b: float = 2.0, warmup: int = 0) -> str:
     m = Half(b)
     tf.saved_model.save(m, path, signatures={"serving_default": m.predict, "regress_x": m.regress})
-    set_method_names(path, {"regress_x": "tensorflow/serving/regress"})
+    finish_signatures(path, {"regress_x": "tensorflow/serving/regress"}, {})
     if warmup:
         os.makedirs(os.path.join(path, "assets.extra"), exist_ok=True)
         with tf.io.TFRecordWriter(os.path.join(path, "assets.extra", "tf_serving_warmup_requests")) as w:

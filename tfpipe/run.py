@@ -300,7 +300,7 @@ class Run:
         interrupted = isinstance(e, KeyboardInterrupt)
         entry.update(status="interrupted" if interrupted else "failed", ended=now(),
                      elapsed_s=round(time.monotonic() - started, 2), log=os.path.relpath(log_path, self.workdir),
-                     error=None if interrupted else f"{type(e).__name__}: {e}")
+                     error=None if interrupted else f"{type(e).__name__}: {plain_text(str(e))}")
         self.manifest["steps"][step] = entry
         self.states[step] = entry["status"]
         self.save_manifest()
@@ -309,10 +309,34 @@ class Run:
                 f.write(f"error: {e}\n")
             else:
                 traceback.print_exception(e, file=f)
-        reason = "" if interrupted else (str(e).splitlines() or [type(e).__name__])[0]
+        reason = "" if interrupted else error_line(e)
         console.print(f"  {step:<9}{entry['status']:<8} {entry['elapsed_s']:6.1f}s  {reason}")
         console.print(f"  log: {shown(log_path)}")
         raise StepFailed(step, e) from e
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """`text` without terminal colour codes (Keras colours the errors it re-raises)."""
+    return _ANSI.sub("", text)
+
+
+def error_line(e: BaseException) -> str:
+    """One line that says what went wrong: a user error's first line; for anything else, the
+    line that names the error. TensorFlow's and Keras's messages open with a heading such as
+    'in user code:' and end with the error itself, so a heading gives way to the last line."""
+    lines = [line.strip() for line in plain_text(str(e)).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if isinstance(e, UserError) or not lines[0].endswith(":") or len(lines) == 1:
+        line = lines[0]
+    else:
+        line = lines[-1]
+    if isinstance(e, UserError) or re.match(r"[\w.]+(Error|Exception): ", line):
+        return line
+    return f"{type(e).__name__}: {line}"
 
 
 def _load(path: str) -> dict[str, Any]:

@@ -107,7 +107,8 @@ def embedding_dim(n: int) -> int:
 
 def layer_name(kind: str, feature: str) -> str:
     """The name of a feature's preprocessing layer of `kind` ("norm", "lookup" or "embed"): the
-    contract by which `feature_layers` (and through it the TFLite export) finds it again."""
+    contract by which `feature_layers` (and through it the TFLite export) finds it again.
+    `feature` is the feature's graph name (`Schema.graph_names`), which TensorFlow takes."""
     return f"{kind}_{feature}"
 
 
@@ -125,9 +126,10 @@ def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayer
     """The preprocessing layers of each feature `model` (from build_models, or loaded from
     model.keras) uses; a feature without a value in training has none and is left out."""
     by_name = {layer.name: layer for layer in model.get_layer(PREPROCESSOR).layers}
+    names = schema.graph_names()
     out = {}
     for c in schema.features:
-        found = {kind: by_name.get(layer_name(kind, c.name)) for kind in ("norm", "lookup", "embed")}
+        found = {kind: by_name.get(layer_name(kind, names[c.name])) for kind in ("norm", "lookup", "embed")}
         if any(found.values()):
             out[c.name] = FeatureLayers(**found)
     return out
@@ -136,30 +138,33 @@ def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayer
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
                  seed: int) -> tuple[keras.Model, keras.Model, keras.Model]:
     """(preprocessor, trainer, model) for the schema, initialised from training statistics."""
-    inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=c.name) for c in schema.features}
+    # The inputs are keyed by the column's own name; the graph holds its graph name.
+    names = schema.graph_names()
+    inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
     parts = []
     for c in schema.features:
         s = train_stats["features"][c.name]
         x = inputs[c.name]
+        name = names[c.name]
         if c.type in ("int", "float"):
             if s["mean"] is None:
                 continue  # no value in the training split: nothing to learn from
             var = s["variance"] if s["variance"] else 1.0
             parts.append(ImputeNormalize(s["mean"], var, c.nullable, clip=Z_CLIP, dtype="float32",
-                                         name=layer_name("norm", c.name))(x))
+                                         name=layer_name("norm", name))(x))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
             if not vocab:
                 continue  # never seen a value: nothing to learn from
             if len(vocab) + 1 <= ONE_HOT_MAX:
                 lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, output_mode="one_hot",
-                                             dtype="float32", name=layer_name("lookup", c.name))
+                                             dtype="float32", name=layer_name("lookup", name))
                 parts.append(lookup(x))
             else:
-                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, name=layer_name("lookup", c.name))
+                lookup = layers.StringLookup(vocabulary=vocab, num_oov_indices=1, name=layer_name("lookup", name))
                 embed = layers.Embedding(len(vocab) + 1, embedding_dim(len(vocab) + 1), dtype="float32",
                                          embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
-                                         name=layer_name("embed", c.name))
+                                         name=layer_name("embed", name))
                 parts.append(embed(lookup(x)))
     if not parts:
         raise TrainError("no feature has a value in the training split: nothing to train on")
