@@ -19,12 +19,20 @@ class ExportConfig(BaseModel):
     version: int | None = Field(None, ge=1, description="version number (default: one more than the highest so far)")
     warmup_records: int = Field(100, ge=0, le=1000, description="TF Serving warmup requests built from eval rows")
     keep: int | None = Field(None, ge=1, description="keep only the newest N versions (never the one just written)")
-    tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras")
+    tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras, and "
+                             "the served model from the SavedModel (regression: relative to the label's size)")
     tflite: str = Field(",".join(TFLITE_VARIANTS),
                         description="TFLite variants to build and measure, comma-separated ('' for none)")
     max_accuracy_drop: float = Field(0.01, ge=0, description="largest accuracy drop of a TFLite variant below "
-                                     "the SavedModel (relative RMSE rise for regression)")
+                                     "the SavedModel (classification)")
+    max_rmse_rise: float = Field(0.05, ge=0, description="largest relative rise of a TFLite variant's RMSE over "
+                                 "the SavedModel's (regression)")
+    drop_confidence: float = Field(0.95, ge=0.5, lt=1, description="a variant's drop counts only when it is beyond "
+                                   "the test split's sampling noise at this confidence (McNemar's test for "
+                                   "accuracy, a paired t-test for RMSE)")
     allow_drop: bool = Field(False, description="drop a variant that loses too much accuracy instead of failing")
+    allow_weak: bool = Field(False, description="publish a model no better than the trivial baseline (the majority "
+                             "class, or the mean label) on the test split, with a warning, instead of failing")
 
     @field_validator("tflite")
     @classmethod

@@ -84,6 +84,7 @@ def split_images(data, split: str, limit: int = 100000, formats: list[str] | Non
 
 def export_images(tmp: str, model: keras.Model, data, config, log) -> dict[str, Any]:
     """Write the SavedModel into `tmp` and everything beside it; returns what export.json records."""
+    from tfpipe.export.baseline import test_record
     from tfpipe.export.signatures import finish_signatures
 
     module = ImageServingModule(model, data.schema.label.classes)
@@ -97,10 +98,14 @@ def export_images(tmp: str, model: keras.Model, data, config, log) -> dict[str, 
                              for i in range(0, len(encoded), CHUNK)])
     loaded = tf.saved_model.load(tmp)
     check = check_reload(loaded, model, encoded, pixels, split, config.tolerance)
+    served = predict_all(loaded.signatures["serving_default"], encoded)
+    test = test_record(data.schema.label, {"distribution": data.train_stats().get("classes", {})}, split, served,
+                       labels, config.allow_weak, log)
     table = tflite_variants(tmp, loaded, model, data, encoded, pixels, labels, module.size, config, log) \
         if config.variants else []
     write_samples(tmp, loaded, data, split, encoded, labels, formats)
-    return {"signatures": list(SIGNATURES), "warmup_records": warm, "reload_check": check, "variants": table,
+    return {"signatures": list(SIGNATURES), "warmup_records": warm, "reload_check": check, "test": test,
+            "variants": table,
             "image": {"size": list(module.size), "classes": data.schema.label.classes,
                       "inputs": {"serving_default": BYTES_INPUT, "predict_pixels": PIXELS_INPUT}}}
 

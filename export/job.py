@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfpipe.export.baseline import better_than_baseline, test_record
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
@@ -91,10 +92,16 @@ def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log) 
     split = "test" if data.count("test") else "eval"
     raw, labels = _labelled_rows(data, split)
     loaded = tf.saved_model.load(tmp)
-    check = _check_reload(loaded, model, data, split, raw, config.tolerance)
-    table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) if config.variants else []
+    check, served = _check_reload(loaded, model, data, split, raw, config.tolerance)
+    test = test_record(data.schema.label, data.train_stats()["label"], split, served, labels, config.allow_weak, log)
+    kinds = sorted({c.kind for c in data.schema.features if c.kind})
+    if config.variants and kinds:
+        log(f"  TFLite variants not built: the model parses {' and '.join(kinds)} features from strings, and "
+            "TFLite's builtin ops have no string parsing (the SavedModel serves them)")
+    table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) \
+        if config.variants and not kinds else []
     return {"signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
-            "reload_check": check, "variants": table}
+            "reload_check": check, "test": test, "variants": table}
 
 
 def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
@@ -127,8 +134,9 @@ def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
 
 
 def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
-                  tolerance: float) -> dict[str, Any]:
-    """The SavedModel read back from disk must give the Keras model's predictions."""
+                  tolerance: float) -> tuple[dict[str, Any], np.ndarray]:
+    """The SavedModel read back from disk must give the Keras model's predictions: the check's
+    record, and the SavedModel's answers (probabilities; binary: the second class's)."""
     rows = _serving_rows(raw, data.schema)
     served = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in rows.items()})
     keras_inputs = {c.name: (rows[c.name].astype(np.float64) if c.type == "int" else rows[c.name])
@@ -138,11 +146,25 @@ def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, n
     got = served[key].numpy()
     if data.schema.label.task == "binary":
         got = got[:, 1]
+    if len(got) != len(expected):
+        raise ExportError(f"the reloaded SavedModel gave {len(got)} answers for {len(expected)} rows")
     diff = float(np.max(np.abs(got - expected))) if len(got) else 0.0
-    if not diff <= tolerance:
+    scale = output_scale(data)
+    if not diff <= tolerance * scale:
         raise ExportError(f"the reloaded SavedModel differs from the Keras model by {diff:.3g} "
-                          f"(> {tolerance:g}) on the {split} split; nothing was published")
-    return {"split": split, "rows": int(len(got)), "max_abs_diff": diff}
+                          f"(> {tolerance:g}" + (f" x the label's scale {scale:.6g}" if scale != 1.0 else "")
+                          + f") on the {split} split; nothing was published")
+    return {"split": split, "rows": int(len(got)), "max_abs_diff": diff, "scale": scale}, got
+
+
+def output_scale(data) -> float:
+    """What --tolerance is relative to: 1 for class probabilities; for a regression, the size
+    of the label's values in training (float32 carries 7 digits, so a price of 500,000 is
+    exact to 0.03 at best)."""
+    if data.schema.label.task != "regression":
+        return 1.0
+    label = data.train_stats()["label"]
+    return max(1.0, abs(label.get("min") or 0.0), abs(label.get("max") or 0.0))
 
 
 def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
@@ -211,6 +233,18 @@ def _prune(model_dir: str, removed: list[int]) -> list[int]:
     return removed
 
 
+def quality_text(test: dict[str, Any] | None) -> str:
+    """'; test accuracy 0.973 (majority class 0.442)' for a summary line; '' without a record."""
+    if not test:
+        return ""
+    metric = "rmse" if "rmse" in test else "accuracy"
+    baseline = test["baseline"]
+    trivial = "the majority class" if metric == "accuracy" else "predicting the mean"
+    weak = "" if better_than_baseline(test, baseline) else ": NO BETTER"
+    number = (lambda v: f"{v:.3f}") if metric == "accuracy" else (lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}")
+    return f"; {test['split']} {metric} {number(test[metric])} against {number(baseline[metric])} for {trivial}{weak}"
+
+
 def result(final: str) -> StageResult:
     """A published version for `tfpipe run`: its name and version, and the TFLite variants kept or dropped."""
     path = os.path.join(final, "assets.extra", "export.json")
@@ -220,5 +254,5 @@ def result(final: str) -> StageResult:
     kept = [v["variant"] for v in variants if not v.get("dropped")]
     dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
     summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
-               + (f" ({'; '.join(dropped)})" if dropped else ""))
+               + (f" ({'; '.join(dropped)})" if dropped else "") + quality_text(m.get("test")))
     return StageResult(path, summary, ExportOutputs(final, m["name"], m["version"]))

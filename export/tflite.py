@@ -24,7 +24,7 @@ from keras import layers, ops
 from tfpipe.export.errors import ExportError
 from tfpipe.export.signatures import finish_signatures
 from tfpipe.pipeline.schema import Schema
-from tfpipe.train.model import TRAINER, feature_layers
+from tfpipe.train.model import DENORMALIZE, TRAINER, feature_layers
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
 NUMERIC_BLOCK = "numeric_block"
@@ -55,10 +55,16 @@ class NumericBlock(layers.Layer):
                       if any(n.clip for n in norms) else None)
         self.flags = [i for i, n in enumerate(norms) if n.flag_missing]
         self.width = len(norms) + len(self.flags)
+        # the features taken in log scale first (ImputeNormalize's log1p)
+        self.logs = np.array([bool(getattr(n, "log1p", False)) for n in norms]) if any(
+            getattr(n, "log1p", False) for n in norms) else None
 
     def call(self, columns):
         x = ops.stack([ops.cast(c, "float32") for c in columns], axis=-1)
         missing = ops.isnan(x)
+        if self.logs is not None:
+            logged = ops.log(1.0 + ops.maximum(ops.where(missing, 0.0, x), 0.0))
+            x = ops.where(self.logs, logged, x)
         z = x
         for step in self.steps:
             z = z * step
@@ -146,7 +152,10 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
     features = layers.Concatenate(dtype="float32")(parts) if len(parts) > 1 else parts[0]
     if order != sorted(order):
         features = Reorder(order, name="trained_order")(features)
-    return keras.Model(inputs, trainer(features), name="device_model"), vocabularies
+    out = trainer(features)
+    if any(layer.name == DENORMALIZE for layer in model.layers):  # a regression: back to the label's units
+        out = model.get_layer(DENORMALIZE)(out)
+    return keras.Model(inputs, out, name="device_model"), vocabularies
 
 
 def device_inputs(raw: dict[str, np.ndarray], schema: Schema, vocabularies: dict[str, list[str]]) -> dict[str, np.ndarray]:
@@ -172,6 +181,9 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
       QuantizationDebugger): quantized, the stacked raw numbers share one int8 scale set by
       the largest (Unix timestamps, ~1.4e9), so every other number read as 0. Its output,
       clipped z-scores and 0/1 flags, is quantized where it meets the strings' columns.
+    - A regression's Denormalize stays float too: its sums of the label's mean in float16
+      parts, quantized to 8 bits, would round every prediction to a step of ~1/256 of the
+      label's size.
     - Dense weights get one scale per tensor, not per output channel: the per-channel
       scale and zero-point tables were 9 of 68 KB, and accuracy was the same.
     Tensor names (debug information) are stripped from every variant; the signature and
@@ -198,7 +210,7 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
             # was 25.5 KB against 29.9 KB per channel (0.37x against 0.44x float32's 68.4 KB), at the
             # same test accuracy, 0.9118 (2026-11-25). The converter has no public switch for it.
             conv._experimental_disable_per_channel = True
-            keep_float = [n for n in float_names if NUMERIC_BLOCK in n]
+            keep_float = [n for n in float_names if NUMERIC_BLOCK in n or DENORMALIZE in n]
             with warnings.catch_warnings():  # it builds a tf.lite.Interpreter we never run (LiteRT does)
                 warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
                 debugger = tf.lite.experimental.QuantizationDebugger(
@@ -276,12 +288,42 @@ def measure(predict_one, predict_all, inputs: dict[str, np.ndarray], labels: np.
             "latency_ms_p99": round(float(np.percentile(times, 99)) * 1e3, 4)}
 
 
-def _quality(pred: np.ndarray, labels: np.ndarray, task: str) -> dict[str, float]:
+def _quality(pred: np.ndarray, labels: np.ndarray, task: str) -> dict[str, Any]:
+    """The metric over all rows, and each row's part of it under PER_ROW (not kept in JSON):
+    whether it was right (classification) or its squared error (regression)."""
     pred = np.asarray(pred).reshape(len(labels), -1)
     if task == "regression":
-        return {"rmse": float(np.sqrt(np.mean((pred[:, 0] - labels) ** 2)))}
+        error = pred[:, 0].astype(np.float64) - labels
+        return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
+                PER_ROW: error ** 2}
     classes = (pred[:, 0] >= 0.5).astype(np.int64) if task == "binary" else pred.argmax(axis=1)
-    return {"accuracy": float(np.mean(classes == labels))}
+    right = classes == labels
+    return {"accuracy": float(np.mean(right)), PER_ROW: right}
+
+
+PER_ROW = "_per_row"
+
+
+def drop_beyond_noise(saved: np.ndarray, variant: np.ndarray, task: str) -> float:
+    """The one-sided p-value of "the variant is no worse than the SavedModel" on the same rows;
+    a small value says its drop is beyond what the test split's size can tell apart from chance.
+
+    Classification, McNemar's exact test: of the rows the two models disagree on, the variant
+    gets b wrong and c right; with no real difference b is Binomial(b + c, 1/2).
+    Regression, a paired t-test on the rows' squared errors (variant minus SavedModel)."""
+    from scipy import stats
+
+    if task != "regression":
+        b = int(np.sum(saved & ~variant))
+        c = int(np.sum(~saved & variant))
+        return float(stats.binom.sf(b - 1, b + c, 0.5)) if b + c else 1.0
+    d = np.asarray(variant, np.float64) - np.asarray(saved, np.float64)
+    if len(d) < 2:
+        return 1.0
+    spread = float(np.std(d, ddof=1))
+    if spread == 0.0:
+        return 0.0 if d.mean() > 0 else 1.0
+    return float(stats.t.sf(d.mean() / (spread / np.sqrt(len(d))), len(d) - 1))
 
 
 def litert_runner(model_bytes: bytes):
@@ -310,8 +352,13 @@ def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], qu
                     config, log) -> list[dict[str, Any]]:
     """Measure each converted variant (`quality(blob)`: its metric and latencies) against the
     SavedModel's row that starts `table`, write the ones kept into `folder`, print the table;
-    a variant that loses more than --max-accuracy-drop fails the export (--allow-drop: left out)."""
+    a variant that loses more than --max-accuracy-drop (regression: whose RMSE rises more than
+    --max-rmse-rise), beyond the test split's noise, fails the export (--allow-drop: left out)."""
     saved = table[0]
+    per_row = saved.pop(PER_ROW)
+    task = "regression" if metric == "rmse" else "classification"
+    limit, flag = ((config.max_rmse_rise, "--max-rmse-rise") if task == "regression"
+                   else (config.max_accuracy_drop, "--max-accuracy-drop"))
     failed = []
     for variant, blob in converted.items():
         row = {"variant": variant, "bytes": len(blob), **quality(blob)}
@@ -319,11 +366,13 @@ def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], qu
             row["drop"] = round(saved["accuracy"] - row["accuracy"], 6)
         else:
             row["drop"] = round((row["rmse"] - saved["rmse"]) / max(saved["rmse"], 1e-12), 6)
+        row["p_value"] = round(drop_beyond_noise(per_row, row.pop(PER_ROW), task), 6)
         row["ratio_bytes_vs_float32"] = round(len(blob) / len(converted.get("float32", blob)), 4)
-        if row["drop"] > config.max_accuracy_drop:
+        # A drop counts when it is both over the limit and beyond the test split's sampling noise.
+        if row["drop"] > limit and row["p_value"] < 1 - config.drop_confidence:
             failed.append(row)
             if config.allow_drop:
-                log(f"  dropping {variant}: {metric} drops {row['drop']:.4f} > {config.max_accuracy_drop:g}")
+                log(f"  dropping {variant}: {_drop_text(row, saved, metric)}")
                 table.append({**row, "dropped": True})
                 continue
         with open(os.path.join(folder, f"{variant}.tflite"), "wb") as f:
@@ -332,15 +381,24 @@ def record_variants(table: list[dict[str, Any]], converted: dict[str, bytes], qu
     for line in format_table(table, metric):
         log(line)
     if failed and not config.allow_drop:
-        names = ", ".join(f"{r['variant']} (-{r['drop']:.4f})" for r in failed)
-        raise ExportError(f"TFLite variant(s) {names} lose more {metric} than --max-accuracy-drop "
-                          f"{config.max_accuracy_drop:g}; nothing was published (--allow-drop skips them)")
+        names = "; ".join(f"{r['variant']}: {_drop_text(r, saved, metric)}" for r in failed)
+        raise ExportError(f"TFLite variant(s) lose more {metric} than {flag} {limit:g} "
+                          f"beyond the test split's noise at {config.drop_confidence:.0%} confidence ({names}); "
+                          "nothing was published. To publish without them: --allow-drop (tfpipe export) or "
+                          "--set export.allow_drop=true (tfpipe run)")
     return table
 
 
+def _drop_text(row: dict[str, Any], saved: dict[str, Any], metric: str) -> str:
+    """'accuracy 0.9500 -> 0.9000 (p=0.03)': both values, so the direction needs no sign."""
+    rise = f", {row['drop']:+.1%} relative" if metric == "rmse" else ""
+    return f"{metric} {saved[metric]:.4f} -> {row[metric]:.4f}{rise} (p={row['p_value']:.3g})"
+
+
 def format_table(table: list[dict[str, Any]], metric: str) -> list[str]:
+    # drop: accuracy lost, or the RMSE's relative rise; positive is worse either way
     lines = [f"  {'variant':11s} {'size':>10s} {metric:>9s} {'drop':>8s} {'p50 ms':>8s} {'p99 ms':>8s}"]
     for r in table:
-        lines.append(f"  {r['variant']:11s} {r['bytes'] / 1024:>8.1f}KB {r[metric]:>9.4f} {r['drop']:>8.4f} "
+        lines.append(f"  {r['variant']:11s} {r['bytes'] / 1024:>8.1f}KB {r[metric]:>9.4f} {r['drop']:>+8.4f} "
                      f"{r['latency_ms_p50']:>8.3f} {r['latency_ms_p99']:>8.3f}" + ("  dropped" if r.get("dropped") else ""))
     return lines

@@ -20,6 +20,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from tfpipe.pipeline.dates import is_date_value, iso_text, parse_seconds
 from tfpipe.pipeline.errors import DataError, worker_data_error
 from tfpipe.pipeline.inputs import Segment
 from tfpipe.pipeline.schema import Schema
@@ -170,6 +171,8 @@ class Validator:
         reasons: dict[int, str] = {}
         for c in self.columns:
             values, present, problems = converted[c.name]
+            if c.kind == "date":
+                problems = {**_date_problems(values, present), **(problems or {})}
             for i, problem in (problems or {}).items():
                 if ok[i]:
                     reasons[i] = f"column '{c.name}': {problem}"
@@ -200,6 +203,12 @@ class Validator:
         else:
             columns = {name: Column(v, p) for name, (v, p, _) in converted.items()}
         return Batch(source, lines, raws, keys, columns, bad)
+
+
+def _date_problems(values: np.ndarray, present: np.ndarray) -> dict[int, str]:
+    """The rows of a date column whose value is not an ISO-8601 date or time (pipeline.dates)."""
+    return {int(i): f"{values[i]!r} is not an ISO-8601 date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM])"
+            for i in np.flatnonzero(present) if parse_seconds(str(values[i])) is None}
 
 
 def _dead(source: str, line: int, raw: str, reason: str) -> dict[str, Any]:
@@ -325,8 +334,10 @@ def _accept(v: Any, type_: str) -> Any:
     if isinstance(v, (list, dict)):
         return _REJECT
     if type_ == "string":
-        # JSON numbers in a string column are kept as their text.
-        return v if isinstance(v, str) else _json_text(v)
+        # JSON numbers in a string column are kept as their text; dates and times as ISO-8601.
+        if isinstance(v, str):
+            return v
+        return iso_text(v) if is_date_value(v) else _json_text(v)
     if isinstance(v, bool):
         return int(v)
     if type_ == "int":

@@ -14,6 +14,7 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from tfpipe.pipeline.dates import is_date_value, parse_seconds
 from tfpipe.pipeline.errors import DataError
 
 SCHEMA_VERSION = 1
@@ -23,11 +24,18 @@ TASKS = ("binary", "multiclass", "regression")
 MAX_INT_CLASSES = 20
 
 
+# What a string feature holds beyond its storage type, when it is not a category: "date" (ISO-8601
+# text or a Parquet date/timestamp, stored as text; the model parses it) or "text" (free text,
+# vectorised by words inside the model).
+KINDS = ("date", "text")
+
+
 @dataclass
 class Feature:
     name: str
     type: str  # one of TYPES
     nullable: bool = True
+    kind: str | None = None  # one of KINDS, for a "string" feature; None: a number or a category
 
 
 @dataclass
@@ -61,7 +69,7 @@ class Schema:
         return {
             "version": SCHEMA_VERSION,
             "label": asdict(self.label),
-            "features": [asdict(f) for f in self.features],
+            "features": [{k: v for k, v in asdict(f).items() if k != "kind" or v is not None} for f in self.features],
             "key": self.key,
             "excluded": list(self.excluded),
             "tf_example": {
@@ -89,11 +97,15 @@ class Schema:
             for i, f in enumerate(features):
                 if not isinstance(f, dict) or "name" not in f or "type" not in f:
                     raise ValueError(f"features[{i}] needs 'name' and 'type'")
-                unknown = set(f) - {"name", "type", "nullable"}
+                unknown = set(f) - {"name", "type", "nullable", "kind"}
                 if unknown:
                     raise ValueError(f"features[{i}] has unknown key(s) {sorted(unknown)}")
                 _check_type(f["type"], f"features[{i}].type")
-                feats.append(Feature(str(f["name"]), f["type"], bool(f.get("nullable", True))))
+                kind = f.get("kind")
+                if kind is not None and (kind not in KINDS or f["type"] != "string"):
+                    raise ValueError(f"features[{i}].kind is {kind!r}; a string feature's kind may be "
+                                     f"{', '.join(KINDS)} (or absent)")
+                feats.append(Feature(str(f["name"]), f["type"], bool(f.get("nullable", True)), kind))
             _check_type(label.get("type"), "label.type")
             task = label.get("task")
             if task not in TASKS:
@@ -174,6 +186,7 @@ def load_schema(path: str) -> Schema:
 # A column is numeric when at least this share of its sampled values parse as numbers;
 # the few that do not are bad rows (dead-letter), not a reason to make it a string column.
 NUMERIC_SHARE = 0.98
+TEXT_WORDS, TEXT_DISTINCT = 2.5, 0.5  # free text: words per value on average, and distinct values
 
 
 class _TypeVote:
@@ -186,6 +199,13 @@ class _TypeVote:
         self.seen = 0
         self.missing = 0
         self.values: set[Any] = set()
+        self.dates = 0  # ISO-8601 texts, or date/timestamp values
+        self.words = 0  # words in the texts, to tell free text from categories
+
+    def _add_string(self, text: str) -> None:
+        if parse_seconds(text) is not None:
+            self.dates += 1
+        self.words += len(text.split())
 
     def add_text(self, text: str) -> None:
         if text == "" or text in self.na_values:
@@ -201,7 +221,7 @@ class _TypeVote:
                 float(text)
                 self.floats += 1
             except ValueError:
-                pass
+                self._add_string(text)
         if len(self.values) <= 1000:
             self.values.add(text)
 
@@ -215,6 +235,10 @@ class _TypeVote:
             self.floats += 1
         elif isinstance(value, float):
             self.floats += 1  # JSON and Parquet say float: keep it float even if integral
+        elif is_date_value(value):
+            self.dates += 1
+        elif isinstance(value, str):
+            self._add_string(value)
         if len(self.values) <= 1000 and not isinstance(value, (list, dict)):
             self.values.add(value)
 
@@ -225,6 +249,20 @@ class _TypeVote:
         if self.ints >= NUMERIC_SHARE * self.seen:
             return "int"
         return "float" if self.floats >= NUMERIC_SHARE * self.seen else "string"
+
+    @property
+    def kind(self) -> str | None:
+        """"date" when (nearly) every value is a date or time; "text" when the values are
+        several words each (TEXT_WORDS on average) and mostly distinct (TEXT_DISTINCT of the
+        values seen), as sentences are and categories are not; else None."""
+        if self.type != "string" or self.seen == 0:
+            return None
+        if self.dates >= NUMERIC_SHARE * self.seen:
+            return "date"
+        distinct = len(self.values) / min(self.seen, 1001)
+        if self.words / self.seen >= TEXT_WORDS and distinct >= TEXT_DISTINCT and self.seen >= 20:
+            return "text"
+        return None
 
 
 def infer_schema(
@@ -284,7 +322,7 @@ def infer_schema(
             raise DataError(f"label column '{label}' holds non-integer numbers; use --task regression")
         classes = sorted({c for c in (_typed(v, label_type) for v in distinct) if c is not None})
     features = [
-        Feature(c, votes[c].type, nullable=votes[c].missing > 0) for c in votes if c != label
+        Feature(c, votes[c].type, nullable=votes[c].missing > 0, kind=votes[c].kind) for c in votes if c != label
     ]
     return Schema(features, Label(label, label_type, task, classes), key=key, excluded=excluded)
 

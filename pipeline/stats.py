@@ -14,7 +14,9 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
+from tfpipe.pipeline.dates import parse_seconds
 from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.text import words
 from tfpipe.pipeline.schema import Schema
 
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
@@ -75,53 +77,79 @@ class QuantileSketch:
         return [float(values[min(np.searchsorted(cum, q * total, side="left"), len(values) - 1)]) for q in qs]
 
 
-class NumericStats:
-    def __init__(self) -> None:
-        self.count = 0
-        self.missing = 0
-        self.mean = 0.0
-        self.m2 = 0.0
-        self.min = np.inf
-        self.max = -np.inf
-        self.sketch = QuantileSketch()
+class Moments:
+    """Count, mean and sum of squared deviations, merged by Chan's parallel update."""
 
-    def add(self, col: Column) -> None:
-        values = col.values[col.present].astype(np.float64)
-        self.missing += int(len(col.present) - len(values))
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, values: np.ndarray) -> None:
         if len(values):
             mean = float(values.mean())
-            self._combine(len(values), mean, float(((values - mean) ** 2).sum()))
-            self.min = min(self.min, float(values.min()))
-            self.max = max(self.max, float(values.max()))
-            self.sketch.add(values)
+            self.combine(len(values), mean, float(((values - mean) ** 2).sum()))
 
-    def _combine(self, n: int, mean: float, m2: float) -> None:
+    def combine(self, n: int, mean: float, m2: float) -> None:
+        if not n:
+            return
         total = self.count + n
         delta = mean - self.mean
         self.mean += delta * n / total
         self.m2 += m2 + delta * delta * self.count * n / total
         self.count = total
 
+    def result(self) -> dict[str, float] | None:
+        return {"mean": self.mean, "variance": self.m2 / self.count} if self.count else None
+
+
+class NumericStats:
+    def __init__(self) -> None:
+        self.moments = Moments()
+        self.missing = 0
+        self.min = np.inf
+        self.max = -np.inf
+        self.sketch = QuantileSketch()
+        # log(1 + x) moments, for a column that never goes below 0: what a heavy-tailed
+        # column (spending, counts, durations) is normalised by in the model
+        self.log1p = Moments()
+
+    @property
+    def count(self) -> int:
+        return self.moments.count
+
+    def add(self, col: Column) -> None:
+        values = col.values[col.present].astype(np.float64)
+        self.missing += int(len(col.present) - len(values))
+        if len(values):
+            self.moments.add(values)
+            self.min = min(self.min, float(values.min()))
+            self.max = max(self.max, float(values.max()))
+            self.sketch.add(values)
+            if self.min >= 0:
+                self.log1p.add(np.log1p(values))
+
     def merge(self, other: "NumericStats") -> None:
         self.missing += other.missing
         if other.count:
-            self._combine(other.count, other.mean, other.m2)
+            self.moments.combine(other.moments.count, other.moments.mean, other.moments.m2)
             self.min = min(self.min, other.min)
             self.max = max(self.max, other.max)
             self.sketch.merge(other.sketch)
+            self.log1p.combine(other.log1p.count, other.log1p.mean, other.log1p.m2)
 
     def result(self) -> dict[str, Any]:
         empty = self.count == 0
+        variance = None if empty else self.moments.m2 / self.count
         return {
             "kind": "numeric",
             "count": self.count,
             "missing": self.missing,
-            "mean": None if empty else self.mean,
-            "variance": None if empty else self.m2 / self.count,
-            "std": None if empty else float(np.sqrt(self.m2 / self.count)),
+            "mean": None if empty else self.moments.mean,
+            "variance": variance,
+            "std": None if empty else float(np.sqrt(variance)),
             "min": None if empty else self.min,
             "max": None if empty else self.max,
             "quantiles": dict(zip((f"{q:g}" for q in QUANTILES), self.sketch.quantiles(QUANTILES))),
+            "log1p": self.log1p.result() if not empty and self.min >= 0 else None,
         }
 
 
@@ -167,6 +195,65 @@ class StringStats:
         }
 
 
+class DateStats:
+    """A date column: numeric statistics of its seconds since the epoch, and which hours,
+    weekdays and months occur (the model adds each of them as a feature only where it varies)."""
+
+    def __init__(self) -> None:
+        self.seconds = NumericStats()
+        self.hours: set[int] = set()
+        self.weekdays: set[int] = set()
+        self.months: set[int] = set()
+
+    def add(self, col: Column) -> None:
+        values = col.values[col.present]
+        seconds = np.array([parse_seconds(str(v)) for v in values], dtype=np.float64)
+        self.seconds.add(Column(seconds, np.ones(len(seconds), bool)))
+        self.seconds.missing += int(len(col.present) - len(values))
+        if len(seconds):
+            days = np.floor(seconds / 86400).astype(np.int64)
+            self.hours.update(((seconds - days * 86400) // 3600).astype(np.int64).tolist())
+            self.weekdays.update(((days + 3) % 7).tolist())  # 1970-01-01 was a Thursday: Monday is 0
+            self.months.update(_months(days).tolist())
+
+    def merge(self, other: "DateStats") -> None:
+        self.seconds.merge(other.seconds)
+        self.hours |= other.hours
+        self.weekdays |= other.weekdays
+        self.months |= other.months
+
+    def result(self) -> dict[str, Any]:
+        return {**self.seconds.result(), "kind": "date", "hours": sorted(self.hours),
+                "weekdays": sorted(self.weekdays), "months": sorted(self.months)}
+
+
+def _months(days: np.ndarray) -> np.ndarray:
+    """The month (1-12) of each day since the epoch (the inverse of days_from_civil)."""
+    z = days + 719468
+    era = np.floor_divide(z, 146097)
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    return np.where(mp < 10, mp + 3, mp - 9)
+
+
+class TextStats(StringStats):
+    """A free-text column: in how many rows each word occurs (its document frequency), pruned
+    to a bound like a category's values; the vocabulary and idf weights the model is built with."""
+
+    def add(self, col: Column) -> None:
+        values = col.values[col.present]
+        self.missing += int(len(col.present) - len(values))
+        self.count += len(values)
+        for text in values.tolist():
+            self.counts.update(set(words(str(text))))
+        self._prune()
+
+    def result(self, top_k: int) -> dict[str, Any]:
+        return {**super().result(top_k), "kind": "text", "documents": self.count}
+
+
 class SplitStatsFn(beam.CombineFn):
     """Combines batches of columns of one split into that split's statistics."""
 
@@ -186,7 +273,12 @@ class SplitStatsFn(beam.CombineFn):
         acc: dict[str, Any] = {"rows": 0}
         for c in schema.columns:
             is_class = c.name == schema.label.name and schema.label.task != "regression"
-            acc[c.name] = StringStats(bound) if c.type == "string" or is_class else NumericStats()
+            if c.kind == "date":
+                acc[c.name] = DateStats()
+            elif c.kind == "text":
+                acc[c.name] = TextStats(bound)
+            else:
+                acc[c.name] = StringStats(bound) if c.type == "string" or is_class else NumericStats()
         return acc
 
     def add_input(self, acc: dict[str, Any], columns: dict[str, Column]) -> dict[str, Any]:
@@ -212,7 +304,7 @@ class SplitStatsFn(beam.CombineFn):
         out: dict[str, Any] = {"rows": acc["rows"], "features": {}}
         for c in schema.features:
             stats = acc[c.name]
-            out["features"][c.name] = stats.result(self.top_k) if isinstance(stats, StringStats) else stats.result()
+            out["features"][c.name] = stats.result(self.top_k) if isinstance(stats, StringStats) else stats.result()  # text too
         label = acc[schema.label.name]
         if isinstance(label, StringStats):
             dist = label.result(len(label.counts))

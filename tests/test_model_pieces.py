@@ -55,3 +55,308 @@ def test_a_user_error_keeps_its_own_first_line():
     from tfpipe.run import error_line
 
     assert error_line(UserError("label column 'y' not found:\n  columns: a, b")) == "label column 'y' not found:"
+
+
+# ---- a regression's target in standard units ------------------------------------------------------------
+
+@pytest.mark.parametrize("mean, std", [
+    (500_000.0, 200_000.0),   # prices: beyond float16's 65504
+    (0.3, 0.01),
+    (1e6, 10.0),              # a large mean with a small spread
+    (-2000.0, 5.0),
+    (3.0, 1.0),
+    (1.4e9, 1e-3),            # a timestamp-like label
+])
+def test_denormalize_gives_the_labels_units_with_every_constant_exact_in_float16(mean, std):
+    import numpy as np
+
+    from tfpipe.train.model import Denormalize
+
+    layer = Denormalize(mean, std)
+    z = np.array([-3.0, -0.5, 0.0, 1.25, 4.0], np.float32)
+    got = np.asarray(layer(z), np.float64)
+    want = z.astype(np.float64) * std + mean
+    # float32 arithmetic: a few units in the last place of the answer
+    assert np.all(np.abs(got - want) <= 4e-7 * np.maximum(1.0, np.abs(want))), (got, want)
+    constants = layer._shrink + layer._scales + layer._terms + layer._steps
+    assert all(float(np.float16(c)) == c and abs(c) <= 65504 for c in constants)
+
+
+def test_a_regressions_labels_are_standardised_for_the_trainer_only():
+    import numpy as np
+
+    from tfpipe.pipeline.schema import Feature, Label, Schema
+    from tfpipe.train.data import label_encoder
+
+    schema = Schema([Feature("x", "float")], Label("price", "float", "regression"))
+    y = np.array([300_000.0, 500_000.0, 900_000.0], np.float32)
+    assert np.allclose(label_encoder(schema, (500_000.0, 200_000.0))(y).numpy(), [-1.0, 0.0, 2.0])
+    assert np.allclose(label_encoder(schema)(y).numpy(), y)
+
+
+@pytest.mark.parametrize("true, pred, std, mae, rmse", [
+    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], 1.0, 4 / 3, (6 / 3) ** 0.5),
+    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], 100_000.0, 4e5 / 3, 1e5 * (6 / 3) ** 0.5),  # standard units -> label's
+])
+def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, std, mae, rmse):
+    import numpy as np
+
+    from tfpipe.train.model import loss_and_metrics
+
+    _, (m_mae, m_rmse) = loss_and_metrics("regression", std)
+    # in two batches of unequal size: a per-batch mean would weigh the single row as much as the pair
+    for sl in (slice(0, 2), slice(2, 3)):
+        m_mae.update_state(np.array(true[sl], np.float32), np.array(pred[sl], np.float32))
+        m_rmse.update_state(np.array(true[sl], np.float32), np.array(pred[sl], np.float32))
+    assert float(m_mae.result()) == pytest.approx(mae, rel=1e-6)
+    assert float(m_rmse.result()) == pytest.approx(rmse, rel=1e-6)
+
+
+# ---- defaults that follow the data's size -----------------------------------------------------------------
+
+@pytest.mark.parametrize("examples, given, batch, epochs, patience", [
+    (139, {}, 16, 112, 11),          # 182 images of three shapes: 9 steps an epoch, not 1
+    (240, {}, 16, 67, 6),            # a 300-row table
+    (1_588, {}, 32, 30, 5),
+    (40_000, {}, 256, 30, 5),
+    (275, {"epochs": 40, "patience": 8}, 16, 40, 8),   # what the user set stays
+    (275, {"batch_size": 256}, 256, 200, 20),          # one step an epoch: the most epochs
+])
+def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience):
+    from tfpipe.train.config import TrainConfig
+
+    config, note = TrainConfig(**given).sized(examples)
+    assert (config.batch_size, config.epochs, config.patience) == (batch, epochs, patience)
+    assert (note == "") == (len(given) == 3)
+
+
+# ---- the trivial baseline -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("task, classes, train_label, labels, expected", [
+    ("multiclass", ["circle", "square", "triangle"], {"distribution": {"circle": 40, "square": 50, "triangle": 49}},
+     [1, 1, 0, 2], {"accuracy": 0.5}),
+    ("binary", [0, 1], {"distribution": {"0": 70, "1": 30}}, [0, 1, 1, 1], {"accuracy": 0.25}),
+    ("regression", None, {"mean": 10.0}, [8.0, 12.0], {"rmse": 2.0, "mae": 2.0}),
+])
+def test_the_trivial_baseline_predicts_the_majority_class_or_the_mean(task, classes, train_label, labels, expected):
+    import numpy as np
+
+    from tfpipe.export.baseline import trivial_baseline
+
+    got = trivial_baseline(task, classes, train_label, np.array(labels))
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value)
+
+
+@pytest.mark.parametrize("test, allow_weak, refused", [
+    ({"accuracy": 0.41, "baseline": {"accuracy": 0.41, "predicts": "the majority class"}}, False, True),
+    ({"accuracy": 0.42, "baseline": {"accuracy": 0.41, "predicts": "the majority class"}}, False, False),
+    ({"rmse": 5.0, "baseline": {"rmse": 5.0, "predicts": "the training mean"}}, False, True),
+    ({"rmse": 4.0, "baseline": {"rmse": 5.0, "predicts": "the training mean"}}, False, False),
+    ({"accuracy": 0.30, "baseline": {"accuracy": 0.41, "predicts": "the majority class"}}, True, False),
+])
+def test_a_model_no_better_than_the_baseline_is_not_published(test, allow_weak, refused):
+    from tfpipe.export.baseline import check_baseline
+    from tfpipe.export.errors import ExportError
+
+    test = {"split": "test", "rows": 40, **test}
+    warnings = []
+    if refused:
+        with pytest.raises(ExportError, match="no better than .*--set export.allow_weak=true"):
+            check_baseline(test, allow_weak, warnings.append)
+    else:
+        check_baseline(test, allow_weak, warnings.append)
+        assert bool(warnings) == allow_weak
+
+
+# ---- the export gate's noise bound ------------------------------------------------------------------------
+
+def _flips(n: int, worse: int, better: int = 0):
+    import numpy as np
+
+    saved = np.ones(n, bool)
+    saved[:better] = False
+    variant = saved.copy()
+    variant[better:better + worse] = False
+    variant[:better] = True
+    return saved, variant
+
+
+@pytest.mark.parametrize("n, worse, better, significant", [
+    (96, 1, 0, False),     # one row of 96 flipped: a 1-point drop, and chance alone does that
+    (96, 4, 0, False),     # p = 1/16
+    (96, 5, 0, True),      # p = 1/32
+    (1000, 12, 10, False),  # disagreements both ways
+    (1000, 40, 5, True),
+])
+def test_an_accuracy_drop_counts_only_beyond_the_noise_of_the_rows_it_was_measured_on(n, worse, better, significant):
+    from tfpipe.export.tflite import drop_beyond_noise
+
+    saved, variant = _flips(n, worse, better)
+    assert (drop_beyond_noise(saved, variant, "classification") < 0.05) is significant
+
+
+@pytest.mark.parametrize("n, shift, significant", [
+    (200, None, False),  # errors of the same size: another draw
+    (200, 1.0, True),    # every error a whole unit larger
+    (4, 0.3, False),     # a rise, but four rows cannot tell it from chance
+])
+def test_an_rmse_rise_counts_only_beyond_the_noise_of_the_paired_errors(n, shift, significant):
+    import numpy as np
+
+    from tfpipe.export.tflite import drop_beyond_noise
+
+    rng = np.random.default_rng(0)
+    error = rng.normal(0, 1, n)
+    other = rng.normal(0, 1, n) if shift is None else error + shift + rng.normal(0, 0.5, n)
+    saved, variant = error ** 2, other ** 2
+    assert (drop_beyond_noise(saved, variant, "regression") < 0.05) is significant
+
+
+# ---- the serve step's check, relative to the answers' size ------------------------------------------------
+
+@pytest.mark.parametrize("want, got, passes", [
+    (500_000.0, 500_000.03125, True),   # one float32 step at 500,000
+    (500_000.0, 500_010.0, False),
+    (0.5, 0.500001, True),
+    (0.5, 0.51, False),
+])
+def test_the_served_answer_check_is_relative_to_each_values_size(want, got, passes):
+    import numpy as np
+
+    from tfpipe.serve.stage import CheckFailed, compare
+
+    args = ("REST", {"y": np.array([want], np.float64)}, {"y": np.array([got])}, 1e-5)
+    if passes:
+        assert compare(*args) == pytest.approx(abs(got - want))
+    else:
+        with pytest.raises(CheckFailed):
+            compare(*args)
+
+
+# ---- dates: one set of rules in the data stage and in the model's graph ------------------------------------
+
+DATE_TEXTS = [
+    "2024-01-01", "2024-01-01 00:34:11", "2024-01-01T00:34:11Z", "2024-01-01T00:34", "2024-01-01T10:00Z",
+    "2024-03-01T05:30+05:30", "2024-03-01T05:30:15.123-0800", "2024-01-01T10:00:00+0130", " 2024-05-05 ",
+    "1969-12-31T23:59:59", "1900-02-28", "2400-02-29", "2024-02-29",
+    # not dates: the model reads them as missing, the data stage as bad rows
+    "", "hello", "2024-13-01", "2024-02-30", "2023-02-29", "2024-01-01T24:00:00", "2024-1-1", "01/02/2024",
+]
+
+
+def test_the_graph_parses_dates_exactly_as_the_data_stage_does():
+    import numpy as np
+    import tensorflow as tf
+
+    from tfpipe.pipeline.dates import parse_seconds
+    from tfpipe.train.kinds import ParseDate
+
+    rng = np.random.default_rng(0)
+    texts = DATE_TEXTS + [f"{y:04d}-{m:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}" for y, m, d, h, mi, s in
+                          zip(rng.integers(1800, 2200, 300), rng.integers(1, 13, 300), rng.integers(1, 29, 300),
+                              rng.integers(0, 24, 300), rng.integers(0, 60, 300), rng.integers(0, 60, 300))]
+    got = ParseDate()(tf.constant(texts)).numpy()
+    for text, seconds in zip(texts, got, strict=True):
+        want = parse_seconds(text)
+        assert (np.isnan(seconds) if want is None else seconds == want), (text, want, seconds)
+    assert sum(parse_seconds(t) is None for t in DATE_TEXTS) == 8
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("1970-01-01", 0.0),
+    ("2024-01-01T00:34:11Z", 1704069251.0),
+    ("2024-01-01 05:30+05:30", 1704067200.0),
+    ("1969-12-31T23:59:59", -1.0),
+])
+def test_dates_are_seconds_since_the_epoch_in_utc(text, seconds):
+    from tfpipe.pipeline.dates import parse_seconds
+
+    assert parse_seconds(text) == seconds
+
+
+def test_date_features_give_hour_weekday_and_month_where_training_varied():
+    import numpy as np
+
+    from tfpipe.pipeline.dates import parse_seconds
+    from tfpipe.train.kinds import DateFeatures
+
+    layer = DateFeatures(1.7e9, 1e8, ["hour", "weekday", "month"])
+    out = np.asarray(layer(np.array([parse_seconds("2024-01-01T13:00:00"), np.nan])))  # a Monday in January
+    assert out.shape == (2, 2 + 24 + 7 + 12)
+    assert list(np.flatnonzero(out[0, 2:])) == [13, 24 + 0, 24 + 7 + 0]
+    assert out[1, 1] == 1.0 and not out[1, 2:].any()  # missing: flagged, no calendar part
+
+
+def test_the_data_stage_counts_a_date_columns_calendar_parts():
+    import numpy as np
+
+    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.stats import DateStats
+
+    stats = DateStats()
+    values = np.array(["2024-01-01", "2024-01-02", "2024-02-03", ""], dtype=object)
+    stats.add(Column(values, values != ""))
+    out = stats.result()
+    assert (out["count"], out["missing"], out["hours"], out["weekdays"], out["months"]) == (3, 1, [0], [0, 1, 5], [1, 2])
+
+
+# ---- free text: the data stage's words are the model's ------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "Great and EXCELLENT!", "terrible, awful... (really)", "it's a 10/10 - would buy", "  spaces\tand\nlines  ",
+    "Été brûlant", "e-mail: a@b.c", "",
+])
+def test_the_data_stage_splits_text_into_the_words_textvectorization_looks_up(text):
+    import keras
+
+    from tfpipe.pipeline.text import words
+
+    layer = keras.layers.TextVectorization(output_mode="int")
+    layer.adapt([text or "x"])
+    vocabulary = set(layer.get_vocabulary()[2:])  # after the padding and OOV tokens
+    assert set(words(text)) == (vocabulary if text else set())
+
+
+# ---- what a column holds -------------------------------------------------------------------------------------
+
+def _column(values, textual=True):
+    from tfpipe.pipeline.schema import infer_schema
+
+    rows = [{"c": v, "y": str(i % 2) if textual else i % 2} for i, v in enumerate(values)]
+    return infer_schema(["c", "y"], rows, "y", textual=textual).features[0]
+
+
+@pytest.mark.parametrize("values, textual, type_, kind", [
+    ([f"2024-01-{d:02d}" for d in range(1, 29)], True, "string", "date"),
+    ([f"2024-01-01 {h:02d}:00:00" for h in range(24)], True, "string", "date"),
+    ([f"this is review number {i}, and it was fine" for i in range(40)], True, "string", "text"),
+    (["red", "green", "blue"] * 10, True, "string", None),                       # a category
+    (["very good", "good", "bad", "very bad"] * 10, True, "string", None),      # few values, several words
+    ([f"Mazda RX{i}" for i in range(40)], True, "string", None),                # names: two words, not text
+    ([str(i) for i in range(40)], True, "int", None),
+])
+def test_a_column_is_a_date_or_free_text_only_when_its_values_say_so(values, textual, type_, kind):
+    feature = _column(values, textual)
+    assert (feature.type, feature.kind) == (type_, kind)
+
+
+def test_parquet_dates_and_timestamps_are_date_features():
+    import datetime
+
+    feature = _column([datetime.datetime(2024, 1, 1, h) for h in range(24)], textual=False)
+    assert (feature.type, feature.kind) == ("string", "date")
+    feature = _column([datetime.date(2024, 1, d) for d in range(1, 29)], textual=False)
+    assert feature.kind == "date"
+
+
+@pytest.mark.parametrize("value, text", [
+    (__import__("datetime").datetime(2024, 1, 1, 0, 34, 11), "2024-01-01T00:34:11"),
+    (__import__("datetime").date(2024, 1, 1), "2024-01-01"),
+    (__import__("datetime").datetime(2024, 1, 1, 1, 0, tzinfo=__import__("datetime").timezone(
+        __import__("datetime").timedelta(hours=1))), "2024-01-01T00:00:00Z"),
+])
+def test_a_date_value_is_stored_as_iso_text_without_quotes(value, text):
+    from tfpipe.pipeline.dates import iso_text
+
+    assert iso_text(value) == text

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 AUGMENTATIONS = ("flip", "crop", "rotation")  # images: the random layers --augment can add
+
+# Defaults that follow the training split's size (TrainConfig.sized): a small table gets small
+# batches and more epochs, so that the model takes enough optimizer steps to learn; one step an
+# epoch (a batch larger than the data) stops early after a handful of updates.
+STEPS_PER_EPOCH = 32
+MIN_BATCH, MAX_BATCH = 16, 256
+DEFAULT_EPOCHS, MAX_EPOCHS, MIN_STEPS = 30, 200, 1000
+DEFAULT_PATIENCE = 5
 
 
 class TrainConfig(BaseModel):
@@ -17,11 +26,18 @@ class TrainConfig(BaseModel):
 
     data: str | None = Field(None, description="the data stage's output directory")
     out: str | None = Field(None, description="output directory (written atomically)")
-    epochs: int = Field(30, ge=1, description="maximum epochs (early stopping may end sooner)")
-    batch_size: int = Field(256, ge=1, description="examples per replica per step")
+    epochs: int | None = Field(None, ge=1, description="maximum epochs, early stopping may end sooner (default: "
+                               f"{DEFAULT_EPOCHS}, more when an epoch is few steps, so that training takes at least "
+                               f"{MIN_STEPS} steps, up to {MAX_EPOCHS} epochs)")
+    batch_size: int | None = Field(None, ge=1, description="examples per replica per step (default: from the "
+                                   f"training split's size, about {STEPS_PER_EPOCH} steps an epoch, a power of two "
+                                   f"from {MIN_BATCH} to {MAX_BATCH})")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
     hidden: list[int] = Field(default_factory=lambda: [64, 32], description="hidden layer widths, e.g. 64,32")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer (images: before the head)")
+    scaling: Literal["auto", "standard"] = Field(
+        "auto", description="numbers: auto normalises a heavy-tailed column (never below 0, a long right tail) as "
+                            "log(1 + x), the others by mean and std; standard normalises every one by mean and std")
     model: Literal["cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50"] = Field(
         "cnn", description="images: the network; cnn is a small CNN for CPUs, the others are keras.applications "
                            "architectures trained from scratch (weights=None)")
@@ -43,7 +59,8 @@ class TrainConfig(BaseModel):
     shuffle_buffer: int = Field(10000, ge=1, description="examples in the training shuffle buffer")
     cache_mb: int = Field(
         512, ge=0, description="keep preprocessed training features in memory when they fit in this many MB (0: never)")
-    patience: int = Field(5, ge=1, description="epochs without eval-loss improvement before stopping")
+    patience: int | None = Field(None, ge=1, description="epochs without eval-loss improvement before stopping "
+                                 f"(default: {DEFAULT_PATIENCE}, or a tenth of the epochs when that is more)")
     time_limit: float | None = Field(None, gt=0, description="stop training after this many seconds")
     profile: bool = Field(False, description="write a TensorBoard profiler trace of a few steps")
     log_device_placement: bool = Field(False, description="log which device runs each op")
@@ -77,6 +94,24 @@ class TrainConfig(BaseModel):
     @property
     def augmentations(self) -> list[str]:
         return [n for n in self.augment.split(",") if n]
+
+    def sized(self, examples: int) -> tuple["TrainConfig", str]:
+        """This config with the batch size, epochs and patience it leaves open chosen for
+        `examples` training examples, and a note saying what was chosen ('' when nothing was)."""
+        chosen = {}
+        if self.batch_size is None:
+            target = max(1, examples // STEPS_PER_EPOCH)
+            chosen["batch_size"] = min(MAX_BATCH, max(MIN_BATCH, 2 ** int(math.log2(target)) if target else 1))
+        batch = chosen.get("batch_size", self.batch_size)
+        if self.epochs is None:
+            steps = max(1, math.ceil(examples / batch))
+            chosen["epochs"] = min(MAX_EPOCHS, max(DEFAULT_EPOCHS, math.ceil(MIN_STEPS / steps)))
+        if self.patience is None:
+            chosen["patience"] = max(DEFAULT_PATIENCE, chosen.get("epochs", self.epochs) // 10)
+        if not chosen:
+            return self, ""
+        note = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in chosen.items())
+        return self.model_copy(update=chosen), f"for {examples:,} training examples: {note}"
 
     def resume_fields(self) -> dict:
         """What must match for a new run to resume an interrupted one's checkpoints."""

@@ -29,7 +29,7 @@ from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
                                   worker_position)
 from tfpipe.train.errors import DivergedError, TrainError
-from tfpipe.train.model import build_models, loss_and_metrics
+from tfpipe.train.model import build_models, label_scale, loss_and_metrics
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
@@ -133,6 +133,11 @@ class _Model:
     feature_mb: float
     cache: bool
     image: dict | None = None  # the image model's size, network, augmentation, classes
+    label_scale: tuple[float, float] | None = None  # a regression's (mean, std): the trainer's standard units
+
+    @property
+    def label_std(self) -> float:
+        return self.label_scale[1] if self.label_scale else 1.0
 
 
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
@@ -146,11 +151,15 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
         log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
         return out
+    config, sized = config.sized(data.count("train"))
+    if sized:
+        log(sized + " (set --batch-size, --epochs, --patience to choose)")
     rt = _runtime(config, log)
     work = _work_dir(out, config, data, rt.worker)
     with rt.strategy.scope():
         built = _image_model(config, data, rt, log) if data.images else _row_model(config, data, rt)
-        compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla)
+        compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla,
+                        built.label_std)
     # Each worker batches its own files at the global batch size; tf.distribute splits every
     # batch across all replicas, so a step sees `batch_size` examples per replica.
     train_ds = built.dataset("train", True)
@@ -164,13 +173,13 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
         + (f"; {'decoded images' if data.images else 'preprocessed features'} cached in memory "
            f"({built.feature_mb:.1f} MB)" if built.cache else ""))
-    _fit(config, data, rt, built.trainer, (train_ds, eval_ds), work, epoch_log, sampler, log)
+    _fit(config, data, rt, built.trainer, (train_ds, eval_ds), work, epoch_log, sampler, log, built.label_std)
     results = _evaluate(data, rt, built, eval_ds, eval_split)
     shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
     if rt.worker == 0:
         built.model.save(os.path.join(work, "model.keras"))  # before _timing, which may step the trainer
     timing = _timing(epoch_log.epochs, built.trainer, train_ds, config, data.schema.label.task, rt.xla,
-                     reuse=rt.workers == 1)
+                     reuse=rt.workers == 1, label_std=built.label_std)
     if rt.worker != 0:  # in multi-worker training only the chief publishes
         shutil.rmtree(work, ignore_errors=True)
         return out
@@ -256,16 +265,18 @@ def _image_model(config: TrainConfig, data: DataDir, rt: _Runtime, log: Callable
 def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
     """Dense layers behind the preprocessing built from the statistics; the trainer takes the
     preprocessed features, which the datasets compute (and cache) once."""
-    preprocessor, trainer, model = build_models(data.schema, data.train_stats(), config.hidden, config.dropout,
-                                                config.seed)
+    stats = data.train_stats()
+    preprocessor, trainer, model = build_models(data.schema, stats, config.hidden, config.dropout, config.seed,
+                                                config.scaling)
     feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
     cache = feature_mb <= config.cache_mb
+    scale = label_scale(stats) if data.schema.label.task == "regression" else None
 
     def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
         return make_dataset(data.files(split), data.schema, rt.global_batch, shuffle=shuffle, seed=config.seed,
                             shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
-                            shard=rt.shard, preprocess=preprocessor, cache=cache and shuffle)
-    return _Model(model, trainer, dataset, feature_mb, cache)
+                            shard=rt.shard, preprocess=preprocessor, cache=cache and shuffle, label_scale=scale)
+    return _Model(model, trainer, dataset, feature_mb, cache, label_scale=scale)
 
 
 def _gpu_sampler(gpus: list[dict], work: str, log: Callable[[str], None]):
@@ -296,7 +307,7 @@ def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> 
 
 
 def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model, datasets: tuple, work: str,
-         epoch_log: EpochLog, sampler, log: Callable[[str], None]) -> None:
+         epoch_log: EpochLog, sampler, log: Callable[[str], None], label_std: float = 1.0) -> None:
     """Keras's fit with its callbacks in one process, the custom loop over several workers;
     failures as TrainErrors. `datasets`: (train, eval)."""
     train_ds, eval_ds = datasets
@@ -309,7 +320,7 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
             fit_multiworker(rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task,
                             epochs=config.epochs, patience=config.patience, time_limit=config.time_limit, work=work,
                             examples=data.count("train"), learning_rate=config.learning_rate,
-                            on_epoch=epoch_log.record, log=log)
+                            on_epoch=epoch_log.record, log=log, label_std=label_std)
         else:
             trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
                         callbacks=_callbacks(config, work, epoch_log, sampler),
@@ -335,7 +346,7 @@ def _evaluate(data: DataDir, rt: _Runtime, built: _Model, eval_ds, eval_split: s
     if rt.workers > 1:
         from tfpipe.train.multiworker import DistributedEval
 
-        evaluate = DistributedEval(rt.strategy, built.trainer, data.schema.label.task)
+        evaluate = DistributedEval(rt.strategy, built.trainer, data.schema.label.task, built.label_std)
     for split in ("eval", "test"):
         if data.count(split):
             ds = eval_ds if split == eval_split else built.dataset(split, False)
@@ -347,15 +358,17 @@ def _evaluate(data: DataDir, rt: _Runtime, built: _Model, eval_ds, eval_split: s
     return results
 
 
-def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum: int, xla: bool) -> None:
-    """Adam, with gradients averaged over `accum` batches per update when accum > 1."""
+def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum: int, xla: bool,
+                    label_std: float = 1.0) -> None:
+    """Adam, with gradients averaged over `accum` batches per update when accum > 1; a
+    regression's MAE and RMSE in the label's units (`label_std`, see loss_and_metrics)."""
     optimizer = keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=accum if accum > 1 else None)
-    loss, metrics = loss_and_metrics(task)
+    loss, metrics = loss_and_metrics(task, label_std)
     # Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer (auto_scale_loss).
     trainer.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=xla)
 
 
-def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool) -> dict[str, Any]:
+def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, label_std: float = 1.0) -> dict[str, Any]:
     """Throughput, mean step time and the share of each step spent waiting for input.
 
     The wait is measured, not guessed: the trainer takes the same steps on one batch held in
@@ -371,7 +384,7 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool) -> dict[s
     probe = trainer
     if not reuse:
         probe = keras.models.clone_model(trainer)
-        compile_trainer(probe, task, config.learning_rate, 1, xla)
+        compile_trainer(probe, task, config.learning_rate, 1, xla, label_std)
     batch = next(iter(train_ds))
     probe.train_on_batch(*batch)  # trace and compile outside the timing
     n = 20

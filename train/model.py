@@ -21,10 +21,23 @@ from keras import layers, ops
 
 from tfpipe.pipeline.schema import Schema
 from tfpipe.train.errors import TrainError
+from tfpipe.train.kinds import date_layers, text_layers  # also registers their layers for load_model
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
 PREPROCESSOR, TRAINER = "preprocessor", "trainer"  # the two halves of a tabular model, by layer name
+DENORMALIZE = "denormalize"  # a regression model's last layer: the trainer's standard units to the label's
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
+
+
+def float16_terms(value: float, n: int = 3) -> list[float]:
+    """`value` as a sum of `n` float16 numbers, each exact in half precision (|value| <= 1
+    keeps them in float16's range); the sum is exact to about 33 bits."""
+    terms = []
+    for _ in range(n):
+        term = float(np.float16(value))
+        terms.append(term)
+        value -= term
+    return terms
 
 
 @keras.saving.register_keras_serializable(package="tfpipe")
@@ -39,22 +52,24 @@ class ImputeNormalize(layers.Layer):
     constants in half precision) keeps features like Unix timestamps (~1.4e9, beyond
     float16's 65504) intact: x is scaled by powers of two (exact), the scaled mean is
     subtracted as a sum of float16 residuals, and 1/std is a product of float16 factors.
-    The arithmetic itself is float32."""
+    The arithmetic itself is float32.
 
-    def __init__(self, mean: float, variance: float, flag_missing: bool, clip: float | None = None, **kwargs):
+    With `log1p`, x is first taken as log(1 + x) (negatives as 0), and `mean` and `variance` are
+    those of log(1 + x) in training: a heavy-tailed column (spending, counts, durations: most
+    values small, a few huge) is then spread out where its values are, rather than crushed
+    into a sliver of z by the few huge ones."""
+
+    def __init__(self, mean: float, variance: float, flag_missing: bool, clip: float | None = None,
+                 log1p: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.mean = float(mean)
         self.variance = float(variance)
         self.flag_missing = bool(flag_missing)
         self.clip = float(clip) if clip else None  # None in models saved before clipping existed
+        self.log1p = bool(log1p)
         std = math.sqrt(max(self.variance, 1e-12))
         self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), std, 1.0))))
-        residual = self.mean / 2.0 ** self._exponent
-        self._terms = []
-        for _ in range(3):
-            term = float(np.float16(residual))
-            self._terms.append(term)
-            residual -= term
+        self._terms = float16_terms(self.mean / 2.0 ** self._exponent)
         # 1/std of the scaled values is >= 1 (the exponent covers std); split it into exact
         # powers of two and a float16 remainder, none beyond float16's range.
         inverse = 2.0 ** self._exponent / std
@@ -73,6 +88,8 @@ class ImputeNormalize(layers.Layer):
     def call(self, x):
         x = ops.cast(x, "float32")
         missing = ops.isnan(x)
+        if self.log1p:
+            x = ops.log(1.0 + ops.maximum(ops.where(missing, 0.0, x), 0.0))
         z = x
         steps, terms, factors = self.constants()
         for step in steps:
@@ -94,7 +111,57 @@ class ImputeNormalize(layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "variance": self.variance,
-                "flag_missing": self.flag_missing, "clip": self.clip}
+                "flag_missing": self.flag_missing, "clip": self.clip, "log1p": self.log1p}
+
+
+@keras.saving.register_keras_serializable(package="tfpipe")
+class Denormalize(layers.Layer):
+    """A regression's prediction from standard units back to the label's: z * std + mean.
+
+    The network learns the label standardised (mean 0, variance 1 over the training split), so
+    its weights and loss are of order 1 whatever the label's size; this layer, after the
+    trainer, makes the saved model answer in the label's units. Every constant is exact in
+    float16 (a float16 TFLite variant stores constants in half precision, whose largest value
+    is 65504; a price of 500,000 would be inf): z * (std / 2**e) as float16 factors, plus
+    mean / 2**e as float16 terms, all times 2**e in exact powers of two."""
+
+    def __init__(self, mean: float, std: float, **kwargs):
+        super().__init__(**kwargs)
+        self.mean, self.std = float(mean), float(std)
+        self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), self.std, 1.0))))
+        ratio = self.std / 2.0 ** self._exponent  # in (0, 1]
+        self._shrink = []
+        while ratio < 2.0 ** -14:  # below float16's normal range: take exact powers of two out
+            self._shrink.append(2.0 ** -14)
+            ratio /= 2.0 ** -14
+        self._scales = float16_terms(ratio, 2)  # z * ratio as z * a + z * b: 22 bits of std
+        self._terms = float16_terms(self.mean / 2.0 ** self._exponent)
+        self._steps = [2.0 ** 14] * (self._exponent // 14) + [2.0 ** (self._exponent % 14)]
+
+    def call(self, z):
+        z = ops.cast(z, "float32")
+        for factor in self._shrink:
+            z = z * factor
+        y = z * self._scales[0]
+        for scale in self._scales[1:]:
+            y = y + z * scale
+        for term in self._terms:
+            y = y + term
+        for step in self._steps:
+            y = y * step
+        return y
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "mean": self.mean, "std": self.std}
+
+
+def label_scale(train_stats: dict[str, Any]) -> tuple[float, float]:
+    """(mean, std) of a regression label over the training split; std 1 when it does not vary."""
+    label = train_stats["label"]
+    return float(label.get("mean") or 0.0), float(label.get("std") or 1.0)
 
 
 def input_dtype(type_: str) -> str:
@@ -135,9 +202,25 @@ def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayer
     return out
 
 
+# A column is heavy-tailed when its upper spread (median to the 99th percentile) is this many
+# times its lower spread (1st percentile to median), and it never goes below 0.
+HEAVY_TAIL = 5.0
+
+
+def heavy_tailed(stats: dict[str, Any]) -> bool:
+    """Whether a number's training statistics call for log scaling (ImputeNormalize's log1p):
+    it never goes below 0 (stats.json has its log1p moments) and its right tail is long."""
+    q = stats.get("quantiles") or {}
+    low, mid, high = q.get("0.01"), q.get("0.5"), q.get("0.99")
+    if not stats.get("log1p") or None in (low, mid, high) or high <= mid:
+        return False
+    return (high - mid) >= HEAVY_TAIL * (mid - low)
+
+
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
-                 seed: int) -> tuple[keras.Model, keras.Model, keras.Model]:
-    """(preprocessor, trainer, model) for the schema, initialised from training statistics."""
+                 seed: int, scaling: str = "auto") -> tuple[keras.Model, keras.Model, keras.Model]:
+    """(preprocessor, trainer, model) for the schema, initialised from training statistics;
+    `scaling` "auto" takes heavy-tailed numbers in log scale, "standard" none."""
     # The inputs are keyed by the column's own name; the graph holds its graph name.
     names = schema.graph_names()
     inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
@@ -146,11 +229,17 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         s = train_stats["features"][c.name]
         x = inputs[c.name]
         name = names[c.name]
+        if c.kind in ("date", "text"):
+            part = _kind_layers(c.kind, x, s, name)
+            if part is not None:
+                parts.append(part)
+            continue
         if c.type in ("int", "float"):
             if s["mean"] is None:
                 continue  # no value in the training split: nothing to learn from
-            var = s["variance"] if s["variance"] else 1.0
-            parts.append(ImputeNormalize(s["mean"], var, c.nullable, clip=Z_CLIP, dtype="float32",
+            log = scaling == "auto" and heavy_tailed(s)
+            mean, var = (s["log1p"]["mean"], s["log1p"]["variance"]) if log else (s["mean"], s["variance"])
+            parts.append(ImputeNormalize(mean, var or 1.0, c.nullable, clip=Z_CLIP, log1p=log, dtype="float32",
                                          name=layer_name("norm", name))(x))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
@@ -189,16 +278,23 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         out = layers.Dense(len(schema.label.classes), activation="softmax", dtype="float32",
                            kernel_initializer=head_init, name="head")(h)
     else:
-        label = train_stats["label"]
-        mean = label.get("mean") or 0.0
-        std = label.get("std") or 1.0
+        # The trainer predicts the label in standard units (see Denormalize).
         out = layers.Dense(1, dtype="float32", kernel_initializer=head_init, name="head")(h)
-        # Predict in standard units and scale back, so the head starts near the label's range.
-        out = layers.Rescaling(std, offset=mean, dtype="float32", name="rescale")(out)
         out = layers.Reshape((), dtype="float32", name="prediction")(out)
     trainer = keras.Model(vec, out, name=TRAINER)
-    model = keras.Model(inputs, trainer(preprocessor(inputs)), name="tfpipe_model")
+    prediction = trainer(preprocessor(inputs))
+    if task == "regression":
+        prediction = Denormalize(*label_scale(train_stats), dtype="float32", name=DENORMALIZE)(prediction)
+    model = keras.Model(inputs, prediction, name="tfpipe_model")
     return preprocessor, trainer, model
+
+
+def _kind_layers(kind: str, x, stats: dict[str, Any], name: str):
+    """A date's or a free text's preprocessing (train/kinds.py); None when the training split
+    has no value of it."""
+    if kind == "date":
+        return date_layers(x, stats, name) if stats.get("mean") is not None else None
+    return text_layers(x, stats, name)
 
 
 def make_loss(task: str, reduction: str | None = "sum_over_batch_size") -> keras.losses.Loss:
@@ -207,14 +303,48 @@ def make_loss(task: str, reduction: str | None = "sum_over_batch_size") -> keras
     return cls(reduction=reduction)
 
 
-def loss_and_metrics(task: str):
-    """The loss and the metrics reported for a task."""
+@keras.saving.register_keras_serializable(package="tfpipe")
+class ScaledMAE(keras.metrics.Mean):
+    """Mean absolute error of standard units per example, reported in the label's (times std)."""
+
+    def __init__(self, std: float = 1.0, name: str = "mae", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.std = float(std)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        error = ops.abs(ops.cast(y_true, "float32") - ops.cast(y_pred, "float32")) * self.std
+        return super().update_state(error, sample_weight=sample_weight)
+
+    def get_config(self):
+        return {**super().get_config(), "std": self.std}
+
+
+@keras.saving.register_keras_serializable(package="tfpipe")
+class ScaledRMSE(keras.metrics.RootMeanSquaredError):
+    """RMSE of standard units, reported in the label's (times the label's std)."""
+
+    def __init__(self, std: float = 1.0, name: str = "rmse", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.std = float(std)
+
+    def result(self):
+        return super().result() * self.std
+
+    def get_config(self):
+        return {**super().get_config(), "std": self.std}
+
+
+def loss_and_metrics(task: str, label_std: float = 1.0):
+    """The loss and the metrics reported for a task. A regression's trainer learns the label in
+    standard units (`label_std` is the label's std): the loss stays in those units, MAE and
+    RMSE are given in the label's. MAE is taken per example: Keras's MeanAbsoluteError averages
+    1-D predictions over the batch's last axis first, which mis-weights a partial last batch."""
     if task == "binary":
         metrics = [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
     elif task == "multiclass":
         metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     else:
-        metrics = [keras.metrics.MeanAbsoluteError(name="mae"), keras.metrics.RootMeanSquaredError(name="rmse")]
+        metrics = [ScaledMAE(label_std), ScaledRMSE(label_std)]
     return make_loss(task), metrics
 
 

@@ -1,0 +1,82 @@
+"""The served model against a trivial baseline on the same rows: the majority class of the
+training split (classification) or its mean label (regression). A model no better than that
+learned nothing a user can use, so the export refuses to publish it unless told to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfpipe.export.errors import ExportError
+
+
+def trivial_baseline(task: str, classes: list[Any] | None, train_label: dict[str, Any],
+                     labels: np.ndarray) -> dict[str, Any]:
+    """The trivial predictor's metric on `labels` (class indices, or the label's values), and
+    what it predicts. `train_label` is the training split's label statistics (stats.json)."""
+    labels = np.asarray(labels)
+    if task == "regression":
+        mean = float(train_label.get("mean") or 0.0)
+        error = labels.astype(np.float64) - mean
+        return {"predicts": f"the training mean, {mean:.6g}", "rmse": _rmse(error),
+                "mae": float(np.mean(np.abs(error))) if len(error) else 0.0}
+    distribution = train_label.get("distribution") or {}
+    by_text = {str(c): i for i, c in enumerate(classes or [])}
+    counts = {by_text[k]: n for k, n in distribution.items() if k in by_text}
+    majority = max(sorted(counts), key=lambda i: counts[i]) if counts else 0
+    accuracy = float(np.mean(labels == majority)) if len(labels) else 0.0
+    return {"predicts": f"the majority class, {classes[majority]!r}" if classes else "class 0",
+            "accuracy": accuracy}
+
+
+def _rmse(error: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(error ** 2))) if len(error) else 0.0
+
+
+def model_quality(pred: np.ndarray, labels: np.ndarray, task: str) -> dict[str, float]:
+    """The model's metric from its own outputs: accuracy from class probabilities (binary: the
+    probability of the second class), or RMSE and MAE of its predictions."""
+    pred = np.asarray(pred, np.float64)
+    if task == "regression":
+        error = pred.reshape(-1) - np.asarray(labels, np.float64)
+        return {"rmse": _rmse(error), "mae": float(np.mean(np.abs(error))) if len(error) else 0.0}
+    classes = (pred.reshape(-1) >= 0.5).astype(np.int64) if task == "binary" else pred.argmax(axis=1)
+    return {"accuracy": float(np.mean(classes == labels)) if len(labels) else 0.0}
+
+
+def better_than_baseline(quality: dict[str, float], baseline: dict[str, Any]) -> bool:
+    if "rmse" in quality:
+        return quality["rmse"] < baseline["rmse"]
+    return quality["accuracy"] > baseline["accuracy"]
+
+
+def test_record(label, train_label: dict[str, Any], split: str, served: np.ndarray, labels: np.ndarray,
+                allow_weak: bool, log) -> dict[str, Any]:
+    """The SavedModel's own metric on `split` (`served`: its answers) beside the trivial
+    baseline's, said in the log; a model no better than the baseline is not published unless
+    `allow_weak`. `label`: the schema's label; `train_label`: its training statistics."""
+    test = {"split": split, "rows": int(len(labels)), **model_quality(served, labels, label.task),
+            "baseline": trivial_baseline(label.task, label.classes, train_label, labels)}
+    metric = "rmse" if label.task == "regression" else "accuracy"
+    log(f"  {split} {metric} {test[metric]:.4g} on {test['rows']} rows; {test['baseline']['predicts']} gives "
+        f"{test['baseline'][metric]:.4g}")
+    check_baseline(test, allow_weak, log)
+    return test
+
+
+def check_baseline(test: dict[str, Any], allow_weak: bool, log) -> None:
+    """Refuse to publish a model no better than the trivial baseline (`test`: split, rows, the
+    model's metric and `baseline`), unless `allow_weak`, which publishes it with a warning."""
+    baseline = test["baseline"]
+    if better_than_baseline(test, baseline):
+        return
+    metric = "rmse" if "rmse" in test else "accuracy"
+    what = (f"the model's {metric} on the {test['split']} split ({test['rows']} rows) is {test[metric]:.4g}, "
+            f"no better than {baseline['predicts']} ({baseline[metric]:.4g})")
+    if allow_weak:
+        log(f"  warning: {what}; published anyway (allow_weak)")
+        return
+    raise ExportError(f"{what}: nothing was published. More rows, more epochs (--set train.epochs=N) or more "
+                      "informative columns may help; to publish it anyway: --allow-weak (tfpipe export) or "
+                      "--set export.allow_weak=true (tfpipe run)")
