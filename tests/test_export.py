@@ -216,19 +216,23 @@ def test_numeric_block_computes_exactly_what_each_feature_layer_does():
     from tfpipe.train.model import ImputeNormalize
 
     norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0), ImputeNormalize(11.8, 142.0, True, clip=5.0),
-             ImputeNormalize(-87.65, 0.0009, True, clip=5.0), ImputeNormalize(0.0, 1.0, False)]  # last: saved unclipped
+             ImputeNormalize(-87.65, 0.0009, True, clip=5.0), ImputeNormalize(0.0, 1.0, False),  # saved unclipped
+             ImputeNormalize(2.1, 1.3, True, clip=5.0, log1p=True)]  # a heavy tail, in log scale
     rng = np.random.default_rng(0)
     columns = [np.float32(1.4e9 + rng.normal(0, 3e7, 64)), np.float32(rng.exponential(12, 64)),
-               np.float32(-87.65 + rng.normal(0, 0.05, 64)), np.float32(rng.normal(0, 50, 64))]
+               np.float32(-87.65 + rng.normal(0, 0.05, 64)), np.float32(rng.normal(0, 50, 64)),
+               np.float32(np.exp(rng.normal(2, 1.5, 64)))]
     columns[1][:4] = [np.nan, 700.0, 0.0, 12.0]
     columns[2][5] = np.nan
+    columns[4][:2] = [np.nan, -3.0]
     got = np.asarray(NumericBlock(norms)(columns))
     each = [np.asarray(n(c)) for n, c in zip(norms, columns)]
     want_z = np.stack([e[:, 0] for e in each], axis=1)
     want_flags = np.stack([e[:, 1] for e in each if e.shape[1] == 2], axis=1)
-    assert got.shape == (64, 4 + 2)
-    np.testing.assert_array_equal(got[:, :4], want_z)
-    np.testing.assert_array_equal(got[:, 4:], want_flags)
+    assert got.shape == (64, 5 + 3)
+    np.testing.assert_array_equal(got[:, :5], want_z)
+    np.testing.assert_array_equal(got[:, 5:], want_flags)
+    np.testing.assert_allclose(got[2:, 4], np.clip((np.log1p(columns[4][2:]) - 2.1) / np.sqrt(1.3), -5, 5), atol=1e-3)
     assert got[:, :3].max() <= 5.0 and got[:, :3].min() >= -5.0 and got[1, 1] == 5.0  # the 700 fare
     assert np.abs(got[:, 3]).max() > 5.0  # no bound where the layer had none
-    assert got[0, 1] == 0.0 and got[0, 4] == 1.0 and got[5, 5] == 1.0  # missing: imputed and flagged
+    assert got[0, 1] == 0.0 and got[0, 5] == 1.0 and got[5, 6] == 1.0  # missing: imputed and flagged

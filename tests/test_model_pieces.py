@@ -360,3 +360,51 @@ def test_a_date_value_is_stored_as_iso_text_without_quotes(value, text):
     from tfpipe.pipeline.dates import iso_text
 
     assert iso_text(value) == text
+
+
+# ---- heavy-tailed numbers in log scale ------------------------------------------------------------------------
+
+def _numeric(values):
+    import numpy as np
+
+    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.stats import NumericStats
+
+    stats = NumericStats()
+    for part in np.array_split(np.asarray(values, np.float64), 3):
+        piece = NumericStats()
+        piece.add(Column(part, np.ones(len(part), bool)))
+        stats.merge(piece)
+    return stats.result()
+
+
+@pytest.mark.parametrize("values, heavy", [
+    (__import__("numpy").random.default_rng(0).lognormal(3, 1.5, 5000), True),     # spending
+    (__import__("numpy").random.default_rng(1).poisson(__import__("numpy").random.default_rng(5).lognormal(
+        0, 1.5, 5000)), True),                                                       # counts: mostly 0-2, a few 100s
+    (__import__("numpy").random.default_rng(2).normal(500_000, 90_000, 5000), False),  # prices, symmetric
+    (__import__("numpy").random.default_rng(3).uniform(0, 100, 5000), False),
+    (__import__("numpy").random.default_rng(4).lognormal(3, 1.5, 5000) - 50, False),  # below 0: no log
+])
+def test_a_heavy_tailed_column_is_taken_in_log_scale(values, heavy):
+    import numpy as np
+
+    from tfpipe.train.model import heavy_tailed
+
+    stats = _numeric(values)
+    assert heavy_tailed(stats) is heavy
+    if stats["log1p"]:  # merged from three parts, as Beam merges work units
+        assert stats["log1p"]["mean"] == pytest.approx(np.log1p(values).mean())
+        assert stats["log1p"]["variance"] == pytest.approx(np.log1p(values).var())
+
+
+def test_log_scaling_normalises_log1p_with_its_own_moments():
+    import numpy as np
+
+    from tfpipe.train.model import ImputeNormalize
+
+    x = np.array([0.0, 9.0, 99.0, np.nan, -1.0], np.float32)
+    out = np.asarray(ImputeNormalize(2.0, 4.0, True, clip=5.0, log1p=True)(x))
+    want = (np.log1p([0.0, 9.0, 99.0]) - 2.0) / 2.0
+    np.testing.assert_allclose(out[:3, 0], want, rtol=1e-5)
+    assert list(out[3]) == [0.0, 1.0] and out[4, 0] == pytest.approx(-1.0)  # missing; a negative as 0
