@@ -75,8 +75,8 @@ def allowed(importer: str, imported: str) -> bool:
     if src in ("pipeline", "serve", "loadtest"):
         return dst not in STAGES
     if src in ("train", "export"):
-        if dst == "pipeline":
-            return imported == "tfpipe.pipeline.schema"
+        if dst == "pipeline":  # the schema, and the date rules the model parses a date feature by
+            return imported in ("tfpipe.pipeline.schema", "tfpipe.pipeline.dates")
         if dst == "train":
             return src == "export"
         return dst not in STAGES

@@ -36,9 +36,11 @@ def own_run(tmp_path_factory):
             w.writerow([round(rng.gauss(0, 1), 4), round(rng.uniform(0, 10), 3), round(rng.expovariate(1), 4),
                         rng.randint(0, 20), rng.choice(["red", "green", "blue"]), rng.choice(["yes", "no"])])
     workdir = str(root / "runs" / "my_rows")
-    # shortened for the suite (the defaults otherwise: nothing is read from examples/penguins.toml)
+    # shortened for the suite (the defaults otherwise: nothing is read from examples/penguins.toml);
+    # the labels are coin flips, so the model cannot beat the majority class: published anyway
     res = run_cli("run", "--input", str(path), "--label", "label", "--workdir", workdir,
-                  "--set", "train.epochs=4", "--set", "export.tflite=float32", "--set", "loadtest.duration=2s",
+                  "--set", "train.epochs=4", "--set", "export.tflite=float32", "--set", "export.allow_weak=true",
+                  "--set", "loadtest.duration=2s",
                   "--set", "loadtest.warmup=0.5s", "--set", "loadtest.users=2", timeout=400)
     return workdir, res
 
@@ -50,6 +52,9 @@ def test_own_file_runs_to_the_end_and_small_traffic_is_within_noise(own_run):
     assert "penguins" not in res.stdout
     export = _load(os.path.join(workdir, "export", "models", "my_rows", "1", "assets.extra", "export.json"))
     assert export["name"] == "my_rows"
+    # a model no better than the trivial baseline is said to be so, published or not
+    assert "NO BETTER" in res.stdout and "published anyway (allow_weak)" in open(
+        os.path.join(workdir, "logs", "export.log")).read()
     train = _load(os.path.join(workdir, "train", "train.json"))
     assert train["config"]["epochs"] == 4 and train["config"]["patience"] == 5  # the stage's default, not 8
     skew = _load(os.path.join(workdir, "skew", "skew.json"))
