@@ -298,3 +298,32 @@ def test_a_folder_of_class_folders_needs_no_flags(tmp_path, monkeypatch):
     assert res.returncode == 2 and "is a directory with no class folders of images" in res.stderr
     res = run_cli("run", "--input", str(tmp_path / "empty"), "--workdir", str(tmp_path / "w"))
     assert res.returncode == 2 and "--label COLUMN" in res.stderr
+
+
+def test_the_run_caches_the_data_step_by_the_delimiter_a_file_is_read_with(tmp_path):
+    from tfpipe.config import load_config
+    from tfpipe.steps import data_settings, data_sources
+
+    src = tmp_path / "sales.csv"
+    _semicolon_table(src)
+
+    def key(delimiter: str):
+        config = load_config(None, [f"data.input={json.dumps([str(src)])}", "data.label='bought'",
+                                    f"data.delimiter={json.dumps(delimiter)}"])
+        return data_settings(config), data_sources(config)
+
+    assert key("auto") == key(";")  # what auto detects, given by hand: the same rows
+    assert key(",") != key("auto")  # read otherwise: the step reruns
+    assert key("auto")[1]["files"][0]["delimiter"] == ";"
+
+
+def test_an_image_manifest_with_semicolons(tmp_path):
+    from tfpipe.pipeline.image_job import find_images
+
+    _shapes(tmp_path / "shapes", n=3)
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path;kind\n" + "".join(f"shapes/{c}/{i}.png;{c}\n" for c in ("circle", "square")
+                                               for i in range(3)))
+    items, classes, _ = find_images(DataConfig(format="images", input=[str(manifest)], image_column="path",
+                                               label="kind"), log=lambda _: None)
+    assert classes == ["circle", "square"] and len(items) == 6 and all(os.path.exists(i.path) for i in items)
