@@ -140,6 +140,7 @@ def load_schema(path: str) -> Schema:
 # A column is numeric when at least this share of its sampled values parse as numbers;
 # the few that do not are bad rows (dead-letter), not a reason to make it a string column.
 NUMERIC_SHARE = 0.98
+_SPACE = re.compile(r"\s")
 
 
 class _TypeVote:
@@ -161,11 +162,13 @@ class _TypeVote:
         self.spaces = False
 
     def _note(self, value: Any, as_int: int | None) -> None:
-        if self.distinct is not None:
-            if value in self.distinct:
-                self.distinct = None
-            else:
-                self.distinct.add(value)
+        # Every ID rule needs distinct values: a column with a repeat is done being watched.
+        if self.distinct is None:
+            return
+        if value in self.distinct:
+            self.distinct = None
+            return
+        self.distinct.add(value)
         if as_int is None:
             self.counting = False
         else:
@@ -175,7 +178,7 @@ class _TypeVote:
                 self.counting = False
             self.last_int = as_int
             self.min_int, self.max_int = min(self.min_int, as_int), max(self.max_int, as_int)
-        if isinstance(value, str) and not self.spaces and any(c.isspace() for c in value):
+        if isinstance(value, str) and not self.spaces and _SPACE.search(value):
             self.spaces = True
 
     def add_text(self, text: str) -> None:
