@@ -313,7 +313,7 @@ def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sour
             runner: str, workers: int, started: float, tmp: str, out: str, log: Callable[[str], None]) -> None:
     """Check that every file was written or dead-lettered; write schema, stats and data.json; publish."""
     summaries = read_unit_summaries([u.index for u in units], tmp)
-    counts = tally(summaries, list(config.split))
+    counts = tally(summaries, list(config.split), rows=False)
     check_counts(config, counts, summaries, "images", lambda b: b["source"], inputs=sum(len(u.items) for u in units))
     stats = {"kind": "images", "quantiles": list(QUANTILES),
              "splits": {name: read_split_stats(tmp, name) or ImageStats().to_json() for name in config.split}}

@@ -141,13 +141,15 @@ def write_outputs(tmp: str, documents: dict[str, object]) -> None:
             shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
 
 
-def tally(summaries: list[dict], splits: list[str]) -> dict:
-    """The units' counts added up: read, written (per split and in all), dead-lettered and (rows
-    only) unlabelled."""
+def tally(summaries: list[dict], splits: list[str], rows: bool = True) -> dict:
+    """The units' counts added up: read, written (per split and in all), dead-lettered and, for
+    `rows` (an image always has its class folder or label), unlabelled."""
     per_split = {name: sum(s["splits"][name] for s in summaries) for name in splits}
-    return {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
-            "bad": sum(s["bad"] for s in summaries), "unlabelled": sum(s.get("unlabelled", 0) for s in summaries),
-            "splits": per_split}
+    counts = {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
+              "bad": sum(s["bad"] for s in summaries)}
+    if rows:
+        counts["unlabelled"] = sum(s.get("unlabelled", 0) for s in summaries)
+    return {**counts, "splits": per_split}
 
 
 def bad_fraction(counts: dict) -> float:
@@ -197,7 +199,7 @@ def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started
         "bad_fraction": bad_fraction(counts),
         "outputs": {"schema": "schema.json", "stats": "stats.json",
                     "splits": split_files(summaries, list(config.split)), "deadletter": deadletter_files(tmp),
-                    "unlabelled": deadletter_files(tmp, "unlabelled")},
+                    **({"unlabelled": deadletter_files(tmp, "unlabelled")} if "unlabelled" in counts else {})},
         "elapsed_s": round(elapsed, 3),
         "rows_per_s": round(counts["read"] / elapsed, 1) if elapsed > 0 else None,
     }
