@@ -41,7 +41,17 @@ class DataConfig(BaseModel):
     resize: str | None = Field(
         None, description="images: resize to HEIGHTxWIDTH and re-encode (default: keep each file's bytes)"
     )
+    delimiter: str = Field(
+        "auto", description="CSV field separator: auto detects it from each file's header and first lines "
+                            "(comma, semicolon, tab or pipe), or give one character; 'tab' or '\\t' for a tab. "
+                            "With ';' numbers written with a decimal comma (3,5) are read as numbers"
+    )
     exclude: list[str] = Field(default_factory=list, description="columns to drop from the features")
+    keep_column: list[str] = Field(
+        default_factory=list,
+        description="columns to keep as features although they look like row IDs (unique in every sampled row), "
+                    "which are otherwise left out",
+    )
     key: str | None = Field(
         None, description="column whose value decides the split (default: a hash of the whole row)"
     )
@@ -93,6 +103,14 @@ class DataConfig(BaseModel):
             raise ValueError("split weights must add up to more than 0")
         return v
 
+    @field_validator("delimiter")
+    @classmethod
+    def _check_delimiter(cls, v: str) -> str:
+        v = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}.get(v, v)
+        if v != "auto" and (len(v) != 1 or v in "\"\r\n"):
+            raise ValueError(f"{v!r} is not a delimiter: give one character (such as ; or |), 'tab', or auto")
+        return v
+
     @field_validator("min_size", "resize")
     @classmethod
     def _check_size(cls, v: str | None) -> str | None:
@@ -101,8 +119,10 @@ class DataConfig(BaseModel):
         return v
 
     def fingerprint_fields(self) -> dict:
-        """The fields that decide the stage's output (not where it goes or how it is run)."""
-        return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path"})
+        """The fields that decide the stage's output (not where it goes or how it is run). The
+        delimiter is not one of them: each CSV input's delimiter, as detected or given, is part
+        of the inputs' fingerprint instead, so `auto` and the same delimiter given by hand agree."""
+        return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path", "delimiter"})
 
 
 def parse_split(text: str) -> dict[str, int]:

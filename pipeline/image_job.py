@@ -32,6 +32,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.files import digest
+from tfpipe.pipeline.autodetect import SAMPLE_BYTES, detect_delimiter
 from tfpipe.pipeline.config import DataConfig, parse_size
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.images import ImageInfo, ImageStats, Rejection, image_example, inspect_image
@@ -94,12 +95,14 @@ def _from_folder(root: str) -> tuple[list[ImageItem], int]:
     return items, len(loose)
 
 
-def _from_manifest(path: str, image_column: str, label: str) -> list[ImageItem]:
+def _from_manifest(path: str, image_column: str, label: str, delimiter: str = "auto") -> list[ImageItem]:
     base = path.rsplit("/", 1)[0] if "/" in path else "."
     with FileSystems.open(path) as f:
         text = f.read().decode("utf-8-sig")
     if path.endswith(".csv"):
-        reader = csv.DictReader(io.StringIO(text))
+        if delimiter == "auto":
+            delimiter = detect_delimiter(text[:SAMPLE_BYTES], len(text) <= SAMPLE_BYTES)
+        reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
         columns = reader.fieldnames or []
         rows = list(reader)
     else:
@@ -145,7 +148,7 @@ def find_images(config: DataConfig, log: Callable[[str], None]) -> tuple[list[Im
             if not FileSystems.exists(source):
                 raise DataError(f"manifest {source} does not exist")
             found = _from_manifest(source if is_remote(source) else os.path.abspath(source), config.image_column,
-                                   config.label or "label")
+                                   config.label or "label", config.delimiter)
             sources.append({"manifest": source, "images": len(found)})
         else:
             if not is_remote(source) and not os.path.isdir(source):
@@ -310,7 +313,7 @@ def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sour
             runner: str, workers: int, started: float, tmp: str, out: str, log: Callable[[str], None]) -> None:
     """Check that every file was written or dead-lettered; write schema, stats and data.json; publish."""
     summaries = read_unit_summaries([u.index for u in units], tmp)
-    counts = tally(summaries, list(config.split))
+    counts = tally(summaries, list(config.split), rows=False)
     check_counts(config, counts, summaries, "images", lambda b: b["source"], inputs=sum(len(u.items) for u in units))
     stats = {"kind": "images", "quantiles": list(QUANTILES),
              "splits": {name: read_split_stats(tmp, name) or ImageStats().to_json() for name in config.split}}

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from tfpipe.pipeline.autodetect import SAMPLE_BYTES, detect_delimiter, shown_delimiter
 from tfpipe.pipeline.errors import DataError
 
 BLOCK = 8 << 20
 _EXTENSIONS = {
     ".csv": "csv",
+    ".tsv": "csv",
     ".jsonl": "jsonl",
     ".json": "jsonl",
     ".ndjson": "jsonl",
@@ -55,6 +57,8 @@ class InputFile:
     data_start: int  # byte offset of the first data record (after the CSV header)
     cuts: tuple[tuple[int, int], ...]  # record-aligned (byte offset, line number) grain starts
     row_groups: tuple[int, ...] = ()  # rows per Parquet row group
+    delimiter: str = ","  # CSV: the field separator, given or detected
+    header: str = ""  # CSV: the header line as written (for the error that says how it was split)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Segment:
     start: int
     end: int | None  # None: to the end of the (decompressed) stream
     first_line: int  # 1-based line number (Parquet: row number) of the first record
+    delimiter: str = ","  # CSV: the field separator
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,9 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[FoundFile]:
             if glob.has_magic(pattern):
                 paths = sorted(glob.glob(pattern, recursive=True))
             elif os.path.isdir(pattern):
-                raise DataError(f"input {pattern} is a directory; give files or a glob like {pattern}/*.csv")
+                raise DataError(f"input {pattern} is a directory with no class folders of images in it; give "
+                                f"files or a glob like {pattern.rstrip('/')}/*.csv, or, for images, a folder "
+                                "with one subfolder of images (jpg, png, bmp, gif) per class")
             elif not os.path.exists(pattern):
                 raise DataError(f"input {pattern} does not exist")
             else:
@@ -165,31 +172,73 @@ def _reason(e: Exception) -> str:
     return str(e)
 
 
-def read_csv_header(first_line: bytes, path: str) -> tuple[str, ...]:
+def read_csv_header(first_line: bytes, path: str, delimiter: str = ",") -> tuple[str, ...]:
+    """The column names of a CSV header line. A nameless first column is the row index pandas
+    (`to_csv`) and R (`write.csv`) write: it is named `Unnamed: 0`, as pandas reads it back."""
     try:
         text = first_line.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise DataError(f"{path}: the header line is not valid UTF-8") from None
-    header = next(csv.reader(io.StringIO(text)), [])
+    header = next(csv.reader(io.StringIO(text), delimiter=delimiter), [])
     header = [h.strip() for h in header]
     if not header or all(h == "" for h in header):
         raise DataError(f"{path}: the first line must be a header naming the columns")
+    if header[0] == "" and len(header) > 1:
+        header[0] = "Unnamed: 0"
     dup = sorted({h for h in header if header.count(h) > 1})
     if dup:
         raise DataError(f"{path}: duplicate column name(s) in the header: {', '.join(dup)}")
     if "" in header:
-        raise DataError(f"{path}: header column {header.index('') + 1} has no name")
+        raise DataError(f"{path}: header column {header.index('') + 1} has no name "
+                        f"(split on {shown_delimiter(delimiter)})")
     return tuple(header)
 
 
-def scan_file(found: FoundFile, grain: int) -> InputFile:
+def csv_delimiter(path: str, head: bytes, requested: str, complete: bool) -> str:
+    """The delimiter of a CSV file: `requested`, or with `auto` the one detected from `head`, its
+    first bytes (`complete` when that is the whole file); a .tsv file prefers a tab."""
+    if requested != "auto":
+        return requested
+    name = path.lower().removesuffix(".gz")
+    text = head.decode("utf-8-sig", errors="replace")
+    return detect_delimiter(text, complete, prefer="\t" if name.endswith(".tsv") else ",")
+
+
+def read_head(found: FoundFile, n: int = SAMPLE_BYTES) -> bytes:
+    """The first `n` bytes of a file's (decompressed) text."""
+    with open_raw(found.path) as raw:
+        if not found.compressed:
+            return raw.read(n)
+        try:
+            with gzip.GzipFile(fileobj=raw) as g:
+                return g.read(n)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{found.path} is not a readable gzip file: {e}") from None
+
+
+def file_delimiter(found: FoundFile, requested: str) -> str | None:
+    """The delimiter a CSV input is read with (None for other formats), without scanning it whole."""
+    if found.format != "csv":
+        return None
+    if requested != "auto":
+        return requested
+    head = read_head(found)
+    return csv_delimiter(found.path, head, requested, len(head) < SAMPLE_BYTES)
+
+
+def header_line(first_line: bytes) -> str:
+    return first_line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+
+
+def scan_file(found: FoundFile, grain: int, delimiter: str = "auto") -> InputFile:
     """Hash a file and note record-aligned cut points about every `grain` bytes (row groups for
-    Parquet; none inside a gzip file, which is read whole)."""
+    Parquet; none inside a gzip file, which is read whole). A CSV file's delimiter is
+    `delimiter`, or detected from its head with `auto`."""
     if found.format == "parquet":
         return _scan_parquet(found)
     if found.compressed:
-        return _scan_gzip(found)
-    return _scan_text(found, grain)
+        return _scan_gzip(found, delimiter)
+    return _scan_text(found, grain, delimiter)
 
 
 def _scan_parquet(found: FoundFile) -> InputFile:
@@ -211,22 +260,23 @@ def _scan_parquet(found: FoundFile) -> InputFile:
     return InputFile(path, fmt, False, size, mtime, sha, columns, 0, cuts, groups)
 
 
-def _scan_gzip(found: FoundFile) -> InputFile:
+def _scan_gzip(found: FoundFile, requested: str) -> InputFile:
     """Its hash and, for CSV, the header line: a gzip stream cannot be entered midway."""
     path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
     sha = _whole_file_sha256(path)
-    try:
-        with open_raw(path) as raw, gzip.GzipFile(fileobj=raw) as g:
-            first = g.readline() if fmt == "csv" else b""
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path} is not a readable gzip file: {e}") from None
-    columns = read_csv_header(first, path) if fmt == "csv" else None
-    start_line = 2 if fmt == "csv" else 1
-    return InputFile(path, fmt, True, size, mtime, sha, columns, len(first),
-                     ((len(first), start_line),))
+    if fmt != "csv":
+        return InputFile(path, fmt, True, size, mtime, sha, None, 0, ((0, 1),))
+    head = read_head(found)
+    first = head.split(b"\n", 1)[0] + b"\n" if b"\n" in head else head
+    if b"\n" not in head and len(head) == SAMPLE_BYTES:
+        raise DataError(f"{path}: the header line is longer than {SAMPLE_BYTES >> 10} KB")
+    delimiter = csv_delimiter(path, head, requested, len(head) < SAMPLE_BYTES)
+    columns = read_csv_header(first, path, delimiter)
+    return InputFile(path, fmt, True, size, mtime, sha, columns, len(first), ((len(first), 2),),
+                     delimiter=delimiter, header=header_line(first))
 
 
-def _scan_text(found: FoundFile, grain: int) -> InputFile:
+def _scan_text(found: FoundFile, grain: int, requested: str = "auto") -> InputFile:
     """Hash a CSV or JSON Lines file block by block and cut it at the first record start after
     every `grain` bytes; in CSV a newline inside a quoted field starts no record."""
     path, fmt, size, mtime = found.path, found.format, found.size, found.mtime
@@ -234,6 +284,7 @@ def _scan_text(found: FoundFile, grain: int) -> InputFile:
     quote_aware = fmt == "csv"
     cuts: list[tuple[int, int]] = []
     columns = None
+    delimiter, header = ",", ""
     data_start = 0
     lines = quotes = 0  # newlines and quote characters in the bytes before `counted`
     counted = 0
@@ -250,7 +301,9 @@ def _scan_text(found: FoundFile, grain: int) -> InputFile:
                 if nl < 0 and size > len(block):
                     raise DataError(f"{path}: the header line is longer than {BLOCK >> 20} MB")
                 first = block[: nl + 1] if nl >= 0 else block
-                columns = read_csv_header(first, path)
+                head = block[:SAMPLE_BYTES]
+                delimiter = csv_delimiter(path, head, requested, len(head) == size)
+                columns, header = read_csv_header(first, path, delimiter), header_line(first)
                 data_start = target = len(first)
             while target < min(offset + len(block), size):
                 rel = target - offset
@@ -281,7 +334,8 @@ def _scan_text(found: FoundFile, grain: int) -> InputFile:
             counted = offset
     if fmt == "csv" and columns is None:
         raise DataError(f"{path}: the first line must be a header naming the columns")
-    return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, data_start, tuple(cuts))
+    return InputFile(path, fmt, False, size, mtime, sha.hexdigest(), columns, data_start, tuple(cuts),
+                     delimiter=delimiter, header=header)
 
 
 def _whole_file_sha256(path: str) -> str:
@@ -331,9 +385,10 @@ def plan_units(files: list[InputFile], shards: int) -> list[WorkUnit]:
         for f, start, end, line, _ in group:
             last = segments[-1] if segments else None
             if last and last.path == f.path and last.end == start:
-                segments[-1] = Segment(f.path, f.format, f.compressed, f.columns, last.start, end, last.first_line)
+                segments[-1] = Segment(f.path, f.format, f.compressed, f.columns, last.start, end, last.first_line,
+                                       f.delimiter)
             else:
-                segments.append(Segment(f.path, f.format, f.compressed, f.columns, start, end, line))
+                segments.append(Segment(f.path, f.format, f.compressed, f.columns, start, end, line, f.delimiter))
         owned = tuple(s for s in range(shards) if s % len(groups) == u)
         units.append(WorkUnit(u, tuple(segments), owned))
     return units

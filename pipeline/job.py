@@ -21,7 +21,9 @@ from tfpipe import __version__
 from tfpipe.files import digest
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
-from tfpipe.pipeline.inputs import FoundFile, InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
+from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, is_image_folder_input, shown_delimiter
+from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, plan_units, read_csv_header,
+                                    resolve_inputs, scan_file)
 from tfpipe.pipeline.readers import sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
@@ -64,6 +66,8 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
 
 def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     """Run the data stage; returns the output directory (published atomically)."""
+    if config.format == "auto" and is_image_folder_input(config.input):
+        config = config.model_copy(update={"format": "images"})  # a folder of class folders of images
     if config.format == "images":
         from tfpipe.pipeline.image_job import run as run_images
 
@@ -88,7 +92,8 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
 
     previous = read_data_manifest(out)
     if previous and not config.force and _same_inputs_quick(previous, found) and \
-            previous.get("settings") == settings and previous.get("tfpipe_version") == __version__:
+            previous.get("settings") == settings and previous.get("tfpipe_version") == __version__ and \
+            previous.get("config", {}).get("delimiter", "auto") == config.delimiter:
         log(f"cache hit: {out} is up to date with these inputs and options; nothing to do (--force reruns)")
         return out
 
@@ -98,7 +103,8 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         shards = max(shards, workers)
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
     log("scanning: hashing inputs and finding record boundaries")
-    files = [scan_file(f, grain) for f in found]
+    files = [scan_file(f, grain, config.delimiter) for f in found]
+    _log_delimiters(files, config, log)
     fingerprint = _fingerprint(settings, files)
     if previous and not config.force and previous.get("fingerprint") == fingerprint:
         log(f"cache hit: {out} is up to date (inputs unchanged by content); nothing to do (--force reruns)")
@@ -107,7 +113,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     if config.schema_path:
         _check_schema_fits(schema, files, config)
     else:
-        schema = _infer(files, config)
+        schema = _infer(files, config, log)
     plan = Plan(config, schema, files, plan_units(files, shards), shards, settings, fingerprint, runner, workers,
                 started)
     log(f"schema: {len(schema.features)} features, label '{schema.label.name}' "
@@ -119,7 +125,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
                        lambda tmp: _finish(plan, tmp, out, log), log)
 
 
-def _infer(files: list[InputFile], config: DataConfig) -> Schema:
+def _infer(files: list[InputFile], config: DataConfig, log: Callable[[str], None]) -> Schema:
     columns: list[str] = []
     for f in files:
         for c in f.columns or ():
@@ -130,22 +136,59 @@ def _infer(files: list[InputFile], config: DataConfig) -> Schema:
         for c in r:
             if c not in columns:
                 columns.append(c)
-    _check_names(columns, config, files[0].path if len(files) == 1 else "the inputs")
-    return infer_schema(columns, records, config.label, exclude=config.exclude, key=config.key,
-                        task=config.task, textual=textual, na_values=config.na_values)
+    _check_names(columns, config, files)
+    return infer_schema(columns, records, config.label, exclude=config.exclude, keep=config.keep_column,
+                        key=config.key, task=config.task, textual=textual, na_values=config.na_values, note=log)
 
 
-def _check_names(columns: list[str], config: DataConfig, where: str) -> None:
+def _log_delimiters(files: list[InputFile], config: DataConfig, log: Callable[[str], None]) -> None:
+    """Say how each CSV input is split, when tfpipe chose it and it is not the plain comma."""
+    if config.delimiter != "auto":
+        return
+    for f in files:
+        if f.format == "csv" and f.delimiter != ",":
+            log(f"{os.path.basename(f.path)}: fields separated by {delimiter_name(f.delimiter)}s "
+                f"({shown_delimiter(f.delimiter)}, detected; --delimiter sets it)"
+                + ("; numbers with a decimal comma (3,5) are read as numbers" if f.delimiter == ";" else ""))
+
+
+def _check_names(columns: list[str], config: DataConfig, files: list[InputFile]) -> None:
+    where = files[0].path if len(files) == 1 else "the inputs"
     shown = ", ".join(columns[:30]) + (" ..." if len(columns) > 30 else "")
     if config.label not in columns:
-        raise DataError(f"label column '{config.label}' not found in {where} (columns: {shown})")
-    for c in config.exclude:
-        if c not in columns:
-            raise DataError(f"--exclude: column '{c}' not found in {where} (columns: {shown})")
+        raise DataError(_label_not_found(config.label, files) or
+                        f"label column '{config.label}' not found in {where} (columns: {shown})")
+    for flag, names in (("--exclude", config.exclude), ("--keep-column", config.keep_column)):
+        for c in names:
+            if c not in columns:
+                raise DataError(f"{flag}: column '{c}' not found in {where} (columns: {shown})")
     if config.label in config.exclude:
         raise DataError(f"label column '{config.label}' cannot also be excluded")
     if config.key and config.key not in columns:
         raise DataError(f"--key: column '{config.key}' not found in {where} (columns: {shown})")
+
+
+def _label_not_found(label: str, files: list[InputFile]) -> str | None:
+    """For the first CSV input whose header lacks `label`: how its header was split, and the
+    delimiter that would find the label, if one would."""
+    f = next((f for f in files if f.format == "csv" and label not in (f.columns or ())), None)
+    if f is None:
+        return None
+    names = f.columns or ()
+    shown = ", ".join(repr(c) for c in names[:30]) + (" ..." if len(names) > 30 else "")
+    text = (f"label column '{label}' not found in {f.path}: its header, split on {shown_delimiter(f.delimiter)}, "
+            f"gives {len(names)} column{'s' if len(names) != 1 else ''}: {shown}")
+    for d in DELIMITERS:
+        if d == f.delimiter:
+            continue
+        try:
+            other = read_csv_header(f.header.encode(), f.path, d)
+        except DataError:
+            continue
+        if label in other:
+            flag = "tab" if d == "\t" else d
+            return text + f" (pass --delimiter '{flag}' to split it on {delimiter_name(d)}s)"
+    return text
 
 
 def _check_schema_fits(schema: Schema, files: list[InputFile], config: DataConfig) -> None:
@@ -161,7 +204,8 @@ def _check_schema_fits(schema: Schema, files: list[InputFile], config: DataConfi
         if unknown:
             raise DataError(f"{f.path}: column '{unknown[0]}' is not in the schema (add --exclude {unknown[0]} to drop it)")
         if schema.label.name not in f.columns:
-            raise DataError(f"label column '{schema.label.name}' not found in {f.path}")
+            raise DataError(_label_not_found(schema.label.name, [f]) or
+                            f"label column '{schema.label.name}' not found in {f.path}")
 
 
 def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
@@ -179,7 +223,7 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
     _settle_schema(schema, stats)
 
     inputs = [{"path": f.path, "format": f.format, "compressed": f.compressed, "size": f.size, "mtime": f.mtime,
-               "sha256": f.sha256} for f in files]
+               "sha256": f.sha256, **_csv_reading(f)} for f in files]
     manifest = data_manifest(config, summaries, counts, tmp, plan.started, fingerprint=plan.fingerprint,
                              settings=plan.settings, inputs=inputs, runner=plan.runner, workers=plan.workers,
                              shards=plan.shards)
@@ -207,8 +251,21 @@ def _settle_schema(schema: Schema, stats: dict) -> None:
 
 # ---- files, cache, atomic publish -------------------------------------------------------------
 
+def _csv_reading(f: InputFile) -> dict:
+    """How a CSV input was read (data.json records it): its delimiter, and whether a decimal comma
+    is read as a point (with ';'). Nothing for other formats."""
+    if f.format != "csv":
+        return {}
+    return {"delimiter": f.delimiter, "decimal_comma": f.delimiter == ";"}
+
+
 def _fingerprint(settings: dict, files: list[InputFile]) -> str:
-    return digest({"settings": settings, "version": __version__, "inputs": [[f.path, f.sha256] for f in files]})
+    """The content cache key: the settings, the version, and each input's path and sha256, with a
+    CSV input's delimiter when it is not a comma (the one it was read with, however it was chosen;
+    comma files keep the key they had before delimiters were detected)."""
+    inputs = [[f.path, f.sha256] + ([f.delimiter] if f.format == "csv" and f.delimiter != "," else [])
+              for f in files]
+    return digest({"settings": settings, "version": __version__, "inputs": inputs})
 
 
 def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:

@@ -122,9 +122,10 @@ def split_files(summaries: list[dict], splits: list[str]) -> dict[str, list[dict
     return files_out
 
 
-def deadletter_files(tmp: str) -> list[str]:
-    return [f"deadletter/{d}" for d in sorted(os.path.basename(m.path)
-                                              for m in match(FileSystems.join(tmp, "deadletter", "*.jsonl")))]
+def deadletter_files(tmp: str, folder: str = "deadletter") -> list[str]:
+    """The JSON Lines files in `folder` of the output (`deadletter`, or `unlabelled`), relative to it."""
+    return [f"{folder}/{d}" for d in sorted(os.path.basename(m.path)
+                                            for m in match(FileSystems.join(tmp, folder, "*.jsonl")))]
 
 
 def write_outputs(tmp: str, documents: dict[str, object]) -> None:
@@ -140,27 +141,42 @@ def write_outputs(tmp: str, documents: dict[str, object]) -> None:
             shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
 
 
-def tally(summaries: list[dict], splits: list[str]) -> dict:
-    """The units' counts added up: read, written (per split and in all) and dead-lettered."""
+def tally(summaries: list[dict], splits: list[str], rows: bool = True) -> dict:
+    """The units' counts added up: read, written (per split and in all), dead-lettered and, for
+    `rows` (an image always has its class folder or label), unlabelled."""
     per_split = {name: sum(s["splits"][name] for s in summaries) for name in splits}
-    return {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
-            "bad": sum(s["bad"] for s in summaries), "splits": per_split}
+    counts = {"read": sum(s["read"] for s in summaries), "written": sum(per_split.values()),
+              "bad": sum(s["bad"] for s in summaries)}
+    if rows:
+        counts["unlabelled"] = sum(s.get("unlabelled", 0) for s in summaries)
+    return {**counts, "splits": per_split}
+
+
+def bad_fraction(counts: dict) -> float:
+    """The share of bad rows among those that had a label: unlabelled rows are set aside, not bad."""
+    labelled = counts["read"] - counts.get("unlabelled", 0)
+    return counts["bad"] / labelled if labelled else 0.0
 
 
 def check_counts(config, counts: dict, summaries: list[dict], noun: str, place: Callable[[dict], str],
                  inputs: int | None = None) -> None:
-    """Every input is written or dead-lettered (and, when the launcher knows how many there are,
-    `inputs` of them were read), and no more than --max-bad-fraction of them are bad; otherwise
-    the job fails and nothing is published. `place` names a bad entry in the error."""
-    read, written, bad = counts["read"], counts["written"], counts["bad"]
-    if read != written + bad or (inputs is not None and read != inputs):
-        raise RuntimeError(f"{noun} accounting failed: read {read} != written {written} + bad {bad}"
-                           + (f" (inputs: {inputs})" if inputs is not None else ""))
-    fraction = bad / read if read else 0.0
+    """Every input is written, dead-lettered or set aside as unlabelled (and, when the launcher
+    knows how many there are, `inputs` of them were read), and no more than --max-bad-fraction of
+    the labelled ones are bad; otherwise the job fails and nothing is published. `place` names a
+    bad entry in the error."""
+    read, written, bad, unlabelled = counts["read"], counts["written"], counts["bad"], counts.get("unlabelled", 0)
+    if read != written + bad + unlabelled or (inputs is not None and read != inputs):
+        raise RuntimeError(f"{noun} accounting failed: read {read} != written {written} + bad {bad} + "
+                           f"unlabelled {unlabelled}" + (f" (inputs: {inputs})" if inputs is not None else ""))
+    if unlabelled and read == unlabelled:
+        raise DataError(f"none of the {read} {noun} has a label (all were set aside in unlabelled/); "
+                        "nothing was written")
+    fraction = bad_fraction(counts)
     if fraction > config.max_bad_fraction or written == 0:
         first_bad = [b for s in summaries for b in s["first_bad"]][:5]
         reasons = "\n".join(f"  {place(b)}: {b['reason']}" for b in first_bad)
-        raise DataError(f"{bad} of {read} {noun} are bad ({fraction:.2%}), over --max-bad-fraction "
+        labelled = f"{read - unlabelled} labelled {noun}" if unlabelled else f"{read} {noun}"
+        raise DataError(f"{bad} of {labelled} are bad ({fraction:.2%}), over --max-bad-fraction "
                         f"{config.max_bad_fraction:g}; nothing was written. First bad {noun}:\n{reasons}")
 
 
@@ -180,9 +196,10 @@ def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started
         "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args)},
         "shards": shards,
         "counts": counts,
-        "bad_fraction": counts["bad"] / counts["read"] if counts["read"] else 0.0,
+        "bad_fraction": bad_fraction(counts),
         "outputs": {"schema": "schema.json", "stats": "stats.json",
-                    "splits": split_files(summaries, list(config.split)), "deadletter": deadletter_files(tmp)},
+                    "splits": split_files(summaries, list(config.split)), "deadletter": deadletter_files(tmp),
+                    **({"unlabelled": deadletter_files(tmp, "unlabelled")} if "unlabelled" in counts else {})},
         "elapsed_s": round(elapsed, 3),
         "rows_per_s": round(counts["read"] / elapsed, 1) if elapsed > 0 else None,
     }
@@ -204,7 +221,8 @@ def read_data_manifest(out: str) -> dict | None:
 
 def published_names(manifest: dict) -> list[str]:
     names = [f["file"] for files in manifest["outputs"]["splits"].values() for f in files]
-    return names + manifest["outputs"]["deadletter"] + ["schema.json", "stats.json", "data.json"]
+    return (names + manifest["outputs"]["deadletter"] + manifest["outputs"].get("unlabelled", [])
+            + ["schema.json", "stats.json", "data.json"])
 
 
 def human_bytes(n: float) -> str:
@@ -226,11 +244,17 @@ def print_summary(manifest: dict, out: str, log) -> None:
     for name, n in c["splits"].items():
         rows.append((name, f"{n:,}", str(by_split[name][0]), f"{by_split[name][1] / 1e6:.2f}"))
     rows.append(("dead-letter", f"{c['bad']:,}", str(len(manifest["outputs"]["deadletter"])), ""))
+    unlabelled = c.get("unlabelled", 0)
+    if unlabelled:
+        rows.append(("unlabelled", f"{unlabelled:,}", str(len(manifest["outputs"].get("unlabelled", []))), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         log("  " + "  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
-    log(f"{noun} read {c['read']:,} = written {c['written']:,} + dead-letter {c['bad']:,}; "
+    aside = f" + unlabelled {unlabelled:,}" if unlabelled else ""
+    log(f"{noun} read {c['read']:,} = written {c['written']:,} + dead-letter {c['bad']:,}{aside}; "
         f"{manifest['elapsed_s']:.1f} s, {manifest['rows_per_s']:,.0f} {noun}/s")
+    if unlabelled:
+        log(f"{unlabelled:,} {noun} with no label were set aside in unlabelled/ (not trained on, not counted as bad)")
     log(f"wrote {out}")
 
 
@@ -254,7 +278,8 @@ def publish(tmp: str, out: str, names: list[str]) -> None:
         # Object stores have no directory rename: the old output goes first, then the new
         # files move one by one with data.json last, so a reader that trusts data.json
         # never sees a partial output.
-        old = [m.path for m in match(FileSystems.join(out, "*")) + match(FileSystems.join(out, "deadletter", "*"))]
+        old = [m.path for m in match(FileSystems.join(out, "*")) + match(FileSystems.join(out, "deadletter", "*"))
+               + match(FileSystems.join(out, "unlabelled", "*"))]
         if old:
             FileSystems.delete(old)
         for name in names:
@@ -316,5 +341,6 @@ def result(out: str) -> StageResult:
     c = m["counts"]
     noun = "images" if m.get("kind") == "images" else "rows"
     summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
+               + (f"; {c['unlabelled']:,} unlabelled set aside" if c.get("unlabelled") else "")
                + f"; {c['bad']:,} dead-lettered")
     return StageResult(os.path.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]))

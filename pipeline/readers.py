@@ -21,6 +21,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.pipeline.dates import is_date_value, iso_text, parse_seconds
+from tfpipe.pipeline.autodetect import decimal_comma_number
 from tfpipe.pipeline.errors import DataError, worker_data_error
 from tfpipe.pipeline.inputs import Segment
 from tfpipe.pipeline.schema import Schema
@@ -43,6 +44,8 @@ class Batch:
     keys: list[str] | None  # split key text per good row, when --key is set
     columns: dict[str, Column]
     bad: list[dict[str, Any]] = field(default_factory=list)  # dead-letter entries
+    # rows with no label: set aside (source, line, raw), neither written nor bad
+    unlabelled: list[dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -61,14 +64,16 @@ class Validator:
 
     # -- CSV ------------------------------------------------------------------------------
 
-    def csv_batch(self, source: str, header: tuple[str, ...], text: str, first_line: int) -> Batch:
-        """Validate a block of CSV text whose first physical line is `first_line`."""
+    def csv_batch(self, source: str, header: tuple[str, ...], text: str, first_line: int,
+                  delimiter: str = ",") -> Batch:
+        """Validate a block of CSV text whose first physical line is `first_line`. With a `;`
+        delimiter, numbers written with a decimal comma (3,5) are read as numbers."""
         ncols = len(header)
         lines = text.split("\n")
         rows: list[list[str]] = []
         line_idx: list[int] = []
         bad: list[dict[str, Any]] = []
-        reader = csv.reader(io.StringIO(text))
+        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
         spans: dict[int, int] = {}  # row -> physical lines, for records spanning several lines
         prev = 0
         while True:
@@ -102,7 +107,7 @@ class Validator:
             if i is None:  # column absent from this file: every value missing
                 converted[c.name] = _all_missing(c.type, len(rows))
             else:
-                converted[c.name] = _convert_text(cols[i], c.type, self.na)
+                converted[c.name] = _convert_text(cols[i], c.type, self.na, decimal_comma=delimiter == ";")
         key_i = index.get(self.schema.key) if self.schema.key else None
         keys = list(cols[key_i]) if key_i is not None else None
         return self._finish(source, np.asarray(line_idx, dtype=np.int64) + first_line, raws, keys,
@@ -166,6 +171,9 @@ class Validator:
         return self._finish(source, lines, raws, keys, converted, bad)
 
     def _finish(self, source, lines, raws, keys, converted, bad) -> Batch:
+        """Keep the rows that fit; a row whose values do not fit is bad (with the first reason), and
+        a row that fits but has no label is unlabelled: set aside, for neither training nor the
+        dead-letter."""
         n = len(lines)
         ok = np.ones(n, dtype=bool)
         reasons: dict[int, str] = {}
@@ -177,20 +185,21 @@ class Validator:
                 if ok[i]:
                     reasons[i] = f"column '{c.name}': {problem}"
                     ok[i] = False
-            must_be_present = c.name == self.label or (self.schema.enforced and not c.nullable)
-            if must_be_present and not present.all():
+            if self.schema.enforced and not c.nullable and c.name != self.label and not present.all():
                 missing = ~present & ok
-                what = f"missing label '{c.name}'" if c.name == self.label else f"missing value in non-nullable column '{c.name}'"
                 for i in np.flatnonzero(missing):
-                    reasons[i] = what
+                    reasons[i] = f"missing value in non-nullable column '{c.name}'"
                 ok &= ~missing
+        values, present, _ = converted[self.label]
+        unlabelled = ok & ~present
+        ok &= present
         if self.classes is not None:
-            values, present, _ = converted[self.label]
             for i in np.flatnonzero(ok):
                 if values[i] not in self.classes:
                     reasons[i] = f"label value {values[i]!r} is not one of the schema's classes"
                     ok[i] = False
-        if reasons:
+        aside = [_aside(source, int(lines[i]), raws[i]) for i in np.flatnonzero(unlabelled)]
+        if reasons or aside:
             for i in sorted(reasons):
                 bad.append(_dead(source, int(lines[i]), raws[i], reasons[i]))
             idx = np.flatnonzero(ok)
@@ -202,7 +211,7 @@ class Validator:
                 columns[name] = Column(values[idx], present[idx])
         else:
             columns = {name: Column(v, p) for name, (v, p, _) in converted.items()}
-        return Batch(source, lines, raws, keys, columns, bad)
+        return Batch(source, lines, raws, keys, columns, bad, aside)
 
 
 def _date_problems(values: np.ndarray, present: np.ndarray) -> dict[int, str]:
@@ -213,6 +222,11 @@ def _date_problems(values: np.ndarray, present: np.ndarray) -> dict[int, str]:
 
 def _dead(source: str, line: int, raw: str, reason: str) -> dict[str, Any]:
     return {"source": source, "line": int(line), "reason": reason, "raw": raw}
+
+
+def _aside(source: str, line: int, raw: str) -> dict[str, Any]:
+    """An unlabelled row as `unlabelled/*.jsonl` keeps it: a dead-letter entry's fields, no reason."""
+    return {"source": source, "line": int(line), "raw": raw}
 
 
 def _raw(lines: list[str], start: int, end: int) -> str:
@@ -239,8 +253,13 @@ def _all_missing(type_: str, n: int):
     return np.zeros(n, dtype=dtype), np.zeros(n, dtype=bool), None
 
 
-def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str]):
-    """CSV strings to (values, present, problems); the `na` texts are missing values."""
+def _decimal_comma_float(text: str) -> float:
+    return float(decimal_comma_number(text) or text)
+
+
+def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str], decimal_comma: bool = False):
+    """CSV strings to (values, present, problems); the `na` texts are missing values. With
+    `decimal_comma`, a float written 3,5 is 3.5."""
     n = len(col)
     if type_ == "string":
         values = np.array(col, dtype=object) if n else np.zeros(0, dtype=object)
@@ -248,7 +267,7 @@ def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str]):
         present = np.fromiter((v not in na for v in col), bool, n) if has_na else np.ones(n, dtype=bool)
         return values, present, None
     dtype = np.float64 if type_ == "float" else np.int64
-    parse = float if type_ == "float" else int
+    parse = (_decimal_comma_float if decimal_comma else float) if type_ == "float" else int
     # Fast paths: Python's own parsers through fromiter beat numpy's string casts 3x.
     try:
         return _finish_numeric(np.fromiter(map(parse, col), dtype, n), np.ones(n, dtype=bool), {})
@@ -405,12 +424,13 @@ def _read_segment(seg: Segment, validator: Validator) -> Iterator[Batch]:
             carry = data[cut:]
             text = _decode(data[:cut])
             if seg.format == "csv":
-                batch = validator.csv_batch(seg.path, seg.columns, text, line)
+                batch = validator.csv_batch(seg.path, seg.columns, text, line, seg.delimiter)
             else:
                 batch = validator.jsonl_batch(seg.path, text, line)
             line += text.count("\n")
             if "\ufffd" in text:
                 _reject_bad_utf8(batch)
+                _reject_bad_utf8_unlabelled(batch)
             yield batch
             if final:
                 return
@@ -457,6 +477,14 @@ def _reject_bad_utf8(batch: Batch) -> None:
     if batch.keys is not None:
         batch.keys = [batch.keys[i] for i in keep]
     batch.columns = {k: Column(c.values[keep], c.present[keep]) for k, c in batch.columns.items()}
+
+
+def _reject_bad_utf8_unlabelled(batch: Batch) -> None:
+    """An unlabelled row that is not valid UTF-8 is bad, as a labelled one would be."""
+    if any("\ufffd" in r["raw"] for r in batch.unlabelled):
+        batch.bad += [_dead(r["source"], r["line"], r["raw"], "not valid UTF-8")
+                      for r in batch.unlabelled if "\ufffd" in r["raw"]]
+        batch.unlabelled = [r for r in batch.unlabelled if "\ufffd" not in r["raw"]]
 
 
 def _read_parquet(seg: Segment, validator: Validator) -> Iterator[Batch]:
@@ -508,10 +536,12 @@ def _sample_file(f, per_file: int) -> list[dict[str, Any]]:
         stream = gzip.GzipFile(fileobj=raw) if f.compressed else raw
         text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
         if f.format == "csv":
-            reader = csv.reader(text)
+            reader = csv.reader(text, delimiter=f.delimiter)
             next(reader, None)  # header
             for row in reader:
                 if len(row) == len(f.columns):
+                    if f.delimiter == ";":  # as the reader will read them: 3,5 is the number 3.5
+                        row = [decimal_comma_number(v) or v for v in row]
                     records.append(dict(zip(f.columns, row)))
                     if len(records) >= per_file:
                         break

@@ -12,7 +12,7 @@ import math
 import re
 import unicodedata
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tfpipe.pipeline.dates import is_date_value, parse_seconds
 from tfpipe.pipeline.errors import DataError
@@ -187,10 +187,12 @@ def load_schema(path: str) -> Schema:
 # the few that do not are bad rows (dead-letter), not a reason to make it a string column.
 NUMERIC_SHARE = 0.98
 TEXT_WORDS, TEXT_DISTINCT = 2.5, 0.5  # free text: words per value on average, and distinct values
+_SPACE = re.compile(r"\s")
 
 
 class _TypeVote:
-    """Counts how many sampled values of one column fit each type."""
+    """Counts how many sampled values of one column fit each type, and notes what tells a row
+    ID: whether every value differs, whether the integers count up by one, any whitespace."""
 
     def __init__(self, na_values: frozenset[str] = frozenset()) -> None:
         self.na_values = na_values
@@ -201,19 +203,46 @@ class _TypeVote:
         self.values: set[Any] = set()
         self.dates = 0  # ISO-8601 texts, or date/timestamp values
         self.words = 0  # words in the texts, to tell free text from categories
+        self.distinct: set[Any] | None = set()  # every value so far; None once one repeats
+        self.counting = True  # the integers so far are n, n+1, n+2, ... in file order
+        self.first_int: int | None = None
+        self.last_int: int | None = None
+        self.min_int = self.max_int = 0
+        self.spaces = False
 
     def _add_string(self, text: str) -> None:
         if parse_seconds(text) is not None:
             self.dates += 1
         self.words += len(text.split())
 
+    def _note(self, value: Any, as_int: int | None) -> None:
+        # Every ID rule needs distinct values: a column with a repeat is done being watched.
+        if self.distinct is None:
+            return
+        if value in self.distinct:
+            self.distinct = None
+            return
+        self.distinct.add(value)
+        if as_int is None:
+            self.counting = False
+        else:
+            if self.last_int is None:
+                self.first_int = self.min_int = self.max_int = as_int
+            elif as_int != self.last_int + 1:
+                self.counting = False
+            self.last_int = as_int
+            self.min_int, self.max_int = min(self.min_int, as_int), max(self.max_int, as_int)
+        if isinstance(value, str) and not self.spaces and _SPACE.search(value):
+            self.spaces = True
+
     def add_text(self, text: str) -> None:
         if text == "" or text in self.na_values:
             self.missing += 1
             return
         self.seen += 1
+        as_int = None
         try:
-            int(text)
+            as_int = int(text)
             self.ints += 1
             self.floats += 1
         except ValueError:
@@ -224,6 +253,7 @@ class _TypeVote:
                 self._add_string(text)
         if len(self.values) <= 1000:
             self.values.add(text)
+        self._note(text, as_int)
 
     def add_value(self, value: Any) -> None:
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -239,8 +269,12 @@ class _TypeVote:
             self.dates += 1
         elif isinstance(value, str):
             self._add_string(value)
-        if len(self.values) <= 1000 and not isinstance(value, (list, dict)):
+        if isinstance(value, (list, dict)):
+            self.distinct, self.counting = None, False
+            return
+        if len(self.values) <= 1000:
             self.values.add(value)
+        self._note(value, value if isinstance(value, int) and not isinstance(value, bool) else None)
 
     @property
     def type(self) -> str:
@@ -265,21 +299,57 @@ class _TypeVote:
         return None
 
 
+# A string column is taken for an ID only from this many sampled rows on: in a handful of rows
+# most short texts are unique.
+MIN_STRING_ID_ROWS = 20
+_ID_NAME = re.compile(r"^(id|rownames|index|unnamed: \d+)$|[_ ]id$", re.IGNORECASE)
+
+
+def id_like_name(name: str) -> bool:
+    """A column name that says row ID: id, ID, customer_id, 'order id', customerId, rownames,
+    index, pandas' `Unnamed: 0` (its nameless index column)."""
+    return bool(_ID_NAME.search(name)) or name.endswith("Id")
+
+
+def row_id_reason(name: str, vote: _TypeVote) -> str | None:
+    """Why column `name` looks like a row ID rather than a feature, or None when it does not.
+
+    Never a float column, nor one with a missing or repeated value in the sample. An integer
+    column: when its name says ID (or it is R's row-name column `X` holding 1..n), or its values
+    count up by one in file order. A string column: from MIN_STRING_ID_ROWS rows on, when its name
+    says ID or no value holds a space (codes such as C-10023, not names or free text)."""
+    if vote.missing or vote.distinct is None or vote.seen < 2 or vote.kind == "date":
+        return None  # dates are unique per row by nature; free text is an ID only by its name (below)
+    kind = vote.type
+    if kind == "int":
+        if id_like_name(name) or (name == "X" and vote.min_int == 1 and vote.max_int == vote.seen):
+            return "unique in every sampled row"
+        if vote.counting and vote.seen >= 3:
+            return f"unique in every sampled row, counting up by one from {vote.first_int}"
+        return None
+    if kind == "string" and vote.seen >= MIN_STRING_ID_ROWS and (id_like_name(name) or not vote.spaces):
+        return "unique in every sampled row"
+    return None
+
+
 def infer_schema(
     columns: list[str],
     rows: Iterable[dict[str, Any]],
     label: str,
     *,
     exclude: Iterable[str] = (),
+    keep: Iterable[str] = (),
     key: str | None = None,
     task: str = "auto",
     textual: bool = True,
     na_values: Iterable[str] = (),
+    note: Callable[[str], None] = lambda _: None,
 ) -> Schema:
     """Infer feature types and the label's task from sample rows (dicts of raw values).
 
     `textual` rows hold CSV strings (an empty string is missing); otherwise they hold
-    typed JSON/Parquet values (None is missing).
+    typed JSON/Parquet values (None is missing). A column that looks like a row ID
+    (`row_id_reason`) is excluded, with a `note` saying so, unless it is the label or in `keep`.
     """
     excluded = [c for c in exclude]
     na = frozenset(na_values)
@@ -298,6 +368,27 @@ def infer_schema(
     lv = votes[label]
     if lv.seen == 0:
         raise DataError(f"label column '{label}' is empty in the first {n} rows")
+    task, classes = _label_task(label, lv, task, n)
+    for c in [c for c in votes if c != label and c not in keep]:
+        reason = row_id_reason(c, votes[c])
+        if reason:
+            note(f"column '{c}' looks like a row ID ({reason}): left out of the model; "
+                 f"--keep-column {_flag_value(c)} keeps it")
+            del votes[c]
+            excluded.append(c)
+    features = [
+        Feature(c, votes[c].type, nullable=votes[c].missing > 0, kind=votes[c].kind) for c in votes if c != label
+    ]
+    return Schema(features, Label(label, lv.type, task, classes), key=key, excluded=excluded)
+
+
+def _flag_value(name: str) -> str:
+    """A column name as a shell command line takes it."""
+    return name if re.fullmatch(r"[A-Za-z0-9_.:-]+", name) else "'" + name.replace("'", "'\\''") + "'"
+
+
+def _label_task(label: str, lv: _TypeVote, task: str, n: int) -> tuple[str, list[Any] | None]:
+    """The label's task (`task`, or inferred from its sampled values when auto) and its classes."""
     label_type = lv.type
     distinct = lv.values
     if task == "auto":
@@ -321,10 +412,7 @@ def infer_schema(
         if label_type == "float":
             raise DataError(f"label column '{label}' holds non-integer numbers; use --task regression")
         classes = sorted({c for c in (_typed(v, label_type) for v in distinct) if c is not None})
-    features = [
-        Feature(c, votes[c].type, nullable=votes[c].missing > 0, kind=votes[c].kind) for c in votes if c != label
-    ]
-    return Schema(features, Label(label, label_type, task, classes), key=key, excluded=excluded)
+    return task, classes
 
 
 def _typed(value: Any, type_: str) -> Any:

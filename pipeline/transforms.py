@@ -36,7 +36,8 @@ from tfpipe.pipeline.stats import SplitStatsFn
 from tfpipe.pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter
 
 HASH_BUCKETS = 10000
-BAD = "bad"  # the reader's tagged output of dead-letter rows
+BAD = "bad"  # the reader's tagged output of dead-letter rows (and of unlabelled rows, set aside)
+UNLABELLED = "unlabelled"  # the folder unlabelled rows are set aside in
 FIRST_BAD = 5  # bad rows kept per unit for the error message
 
 
@@ -68,10 +69,12 @@ class UnitBatch:
 
 @dataclass
 class BadRows:
-    """Dead-letter entries of one work unit (reason, source, line, raw text)."""
+    """Rows of one work unit written aside as JSON lines: dead-letter entries (reason, source,
+    line, raw text) into `deadletter/`, or unlabelled rows (source, line, raw) into `unlabelled/`."""
 
     unit: int
     rows: list[dict]
+    folder: str = "deadletter"
 
 
 @dataclass
@@ -92,6 +95,7 @@ class UnitEnd:
     read: int
     bad: int
     first_bad: list[dict] = field(default_factory=list)
+    unlabelled: int = 0
 
 
 # ---- the steps -----------------------------------------------------------------------------------
@@ -106,18 +110,21 @@ class ReadAndValidate(beam.DoFn):
         self.validator = Validator(Schema.from_json(self.schema_json, enforced=self.enforced), self.na_values)
 
     def process(self, unit: WorkUnit):
-        read = bad = 0
+        read = bad = unlabelled = 0
         first_bad: list[dict] = []
         for seg in unit.segments:
             for batch in read_segment(seg, self.validator):
-                read += len(batch) + len(batch.bad)
+                read += len(batch) + len(batch.bad) + len(batch.unlabelled)
                 if batch.bad:
                     bad += len(batch.bad)
                     first_bad.extend(batch.bad[: max(0, FIRST_BAD - len(first_bad))])
                     yield beam.pvalue.TaggedOutput(BAD, BadRows(unit.index, batch.bad))
+                if batch.unlabelled:
+                    unlabelled += len(batch.unlabelled)
+                    yield beam.pvalue.TaggedOutput(BAD, BadRows(unit.index, batch.unlabelled, UNLABELLED))
                 if len(batch):
                     yield UnitBatch(unit.index, batch)
-        end = UnitEnd(unit.index, read, bad, first_bad)
+        end = UnitEnd(unit.index, read, bad, first_bad, unlabelled)
         yield beam.pvalue.TaggedOutput(BAD, end)
         yield end
 
@@ -206,8 +213,9 @@ class WriteShards(beam.DoFn):
             files.write(element.split, element.records)
             return
         del self.open[element.unit]
-        summary = {"unit": element.unit, "read": element.read, "bad": element.bad, "splits": files.dealt,
-                   "files": files.close(), "first_bad": element.first_bad}
+        summary = {"unit": element.unit, "read": element.read, "bad": element.bad,
+                   "unlabelled": element.unlabelled, "splits": files.dealt, "files": files.close(),
+                   "first_bad": element.first_bad}
         path = FileSystems.join(self.out_dir, "_units", f"unit-{element.unit:05d}.json")
         with FileSystems.create(path) as f:
             f.write(json.dumps(summary).encode())
@@ -220,24 +228,25 @@ class WriteShards(beam.DoFn):
 
 
 class WriteDeadLetter(beam.DoFn):
-    """Appends a unit's bad rows as JSON lines to `deadletter/part-UNIT.jsonl` (only units that have some)."""
+    """Appends a unit's bad rows as JSON lines to `deadletter/part-UNIT.jsonl`, and its unlabelled
+    rows to `unlabelled/part-UNIT.jsonl` (only units that have some)."""
 
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
 
     def start_bundle(self) -> None:
-        self.open: dict[int, object] = {}
+        self.open: dict[tuple[int, str], object] = {}
 
     def process(self, element: BadRows | UnitEnd):
         if isinstance(element, UnitEnd):
-            f = self.open.pop(element.unit, None)
-            if f is not None:
-                f.close()
+            for where in [w for w in self.open if w[0] == element.unit]:
+                self.open.pop(where).close()
             return
-        if element.unit not in self.open:
-            self.open[element.unit] = FileSystems.create(
-                FileSystems.join(self.out_dir, "deadletter", f"part-{element.unit:05d}.jsonl"))
-        self.open[element.unit].write(
+        where = (element.unit, element.folder)
+        if where not in self.open:
+            self.open[where] = FileSystems.create(
+                FileSystems.join(self.out_dir, element.folder, f"part-{element.unit:05d}.jsonl"))
+        self.open[where].write(
             "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in element.rows).encode())
 
     def finish_bundle(self) -> None:

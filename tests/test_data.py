@@ -185,8 +185,9 @@ def test_key_column_decides_the_split(tmp_path, penguins_csv):
                 if rec[num] is not None:
                     rec[num] = float(rec[num]) if "." in rec[num] else int(rec[num])
             f.write(json.dumps(rec) + "\n")
-    a = run_stage(input=[str(csv_path)], label="species", key="id", out=str(tmp_path / "a"))
-    b = run_stage(input=[str(jsonl)], label="species", key="id", out=str(tmp_path / "b"))
+    # (the id is a row ID, left out of the features unless kept: kept here to read the splits back)
+    a = run_stage(input=[str(csv_path)], label="species", key="id", keep_column=["id"], out=str(tmp_path / "a"))
+    b = run_stage(input=[str(jsonl)], label="species", key="id", keep_column=["id"], out=str(tmp_path / "b"))
     for split in ("train", "eval", "test"):
         ids_a = sorted(read_split(a, split)["id"][0].tolist())
         ids_b = sorted(read_split(b, split)["id"][0].tolist())
@@ -277,22 +278,26 @@ def write_bad_inputs(tmp_path) -> tuple[str, str]:
 def test_bad_rows_go_to_dead_letter_with_reasons(tmp_path):
     csv_path, jsonl_path = write_bad_inputs(tmp_path)
     # Inference sees 'abc', 'inf' and '9.5' too, but a column stays numeric when 98% of it is.
-    out = run_stage(input=[csv_path], label="label", out=str(tmp_path / "c"), max_bad_fraction=0.5)
+    out = run_stage(input=[csv_path], label="label", out=str(tmp_path / "c"), max_bad_fraction=0.5,
+                    keep_column=["id"])
     assert {f["name"]: f["type"] for f in load(out, "schema.json")["features"]} == \
         {"id": "int", "x": "float", "n": "int", "city": "string"}
     dead = [json.loads(line) for p in glob.glob(os.path.join(out, "deadletter", "*.jsonl")) for line in open(p)]
     by_line = {d["line"]: d for d in dead}
-    assert set(by_line) == {3, 4, 5, 8, 9, 10, 112}
+    assert set(by_line) == {3, 4, 8, 9, 10, 112}
     assert all(d["source"] == csv_path for d in dead)
     assert "'abc' is not a float" in by_line[3]["reason"] and by_line[3]["raw"] == "2,abc,3,Oslo,no"
     assert by_line[4]["reason"] == "expected 5 columns, got 4"
-    assert by_line[5]["reason"] == "missing label 'label'"
     assert "not a finite number" in by_line[8]["reason"]
     assert "'9.5' is not an int" in by_line[9]["reason"]
     assert by_line[10]["reason"] == "expected 5 columns, got 6"
     assert by_line[112]["reason"] == "not valid UTF-8"
+    # line 5 has no label: set aside, not bad
+    aside = [json.loads(line) for p in glob.glob(os.path.join(out, "unlabelled", "*.jsonl")) for line in open(p)]
+    assert aside == [{"source": csv_path, "line": 5, "raw": "4,0.2,5,Rome,"}]
     m = load(out, "data.json")
-    assert m["counts"]["read"] == 110 and m["counts"]["bad"] == 7 and m["counts"]["written"] == 103
+    assert m["counts"]["read"] == 110 and m["counts"]["bad"] == 6 and m["counts"]["written"] == 103
+    assert m["counts"]["unlabelled"] == 1 and m["outputs"]["unlabelled"] == ["unlabelled/part-00000.jsonl"]
     # The quoted newline survived as one value.
     cities = [v.decode() for s in ("train", "eval", "test") for v in read_split(out, s)["city"][0]]
     assert "New\nYork" in cities
@@ -315,7 +320,7 @@ def test_too_many_bad_rows_fails_with_counts_and_reasons(tmp_path):
     out = tmp_path / "out"
     res = run_cli("data", "--input", csv_path, "--label", "label", "--out", str(out))
     assert res.returncode == 2
-    assert "7 of 110 rows are bad (6.36%), over --max-bad-fraction 0.01" in res.stderr
+    assert "6 of 109 labelled rows are bad (5.50%), over --max-bad-fraction 0.01" in res.stderr
     assert f"{csv_path}:3: column 'x': 'abc' is not a float" in res.stderr
     assert "Traceback" not in res.stderr
     assert not out.exists() and not glob.glob(str(tmp_path / ".out.tmp-*"))

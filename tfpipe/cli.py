@@ -99,6 +99,10 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
 
     config = load_config(args.config)
     cfg = _section(args, config, "data", DataConfig)
+    from tfpipe.pipeline.autodetect import is_image_folder_input
+
+    if cfg.format == "auto" and is_image_folder_input(cfg.input):
+        cfg.format = "images"  # a folder with one subfolder of images per class
     if extra:
         cfg.beam_args = [*cfg.beam_args, *extra]
     from tfpipe.pipeline.job import run  # Beam, a second to import: after the config is known good
@@ -211,13 +215,25 @@ def run_request_config(args: argparse.Namespace) -> tuple[Config, str | None, st
         overrides.append("data.label=" + json.dumps(args.label))
     if args.config or not inputs:
         path = args.config or DEMO_CONFIG
-        config = load_config(path, overrides)
+        config = _images_found(load_config(path, overrides))
         return config, path, args.workdir or default_workdir(config, path)
     name = own_data_name(inputs)
-    config = load_config(None, [f"export.name={json.dumps(name)}"] + overrides)
-    if not config.data.label and args.command == "run":
-        raise ConfigError(f"tfpipe run --input {' '.join(inputs)}: name the column to predict with --label COLUMN")
+    config = _images_found(load_config(None, [f"export.name={json.dumps(name)}"] + overrides))
+    if not config.data.label and config.data.format != "images" and args.command == "run":
+        raise ConfigError(f"tfpipe run --input {' '.join(inputs)}: name the column to predict with --label COLUMN"
+                          " (or give a folder with one subfolder of images per class)")
     return config, None, args.workdir or config.run.workdir or os.path.join("runs", name)
+
+
+def _images_found(config: Config) -> Config:
+    """A config whose input is one folder of class folders of images, with format auto, reads
+    images: every step that asks `data.format` then sees it (no --label needed: the folders are
+    the classes)."""
+    from tfpipe.pipeline.autodetect import is_image_folder_input
+
+    if config.data.format == "auto" and is_image_folder_input(config.data.input):
+        config.data.format = "images"
+    return config
 
 
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:

@@ -99,11 +99,14 @@ def data_section(entry: dict, d: dict) -> str:
     if schema.get("kind") == "images":
         return image_data_section(entry, d, stats, schema)
     c = d["counts"]
-    bars = bar_chart("Rows per split", "rows", [*c["splits"].items(), ("dead-letter", c["bad"])])
+    unlabelled = c.get("unlabelled", 0)
+    bars = bar_chart("Rows per split", "rows", [*c["splits"].items(), ("dead-letter", c["bad"])]
+                     + ([("unlabelled", unlabelled)] if unlabelled else []))
     dead = d["outputs"].get("deadletter") or []
-    dead_html = (f"<p>{c['bad']:,} of {c['read']:,} rows went to the dead-letter output "
+    aside = f" + {unlabelled:,} unlabelled (set aside in <code>unlabelled/</code>)" if unlabelled else ""
+    dead_html = (f"<p>{c['bad']:,} of {c['read'] - unlabelled:,} labelled rows went to the dead-letter output "
                  f"({d['bad_fraction']:.2%}); every row is accounted for: "
-                 f"{sum(c['splits'].values()):,} written + {c['bad']:,} dead-lettered = {c['read']:,} read.</p>")
+                 f"{sum(c['splits'].values()):,} written + {c['bad']:,} dead-lettered{aside} = {c['read']:,} read.</p>")
     if dead:
         dead_html += "<p>Dead-letter files: " + ", ".join(f"<code>{_esc(x)}</code>" for x in dead) + "</p>"
     split = "train" if "train" in stats.get("splits", {}) else next(iter(stats.get("splits", {})), None)

@@ -387,7 +387,9 @@ def _run_locked(r: Run, console: Console) -> int:
     req, started = r.req, time.monotonic()
     d = req.config.data
     source = (shown(req.config_path) if req.config_path
-              else f"{', '.join(d.input)} (label {d.label!r}, model {req.config.export.name!r})")
+              else f"{', '.join(d.input)} ("
+                   + ("images, one folder per class" if d.format == "images" else f"label {d.label!r}")
+                   + f", model {req.config.export.name!r})")
     console.print(f"tfpipe run: {source} -> {shown(r.workdir)}")
     try:
         code = r.execute(console)

@@ -72,7 +72,9 @@ def lineage(manifest: dict) -> list[str]:
     lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})",
              f"  <- train run {e['lineage']['train_fingerprint'][:16]} ({e['lineage']['train']})",
              f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} "
-             f"{'images' if d.get('kind') == 'images' else 'rows'} read, {d['counts']['bad']:,} dead-lettered)"]
+             f"{'images' if d.get('kind') == 'images' else 'rows'} read, "
+             + (f"{d['counts']['unlabelled']:,} unlabelled, " if d["counts"].get("unlabelled") else "")
+             + f"{d['counts']['bad']:,} dead-lettered)"]
     for i in d.get("inputs", []):
         if "path" in i:
             lines.append(f"  <- {i['path']} sha256 {i['sha256'][:16]}")

@@ -78,10 +78,16 @@ def data_sources(config: Config) -> dict[str, Any]:
 
         items, classes, _ = find_images(config.data, log=lambda _: None)
         return {"images": digest([[i.path, i.size] for i in items]), "count": len(items), "classes": classes}
-    from tfpipe.pipeline.inputs import resolve_inputs
+    from tfpipe.pipeline.inputs import file_delimiter, resolve_inputs
 
-    return {"files": [{"path": f.path, "size": f.size, "mtime": f.mtime}
-                      for f in resolve_inputs(config.data.input, config.data.format)]}
+    # A CSV file's delimiter (given, or detected from its head) decides how it is read; `auto` and
+    # the delimiter it detects given by hand read the same rows, so it is the resolved one that counts.
+    files = []
+    for f in resolve_inputs(config.data.input, config.data.format):
+        delimiter = file_delimiter(f, config.data.delimiter)
+        files.append({"path": f.path, "size": f.size, "mtime": f.mtime,
+                      **({"delimiter": delimiter} if delimiter not in (None, ",") else {})})
+    return {"files": files}
 
 
 def run_data(config: Config, inputs: StepInputs, log: Log) -> StageResult:
