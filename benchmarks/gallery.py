@@ -267,17 +267,26 @@ def select(names: str | None) -> list[Entry]:
     return [known[n] for n in wanted]
 
 
-def write_gallery(out: str, only: str | None = None) -> list[tuple[Entry, str]]:
-    """Write the entries (all, or the comma list `only`) into `out`; returns (entry, path) pairs.
-    A folder entry replaces what was there."""
+@dataclasses.dataclass(frozen=True)
+class Written:
+    entry: Entry
+    path: str
+    rows: int  # the table's rows, or the folder's images
+
+
+def write_gallery(out: str, only: str | None = None) -> list[Written]:
+    """Write the entries (all, or the comma list `only`) into `out`. A folder entry replaces what
+    was there."""
     os.makedirs(out, exist_ok=True)
     written = []
     for entry in select(only):
         path = os.path.join(out, entry.file)
         if entry.kind == "images" and os.path.isdir(path):
             shutil.rmtree(path)
-        entry.write(entry.load(), path)
-        written.append((entry, path))
+        frame = entry.load()
+        entry.write(frame, path)
+        rows = len(frame) if frame is not None else sum(len(files) for _, _, files in os.walk(path))
+        written.append(Written(entry, path, rows))
     return written
 
 
@@ -288,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma list of entry names (default: all)")
     p.add_argument("--list", action="store_true", help="print the entries without writing anything")
     args = p.parse_args(argv)
-    chosen = [(e, os.path.join(args.out, e.file)) for e in select(args.only)] if args.list else \
-        write_gallery(args.out, args.only)
-    for entry, path in chosen:
-        print(f"{path}\tlabel={entry.label or '(folder names)'}\t{entry.task}\t{entry.note}")
+    if args.list:
+        for e in select(args.only):
+            print(f"{e.name}\t{e.file}\tlabel={e.label or '(folder names)'}\t{e.task}\t{', '.join(e.covers)}")
+        return 0
+    for w in write_gallery(args.out, args.only):
+        e = w.entry
+        print(f"{w.path}\t{w.rows} rows\tlabel={e.label or '(folder names)'}\t{e.task}\t{e.note}")
     return 0
 
 
