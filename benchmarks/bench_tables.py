@@ -184,6 +184,19 @@ def score(task: str, truth: list, predicted: list) -> float:
     return sum(str(t) == str(p) for t, p in zip(truth, predicted)) / len(truth)
 
 
+def signature_columns(spec: dict, features: list[str]) -> dict[str, str]:
+    """Signature input key -> the schema's column it takes. TensorFlow may rewrite a key that is not
+    a valid Python name ('Sepal.Length' is keyed 'Sepal_Length'); the TensorSpec keeps the
+    column's name. An input that matches no column is an error, not a column of gaps."""
+    column = {}
+    for key, s in spec.items():
+        match = [n for n in (s.name, key) if n in features]
+        if not match:
+            raise ValueError(f"serving_default input {key!r} (tensor {s.name!r}) is no column of schema.json")
+        column[key] = match[0]
+    return column
+
+
 def model_predictions(version_dir: str, splits: dict, batch: int = 1024) -> list:
     """serving_default's answers for the test rows: `classes` as text, or `predictions`."""
     import numpy as np
@@ -191,19 +204,20 @@ def model_predictions(version_dir: str, splits: dict, batch: int = 1024) -> list
 
     fn = tf.saved_model.load(version_dir).signatures["serving_default"]
     spec = fn.structured_input_signature[1]
+    column = signature_columns(spec, splits["features"])
     rows, out = splits["test"], []
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
         feeds = {}
-        for name, s in spec.items():
-            values = [r.get(name) for r in chunk]
+        for key, s in spec.items():
+            values = [r.get(column[key]) for r in chunk]
             if s.dtype == tf.string:
                 values = [v if isinstance(v, bytes) else ("" if v is None else str(v)).encode() for v in values]
-                feeds[name] = tf.constant(np.array(values, dtype=object), tf.string)
+                feeds[key] = tf.constant(np.array(values, dtype=object), tf.string)
             elif s.dtype.is_floating:
-                feeds[name] = tf.constant([math.nan if v is None else float(v) for v in values], s.dtype)
+                feeds[key] = tf.constant([math.nan if v is None else float(v) for v in values], s.dtype)
             else:
-                feeds[name] = tf.constant([0 if v is None else int(v) for v in values], s.dtype)
+                feeds[key] = tf.constant([0 if v is None else int(v) for v in values], s.dtype)
         answer = fn(**feeds)
         if splits["task"] == "regression":
             out += [float(v) for v in answer["predictions"].numpy().reshape(-1)]
