@@ -238,7 +238,8 @@ def hgb_frame(rows: list[dict], splits: dict, categories: dict | None = None):
             if name not in categories:
                 counts = pd.Series([v for v in values if v is not None]).value_counts(sort=True)
                 categories[name] = sorted(counts.index[:HGB_MAX_CATEGORIES])
-            frame[name] = pd.Categorical(values, categories=categories[name])
+            known = set(categories[name])
+            frame[name] = pd.Categorical([v if v in known else None for v in values], categories=categories[name])
         else:
             frame[name] = pd.to_numeric(pd.Series(values, dtype="object"), errors="coerce").astype("float64")
     return pd.DataFrame(frame), categories
