@@ -30,6 +30,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,25 @@ def output_tail(log: str, lines: int = TAIL_LINES) -> list[str]:
     return kept[-lines:]
 
 
+ERROR_LINE = re.compile(r"^\s*(error: |([\w.]+(Error|Exception)|KeyError|AssertionError)\b)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def step_error(scratch: str, tail: list[str], lines: int = 4, width: int = 240) -> list[str]:
+    """The failed step's own words: in the log the run's output points at (`log: runs/.../STEP.log`),
+    the last error line and the lines after it (the console shows only the error's first line)."""
+    logs = [m.group(1) for m in (re.search(r"^\s*log: (\S+)", t) for t in tail) if m]
+    path = os.path.join(scratch, logs[-1]) if logs else None
+    if not path or not os.path.exists(path):
+        return []
+    with open(path, errors="replace") as f:
+        text = [ANSI.sub("", line.rstrip()) for line in f if line.strip() and not line.startswith(NOISE)]
+    starts = [i for i, line in enumerate(text) if ERROR_LINE.match(line)]
+    if not starts:
+        return []
+    return [line.strip()[:width] for line in text[starts[-1]:starts[-1] + lines]]
+
+
 def run_tfpipe(written: gallery.Written, scratch: str, timeout: float) -> dict:
     """`tfpipe run` on one gallery file in a fresh `scratch` folder: exit, wall time, output tail."""
     shutil.rmtree(scratch, ignore_errors=True)
@@ -86,8 +106,10 @@ def run_tfpipe(written: gallery.Written, scratch: str, timeout: float) -> dict:
             stop_group(proc)
             code = None
     wall = time.monotonic() - started
+    tail = output_tail(log)
     return {"command": "tfpipe " + " ".join(args), "exit": code, "timed_out": code is None,
-            "wall_s": round(wall, 1), "tail": output_tail(log), "log": log}
+            "wall_s": round(wall, 1), "tail": tail, "log": log,
+            "step_error": step_error(scratch, tail) if code != 0 else []}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -361,6 +383,8 @@ def print_details(results: list[dict]) -> None:
             if run["exit"] != 0:
                 for line in run["tail"]:
                     print(f"    | {line}")
+                for line in run["step_error"]:
+                    print(f"    step log> {line}")
             for part, error in errors.items():
                 print(f"    {part} score: {error}")
 
