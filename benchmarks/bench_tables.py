@@ -206,40 +206,35 @@ def score(task: str, truth: list, predicted: list) -> float:
     return sum(str(t) == str(p) for t, p in zip(truth, predicted)) / len(truth)
 
 
-def signature_columns(spec: dict, features: list[str]) -> dict[str, str]:
-    """Signature input key -> the schema's column it takes. TensorFlow may rewrite a key that is not
-    a valid Python name ('Sepal.Length' is keyed 'Sepal_Length'); the TensorSpec keeps the
-    column's name. An input that matches no column is an error, not a column of gaps."""
-    column = {}
-    for key, s in spec.items():
-        match = [n for n in (s.name, key) if n in features]
-        if not match:
-            raise ValueError(f"serving_default input {key!r} (tensor {s.name!r}) is no column of schema.json")
-        column[key] = match[0]
-    return column
-
-
 def model_predictions(version_dir: str, splits: dict, batch: int = 1024) -> list:
-    """serving_default's answers for the test rows: `classes` as text, or `predictions`."""
+    """serving_default's answers for the test rows: `classes` as text, or `predictions`. The
+    inputs are fed by the SignatureDef's names, as TF Serving's clients send them (a column's
+    own name, `Sepal.Length` or `bill length (mm)`)."""
     import numpy as np
     import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    from tfpipe.loadtest.payloads import saved_model_inputs
 
     fn = tf.saved_model.load(version_dir).signatures["serving_default"]
-    spec = fn.structured_input_signature[1]
-    column = signature_columns(spec, splits["features"])
+    inputs = {k: tf.as_dtype(types_pb2.DataType.Value(d))
+              for k, d in (saved_model_inputs(version_dir, "serving_default") or {}).items()}
+    unknown = [k for k in inputs if k not in splits["features"]]
+    if unknown:
+        raise ValueError(f"serving_default input(s) {unknown} are no column of schema.json")
     rows, out = splits["test"], []
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
         feeds = {}
-        for key, s in spec.items():
-            values = [r.get(column[key]) for r in chunk]
-            if s.dtype == tf.string:
+        for key, dtype in inputs.items():
+            values = [r.get(key) for r in chunk]
+            if dtype == tf.string:
                 values = [v if isinstance(v, bytes) else ("" if v is None else str(v)).encode() for v in values]
                 feeds[key] = tf.constant(np.array(values, dtype=object), tf.string)
-            elif s.dtype.is_floating:
-                feeds[key] = tf.constant([math.nan if v is None else float(v) for v in values], s.dtype)
+            elif dtype.is_floating:
+                feeds[key] = tf.constant([math.nan if v is None else float(v) for v in values], dtype)
             else:
-                feeds[key] = tf.constant([0 if v is None else int(v) for v in values], s.dtype)
+                feeds[key] = tf.constant([0 if v is None else int(v) for v in values], dtype)
         answer = fn(**feeds)
         if splits["task"] == "regression":
             out += [float(v) for v in answer["predictions"].numpy().reshape(-1)]
