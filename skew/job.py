@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -85,13 +86,15 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     train_stats = data.train_stats()["features"]
 
     n_eff = effective_rows([_codes(traffic.columns[c.name]) for c in schema.features])
+    each = feature_confidence(cfg.confidence, len(schema.features))
     log(f"{n_eff:,.0f} effective rows (identical rows sent again count once): the noise bounds are what "
-        f"samples of that size drawn from training reach at {cfg.confidence:.0%}")
+        f"samples of that size drawn from training reach at {cfg.confidence:.0%} for the {len(schema.features)} "
+        f"features together ({each:.3%} each)")
     features = []
     for c in schema.features:
         threshold = per_feature.get(c.name, default)
         features.append(_feature(c.name, c.type, train.columns[c.name], traffic.columns[c.name], train_stats[c.name],
-                                 serving_stats[c.name], threshold, n_eff, cfg.confidence))
+                                 serving_stats[c.name], threshold, n_eff, each))
     flagged = [f["name"] for f in features if f["flagged"]]
     noisy = [f["name"] for f in features if f["verdict"] == "within noise"]
     result = {
@@ -104,7 +107,8 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
                     "unreadable": dict(traffic.unreadable), "skipped": dict(traffic.skipped)},
         "train": {"rows": train.rows},
         "thresholds": {"default": default, "per_feature": per_feature},
-        "noise": {"effective_rows": n_eff, "confidence": cfg.confidence, "draws": NOISE_DRAWS,
+        "noise": {"effective_rows": n_eff, "confidence": cfg.confidence, "feature_confidence": each,
+                  "draws": NOISE_DRAWS,
                   "method": "the confidence quantile of the distance between training and multinomial samples of "
                             "effective_rows drawn from it (per feature: its share of rows with a value)"},
         "features": features, "flagged": flagged, "within_noise": noisy, "passed": not flagged,
@@ -153,6 +157,12 @@ def _publish(result: dict, out: str) -> None:
         raise
 
 
+def feature_confidence(confidence: float, features: int) -> float:
+    """Each feature's confidence such that the check as a whole holds `confidence` (Bonferroni):
+    with 18 features each at 99%, chance alone would flag one of them in about 1 run of 6."""
+    return 1.0 - (1.0 - confidence) / max(1, features)
+
+
 def _codes(col) -> np.ndarray:
     """A column as integer codes, equal values equal codes, -1 for missing (for effective_rows)."""
     codes = np.full(len(col.present), -1, dtype=np.int64)
@@ -178,11 +188,16 @@ def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, s
     train_missing = (n_train - len(t_values)) / max(n_train, 1)
     rise = missing_rise(n_train - len(t_values), n_train, n_serving - len(s_values), n_serving)
     present_rows = n_eff * len(s_values) / n_serving if n_serving else 0.0
-    bound = noise_bound(train_counts, present_rows, cmp["measure"], confidence) if cmp["distance"] is not None else None
-    missing_bound = missing_noise_bound(train_missing, n_eff, confidence) if n_serving else None
+    # enough draws that at least 20 fall beyond the confidence quantile
+    draws = max(NOISE_DRAWS, math.ceil(20 / (1 - confidence)))
+    bound = (noise_bound(train_counts, present_rows, cmp["measure"], confidence, draws)
+             if cmp["distance"] is not None else None)
+    missing_bound = missing_noise_bound(train_missing, n_eff, confidence, draws) if n_serving else None
     reasons, within_noise = [], []
     what = "L-infinity" if kind == "categorical" else "Jensen-Shannon divergence"
-    if not len(s_values) and len(t_values):
+    # "never sent" counts as "missing" does: beyond the threshold and the noise (a column with a
+    # value in one training row of 12,000 is not skewed for having none in the traffic)
+    if not len(s_values) and len(t_values) and rise > threshold and (missing_bound is None or rise > missing_bound):
         reasons.append("never sent: missing from every request")
     elif cmp["distance"] is not None and cmp["distance"] > threshold:
         if bound is not None and cmp["distance"] <= bound:

@@ -324,3 +324,26 @@ def test_bin_labels_of_integer_features_name_the_whole_numbers_they_hold(edges, 
     from tfpipe.skew.measure import bin_labels
 
     assert bin_labels(np.array(edges), integer) == labels
+
+
+@pytest.mark.parametrize("confidence, features, each", [(0.99, 1, 0.99), (0.99, 18, 1 - 0.01 / 18), (0.95, 5, 0.99)])
+def test_the_confidence_holds_for_all_features_together(confidence, features, each):
+    from tfpipe.skew.job import feature_confidence
+
+    assert feature_confidence(confidence, features) == pytest.approx(each)
+
+
+@pytest.mark.parametrize("train_present, flagged", [(1, False), (600, True)])
+def test_a_feature_never_sent_is_skewed_only_when_training_had_it_often_enough(train_present, flagged):
+    """The Chicago taxi sample has pickup_census_tract in 1 training row of 12,002: traffic without
+    it is not skew; a feature training had in half its rows and the traffic never sends is."""
+    from tfpipe.skew.job import _feature
+
+    values = np.full(1200, np.nan)
+    values[:train_present] = 17031081401.0
+    train = _column(values)
+    serving = _column(np.full(300, np.nan))
+    stats = {"min": 17031081401.0, "max": 17031081401.0, "quantiles": {"0.5": 17031081401.0}}
+    f = _feature("tract", "int", train, serving, stats, {}, 0.1, 45.0, 0.999)
+    assert f["flagged"] is flagged
+    assert ("never sent: missing from every request" in f["reasons"]) is flagged

@@ -180,8 +180,25 @@ def export_section(entry: dict, e: dict) -> str:
     return (f"<p>{_esc(e['name'])} version {e['version']} at <code>{_esc(e['path'])}</code>; signatures "
             f"{_esc(', '.join(e['signatures']))}; {e['warmup_records']} warmup records; reloaded SavedModel "
             f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']} rows.</p>"
-            + table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", "verdict"], rows)
-            + f"<div>{sizes}</div>" + samples_section(e))
+            + baseline_paragraph(e.get("test"))
+            + (table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", "verdict"], rows)
+               + f"<div>{sizes}</div>" if rows else "<p>No TFLite variant was built.</p>")
+            + samples_section(e))
+
+
+def baseline_paragraph(test: dict | None) -> str:
+    """The served model's test metric against the trivial baseline's (export.json's `test`), with
+    a warning when the model is no better."""
+    if not test:
+        return ""
+    metric = "rmse" if "rmse" in test else "accuracy"
+    model, base = test[metric], test["baseline"][metric]
+    weak = model >= base if metric == "rmse" else model <= base
+    text = (f"On the {_esc(test['split'])} split ({test['rows']:,} rows) the SavedModel's {metric} is {_fmt(model)}; "
+            f"{_esc(test['baseline']['predicts'])} gives {_fmt(base)}.")
+    if weak:
+        return f"<p class='bad'><b>Warning: the model is no better than this trivial baseline.</b> {text}</p>"
+    return f"<p>{text}</p>"
 
 
 def samples_section(e: dict) -> str:
