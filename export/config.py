@@ -25,8 +25,9 @@ class ExportConfig(BaseModel):
                         description="TFLite variants to build and measure, comma-separated ('' for none)")
     max_accuracy_drop: float = Field(0.01, ge=0, description="largest accuracy drop of a TFLite variant below "
                                      "the SavedModel (classification)")
-    max_rmse_rise: float = Field(0.05, ge=0, description="largest relative rise of a TFLite variant's RMSE over "
-                                 "the SavedModel's (regression)")
+    max_rmse_rise: float = Field(0.10, ge=0, description="largest relative rise of a TFLite variant's RMSE over "
+                                 "the SavedModel's (regression; int8's rounding of activations costs a regression a "
+                                 "few percent)")
     drop_confidence: float = Field(0.95, ge=0.5, lt=1, description="a variant's drop counts only when it is beyond "
                                    "the test split's sampling noise at this confidence (McNemar's test for "
                                    "accuracy, a paired t-test for RMSE)")

@@ -170,10 +170,10 @@ def output_scale(data) -> float:
 def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
                      labels: np.ndarray, config: ExportConfig, log) -> list[dict[str, Any]]:
     """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
-    from tfpipe.export.tflite import (convert_all, device_inputs, device_model, litert_runner, measure,
-                                      record_variants)
+    from tfpipe.export.tflite import (CALIBRATION_ROWS, convert_all, device_inputs, device_model, litert_runner,
+                                      measure, record_variants)
 
-    train_raw, _ = _labelled_rows(data, "train", limit=1000)
+    train_raw, _ = _labelled_rows(data, "train", limit=CALIBRATION_ROWS)
     lite_model, vocabularies = device_model(model, data.schema)
     inputs = device_inputs(raw, data.schema, vocabularies)
     task = data.schema.label.task

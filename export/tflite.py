@@ -28,6 +28,8 @@ from tfpipe.train.model import DENORMALIZE, TRAINER, feature_layers
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
 NUMERIC_BLOCK = "numeric_block"
+# a regression trainer's last Dense and its reshape, in TFLite's tensor names (trainer_1/head_1/MatMul)
+REGRESSION_HEAD = ("/head", "/prediction")
 
 
 class NumericBlock(layers.Layer):
@@ -56,15 +58,16 @@ class NumericBlock(layers.Layer):
         self.flags = [i for i, n in enumerate(norms) if n.flag_missing]
         self.width = len(norms) + len(self.flags)
         # the features taken in log scale first (ImputeNormalize's log1p)
-        self.logs = np.array([bool(getattr(n, "log1p", False)) for n in norms]) if any(
-            getattr(n, "log1p", False) for n in norms) else None
+        self.logs = [bool(getattr(n, "log1p", False)) for n in norms]
 
     def call(self, columns):
-        x = ops.stack([ops.cast(c, "float32") for c in columns], axis=-1)
+        # log(1 + x) column by column, before the stack: a NaN (missing) stays NaN, the rest is
+        # what ImputeNormalize computes; done on the stack, int8 conversion quantized the raw stack
+        # for it (one scale for volumes of 1e9 and counts of 3)
+        columns = [ops.cast(c, "float32") for c in columns]
+        x = ops.stack([ops.log(1.0 + ops.maximum(c, 0.0)) if log else c for c, log in zip(columns, self.logs)],
+                      axis=-1)
         missing = ops.isnan(x)
-        if self.logs is not None:
-            logged = ops.log(1.0 + ops.maximum(ops.where(missing, 0.0, x), 0.0))
-            x = ops.where(self.logs, logged, x)
         z = x
         for step in self.steps:
             z = z * step
@@ -181,14 +184,15 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
       QuantizationDebugger): quantized, the stacked raw numbers share one int8 scale set by
       the largest (Unix timestamps, ~1.4e9), so every other number read as 0. Its output,
       clipped z-scores and 0/1 flags, is quantized where it meets the strings' columns.
-    - A regression's Denormalize stays float too: its sums of the label's mean in float16
-      parts, quantized to 8 bits, would round every prediction to a step of ~1/256 of the
-      label's size.
+    - A regression's head and Denormalize stay float too: quantized, the prediction is held
+      to the range the calibration rows reached, and the largest labels (the most expensive
+      houses) were clamped to it, 100,000 under on a Texas housing table.
     - Dense weights get one scale per tensor, not per output channel: the per-channel
       scale and zero-point tables were 9 of 68 KB, and accuracy was the same.
     Tensor names (debug information) are stripped from every variant; the signature and
     its input and output names stay."""
     out = {}
+    regression = any(layer.name == DENORMALIZE for layer in lite_model.layers)
     with tempfile.TemporaryDirectory() as tmp:
         saved = os.path.join(tmp, "sm")
         lite_model.export(saved, verbose=False)
@@ -210,7 +214,8 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
             # was 25.5 KB against 29.9 KB per channel (0.37x against 0.44x float32's 68.4 KB), at the
             # same test accuracy, 0.9118 (2026-11-25). The converter has no public switch for it.
             conv._experimental_disable_per_channel = True
-            keep_float = [n for n in float_names if NUMERIC_BLOCK in n or DENORMALIZE in n]
+            keep_float = [n for n in float_names if NUMERIC_BLOCK in n or DENORMALIZE in n
+                          or (regression and TRAINER in n and any(h in n for h in REGRESSION_HEAD))]
             with warnings.catch_warnings():  # it builds a tf.lite.Interpreter we never run (LiteRT does)
                 warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
                 debugger = tf.lite.experimental.QuantizationDebugger(
@@ -251,7 +256,13 @@ def strip_tensor_names(blob: bytes) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
-def _calibration(inputs: dict[str, np.ndarray], rows: int = 200):
+# int8 calibration rows from the train split: the activation ranges are what they reach, and a
+# value beyond them is clamped, so a regression's largest labels need rows that reach them (200
+# rows held the largest prices of a Texas housing table 100,000 under).
+CALIBRATION_ROWS = 3000
+
+
+def _calibration(inputs: dict[str, np.ndarray], rows: int = CALIBRATION_ROWS):
     """int8 calibration rows from the train split. NaN (a missing number) is fed as the
     column's mean, so activation ranges stay finite; the model imputes it the same way."""
     n = len(next(iter(inputs.values())))
