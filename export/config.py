@@ -21,8 +21,9 @@ class ExportConfig(BaseModel):
     keep: int | None = Field(None, ge=1, description="keep only the newest N versions (never the one just written)")
     tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras, and "
                              "the served model from the SavedModel (regression: relative to the label's size)")
-    tflite: str = Field(",".join(TFLITE_VARIANTS),
-                        description="TFLite variants to build and measure, comma-separated ('' for none)")
+    tflite: str = Field("auto", description="TFLite variants to build and measure, comma-separated ('' for none); "
+                        "auto: " + ",".join(TFLITE_VARIANTS) + ", without int8 for a regression (full-integer "
+                        "activations cannot hold a label's range: diamonds' int8 RMSE was 5x float's)")
     max_accuracy_drop: float = Field(0.01, ge=0, description="largest accuracy drop of a TFLite variant below "
                                      "the SavedModel (classification)")
     max_rmse_rise: float = Field(0.10, ge=0, description="largest relative rise of a TFLite variant's RMSE over "
@@ -38,14 +39,18 @@ class ExportConfig(BaseModel):
     @field_validator("tflite")
     @classmethod
     def _check_variants(cls, v: str) -> str:
+        if v.strip() == "auto":
+            return "auto"
         names = [n.strip() for n in v.split(",") if n.strip()]
         unknown = [n for n in names if n not in TFLITE_VARIANTS]
         if unknown:
             raise ValueError(f"unknown TFLite variant '{unknown[0]}'; allowed: {', '.join(TFLITE_VARIANTS)}")
         return ",".join(names)
 
-    @property
-    def variants(self) -> list[str]:
+    def variants_for(self, task: str) -> list[str]:
+        """The variants to build for a model of `task` (binary, multiclass, regression)."""
+        if self.tflite == "auto":
+            return [v for v in TFLITE_VARIANTS if not (task == "regression" and v == "int8")]
         return [n for n in self.tflite.split(",") if n]
 
     def fingerprint_fields(self) -> dict:

@@ -102,7 +102,7 @@ def export_images(tmp: str, model: keras.Model, data, config, log) -> dict[str, 
     test = test_record(data.schema.label, {"distribution": data.train_stats().get("classes", {})}, split, served,
                        labels, config.allow_weak, log)
     table = tflite_variants(tmp, loaded, model, data, encoded, pixels, labels, module.size, config, log) \
-        if config.variants else []
+        if config.variants_for("multiclass") else []
     write_samples(tmp, loaded, data, split, encoded, labels, formats)
     return {"signatures": list(SIGNATURES), "warmup_records": warm, "reload_check": check, "test": test,
             "variants": table,
@@ -212,7 +212,7 @@ def tflite_variants(tmp: str, loaded, model: keras.Model, data, encoded: list[by
                      if "assets.extra" not in r)
     table = [{"variant": "savedmodel", "bytes": size_saved, **saved, "drop": 0.0}]
     calibration, _ = split_images(data, "train", 200)
-    converted = convert_images(model, config.variants, decode_batch(tf.constant(calibration), size).numpy())
+    converted = convert_images(model, config.variants_for("multiclass"), decode_batch(tf.constant(calibration), size).numpy())
     folder = os.path.join(tmp, "assets.extra", "tflite")
     os.makedirs(folder, exist_ok=True)
 

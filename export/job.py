@@ -95,11 +95,12 @@ def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log) 
     check, served = _check_reload(loaded, model, data, split, raw, config.tolerance)
     test = test_record(data.schema.label, data.train_stats()["label"], split, served, labels, config.allow_weak, log)
     kinds = sorted({c.kind for c in data.schema.features if c.kind})
-    if config.variants and kinds:
+    variants = config.variants_for(data.schema.label.task)
+    if variants and kinds:
         log(f"  TFLite variants not built: the model parses {' and '.join(kinds)} features from strings, and "
             "TFLite's builtin ops have no string parsing (the SavedModel serves them)")
     table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) \
-        if config.variants and not kinds else []
+        if variants and not kinds else []
     return {"signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
             "reload_check": check, "test": test, "variants": table}
 
@@ -197,7 +198,7 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "vocabularies.json"), "w") as f:
         json.dump({"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies}, f)
-    converted = convert_all(lite_model, config.variants, device_inputs(train_raw, data.schema, vocabularies),
+    converted = convert_all(lite_model, config.variants_for(task), device_inputs(train_raw, data.schema, vocabularies),
                             input_renames(data.schema))
 
     def quality(blob: bytes) -> dict[str, Any]:

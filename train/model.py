@@ -122,8 +122,8 @@ class Denormalize(layers.Layer):
     its weights and loss are of order 1 whatever the label's size; this layer, after the
     trainer, makes the saved model answer in the label's units. Every constant is exact in
     float16 (a float16 TFLite variant stores constants in half precision, whose largest value
-    is 65504; a price of 500,000 would be inf): z * (std / 2**e) as float16 factors, plus
-    mean / 2**e as float16 terms, all times 2**e in exact powers of two."""
+    is 65504; a price of 500,000 would be inf): z * (std / 2**e) as a sum of two products by
+    float16 numbers, plus mean / 2**e as float16 terms, all times 2**e in exact powers of two."""
 
     def __init__(self, mean: float, std: float, **kwargs):
         super().__init__(**kwargs)
