@@ -219,7 +219,11 @@ def model_predictions(version_dir: str, splits: dict, batch: int = 1024) -> list
     fn = tf.saved_model.load(version_dir).signatures["serving_default"]
     inputs = {k: tf.as_dtype(types_pb2.DataType.Value(d))
               for k, d in (saved_model_inputs(version_dir, "serving_default") or {}).items()}
-    unknown = [k for k in inputs if k not in splits["features"]]
+    if splits["task"] == "images" and len(inputs) == 1:  # the encoded image, whatever the input's name
+        column = {next(iter(inputs)): splits["features"][0]}
+    else:
+        column = {k: k for k in inputs}
+    unknown = [k for k in inputs if column[k] not in splits["features"]]
     if unknown:
         raise ValueError(f"serving_default input(s) {unknown} are no column of schema.json")
     rows, out = splits["test"], []
@@ -227,7 +231,7 @@ def model_predictions(version_dir: str, splits: dict, batch: int = 1024) -> list
         chunk = rows[start:start + batch]
         feeds = {}
         for key, dtype in inputs.items():
-            values = [r.get(key) for r in chunk]
+            values = [r.get(column[key]) for r in chunk]
             if dtype == tf.string:
                 values = [v if isinstance(v, bytes) else ("" if v is None else str(v)).encode() for v in values]
                 feeds[key] = tf.constant(np.array(values, dtype=object), tf.string)

@@ -408,3 +408,27 @@ def test_log_scaling_normalises_log1p_with_its_own_moments():
     want = (np.log1p([0.0, 9.0, 99.0]) - 2.0) / 2.0
     np.testing.assert_allclose(out[:3, 0], want, rtol=1e-5)
     assert list(out[3]) == [0.0, 1.0] and out[4, 0] == pytest.approx(-1.0)  # missing; a negative as 0
+
+
+# ---- the load test's rows come from the whole split ---------------------------------------------------------
+
+@pytest.mark.parametrize("records, limit, expected", [
+    (100, 10, [0, 11, 22, 33, 44, 55, 66, 77, 88, 99]),   # a file sorted by x: the rows spread over it
+    (5, 10, [0, 1, 2, 3, 4]),                               # fewer than asked: all of them
+])
+def test_load_test_rows_spread_over_a_split_stored_in_order(tmp_path, records, limit, expected):
+    import json
+
+    import tensorflow as tf
+
+    from tfpipe.loadtest.payloads import rows_from_data
+
+    name = "eval-00000-of-00001.tfrecord.gz"
+    with tf.io.TFRecordWriter(str(tmp_path / name), options="GZIP") as w:
+        for i in range(records):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i)]))})).SerializeToString())
+    (tmp_path / "data.json").write_text(json.dumps(
+        {"outputs": {"splits": {"eval": [{"file": name, "records": records, "bytes": 1}]}}}))
+    rows = rows_from_data(str(tmp_path), {"x": "DT_FLOAT"}, limit)
+    assert [int(r["x"]) for r in rows] == expected
