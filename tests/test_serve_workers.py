@@ -319,7 +319,13 @@ def test_a_killed_worker_is_started_again(tmp_path):
             time.sleep(0.3)
         assert len(alive) == 2, alive
         (new,) = [c for c in alive if c.pid not in {w.pid for w in workers}]
-        time.sleep(4)  # its model loaded (half loads in under a second)
+        # A worker opens its ports once its models are loaded (as tensorflow_model_server does):
+        # wait for the new one's REST listener, which takes TensorFlow's import and the model load
+        # (seconds to tens of seconds on a busy machine), rather than for a fixed time.
+        while not any(c.status == psutil.CONN_LISTEN and c.laddr.port == rest_port
+                      for c in new.net_connections(kind="tcp")):
+            assert time.time() < deadline + 60, "the new worker never listened on the REST port"
+            time.sleep(0.2)
         sessions = [requests.Session() for _ in range(40)]  # connections reach both workers, the new one among them
         try:
             answered = 0
