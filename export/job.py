@@ -235,7 +235,8 @@ def _prune(model_dir: str, removed: list[int]) -> list[int]:
 
 
 def quality_text(test: dict[str, Any] | None) -> str:
-    """'; test accuracy 0.973 (majority class 0.442)' for a summary line; '' without a record."""
+    """'; test accuracy 0.973 against 0.442 for the majority class' for a summary line (': NO BETTER'
+    after it for a model that is not); '' without a record."""
     if not test:
         return ""
     metric = "rmse" if "rmse" in test else "accuracy"

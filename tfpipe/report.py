@@ -191,9 +191,11 @@ def baseline_paragraph(test: dict | None) -> str:
     a warning when the model is no better."""
     if not test:
         return ""
+    from tfpipe.export.baseline import better_than_baseline
+
     metric = "rmse" if "rmse" in test else "accuracy"
     model, base = test[metric], test["baseline"][metric]
-    weak = model >= base if metric == "rmse" else model <= base
+    weak = not better_than_baseline(test, test["baseline"])
     text = (f"On the {_esc(test['split'])} split ({test['rows']:,} rows) the SavedModel's {metric} is {_fmt(model)}; "
             f"{_esc(test['baseline']['predicts'])} gives {_fmt(base)}.")
     if weak:
