@@ -4,8 +4,10 @@ the trivial baseline, and the export gate's noise bound. They run in millisecond
 
 from __future__ import annotations
 
+import datetime
 import re
 
+import numpy as np
 import pytest
 
 # ---- column names inside TensorFlow graphs -----------------------------------------------------------
@@ -351,10 +353,10 @@ def test_parquet_dates_and_timestamps_are_date_features():
 
 
 @pytest.mark.parametrize("value, text", [
-    (__import__("datetime").datetime(2024, 1, 1, 0, 34, 11), "2024-01-01T00:34:11"),
-    (__import__("datetime").date(2024, 1, 1), "2024-01-01"),
-    (__import__("datetime").datetime(2024, 1, 1, 1, 0, tzinfo=__import__("datetime").timezone(
-        __import__("datetime").timedelta(hours=1))), "2024-01-01T00:00:00Z"),
+    (datetime.datetime(2024, 1, 1, 0, 34, 11), "2024-01-01T00:34:11"),
+    (datetime.date(2024, 1, 1), "2024-01-01"),
+    (datetime.datetime(2024, 1, 1, 1, 0, tzinfo=datetime.timezone(
+        datetime.timedelta(hours=1))), "2024-01-01T00:00:00Z"),
 ])
 def test_a_date_value_is_stored_as_iso_text_without_quotes(value, text):
     from tfpipe.pipeline.dates import iso_text
@@ -379,12 +381,12 @@ def _numeric(values):
 
 
 @pytest.mark.parametrize("values, heavy", [
-    (__import__("numpy").random.default_rng(0).lognormal(3, 1.5, 5000), True),     # spending
-    (__import__("numpy").random.default_rng(1).poisson(__import__("numpy").random.default_rng(5).lognormal(
+    (np.random.default_rng(0).lognormal(3, 1.5, 5000), True),     # spending
+    (np.random.default_rng(1).poisson(np.random.default_rng(5).lognormal(
         0, 1.5, 5000)), True),                                                       # counts: mostly 0-2, a few 100s
-    (__import__("numpy").random.default_rng(2).normal(500_000, 90_000, 5000), False),  # prices, symmetric
-    (__import__("numpy").random.default_rng(3).uniform(0, 100, 5000), False),
-    (__import__("numpy").random.default_rng(4).lognormal(3, 1.5, 5000) - 50, False),  # below 0: no log
+    (np.random.default_rng(2).normal(500_000, 90_000, 5000), False),  # prices, symmetric
+    (np.random.default_rng(3).uniform(0, 100, 5000), False),
+    (np.random.default_rng(4).lognormal(3, 1.5, 5000) - 50, False),  # below 0: no log
 ])
 def test_a_heavy_tailed_column_is_taken_in_log_scale(values, heavy):
     import numpy as np
