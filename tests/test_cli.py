@@ -18,7 +18,7 @@ FLAGS = {
             "--keep-column --key --label --max-bad-fraction --min-size --na-values --out --resize --schema --shards --split --task --top-k",
     "train": "--augment --batch-size --cache-mb --data --deterministic --dropout --epochs --filters --force "
              "--grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --model --out --patience "
-             "--precision --profile --scaling --seed --shuffle-buffer --strategy --time-limit --xla",
+             "--precision --profile --scaling --seed --shuffle-buffer --strategy --target --time-limit --xla",
     "export": "--allow-drop --allow-weak --base --data --drop-confidence --keep --max-accuracy-drop --max-rmse-rise "
               "--model --name --tflite --tolerance --version --warmup-records",
     "loadtest": "--batch-size --data --duration --expect-workers --grpc-target --label --master --master-bind "

@@ -61,6 +61,31 @@ def test_a_user_error_keeps_its_own_first_line():
 
 # ---- a regression's target in standard units ------------------------------------------------------------
 
+def test_a_log_target_is_answered_in_the_labels_units():
+    from tfpipe.train.model import Denormalize
+
+    z = np.array([-1.0, 0.0, 2.0], np.float32)
+    got = np.asarray(Denormalize(12.0, 0.4, log=True)(z), np.float64)
+    np.testing.assert_allclose(got, np.expm1(z.astype(np.float64) * 0.4 + 12.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("quantiles, log1p, skewed", [
+    ({"0.01": 61_000, "0.5": 160_000, "0.99": 450_000}, True, True),    # house prices: a long upper tail
+    ({"0.01": 70, "0.5": 425, "0.99": 2_400}, True, True),              # salaries
+    ({"0.01": 300_000, "0.5": 500_000, "0.99": 700_000}, True, False),  # symmetric
+    ({"0.01": 61_000, "0.5": 160_000, "0.99": 450_000}, False, False),  # below 0 somewhere: no log
+])
+def test_a_skewed_label_is_learnt_in_log_scale(quantiles, log1p, skewed):
+    from tfpipe.train.model import label_scale, skewed_label
+
+    label = {"mean": 180_000.0, "std": 80_000.0, "quantiles": {k: float(v) for k, v in quantiles.items()},
+             "log1p": {"mean": 12.0, "variance": 0.16} if log1p else None}
+    assert skewed_label(label) is skewed
+    scale = label_scale({"label": label})
+    assert scale.log is skewed and (scale.mean, scale.std) == ((12.0, 0.4) if skewed else (180_000.0, 80_000.0))
+    assert not label_scale({"label": label}, "standard").log
+
+
 @pytest.mark.parametrize("mean, std", [
     (500_000.0, 200_000.0),   # prices: beyond float16's 65504
     (0.3, 0.01),
@@ -89,23 +114,29 @@ def test_a_regressions_labels_are_standardised_for_the_trainer_only():
 
     from tfpipe.pipeline.schema import Feature, Label, Schema
     from tfpipe.train.data import label_encoder
+    from tfpipe.train.model import LabelScale
 
     schema = Schema([Feature("x", "float")], Label("price", "float", "regression"))
     y = np.array([300_000.0, 500_000.0, 900_000.0], np.float32)
-    assert np.allclose(label_encoder(schema, (500_000.0, 200_000.0))(y).numpy(), [-1.0, 0.0, 2.0])
+    assert np.allclose(label_encoder(schema, LabelScale(500_000.0, 200_000.0))(y).numpy(), [-1.0, 0.0, 2.0])
+    logged = label_encoder(schema, LabelScale(13.0, 0.5, log=True))(y).numpy()
+    assert np.allclose(logged, (np.log1p(y.astype(np.float64)) - 13.0) / 0.5, atol=1e-6)
     assert np.allclose(label_encoder(schema)(y).numpy(), y)
 
 
-@pytest.mark.parametrize("true, pred, std, mae, rmse", [
-    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], 1.0, 4 / 3, (6 / 3) ** 0.5),
-    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], 100_000.0, 4e5 / 3, 1e5 * (6 / 3) ** 0.5),  # standard units -> label's
+@pytest.mark.parametrize("true, pred, scale, mae, rmse", [
+    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], (0.0, 1.0, False), 4 / 3, (6 / 3) ** 0.5),
+    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], (0.0, 100_000.0, False), 4e5 / 3, 1e5 * (6 / 3) ** 0.5),  # -> label's units
+    # learnt as log(1 + y) with mean 0 and std 1: labels exp(0) - 1 = 0, predictions e - 1, 1/e - 1, e^2 - 1
+    ([0.0, 0.0, 0.0], [1.0, -1.0, 2.0], (0.0, 1.0, True),
+     (np.e - 1 + 1 - 1 / np.e + np.e ** 2 - 1) / 3, (((np.e - 1) ** 2 + (1 / np.e - 1) ** 2 + (np.e ** 2 - 1) ** 2) / 3) ** 0.5),
 ])
-def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, std, mae, rmse):
+def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, scale, mae, rmse):
     import numpy as np
 
-    from tfpipe.train.model import loss_and_metrics
+    from tfpipe.train.model import LabelScale, loss_and_metrics
 
-    _, (m_mae, m_rmse) = loss_and_metrics("regression", std)
+    _, (m_mae, m_rmse) = loss_and_metrics("regression", LabelScale(*scale))
     # in two batches of unequal size: a per-batch mean would weigh the single row as much as the pair
     for sl in (slice(0, 2), slice(2, 3)):
         m_mae.update_state(np.array(true[sl], np.float32), np.array(pred[sl], np.float32))

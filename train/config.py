@@ -35,6 +35,10 @@ class TrainConfig(BaseModel):
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
     hidden: list[int] = Field(default_factory=lambda: [64, 32], description="hidden layer widths, e.g. 64,32")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer (images: before the head)")
+    target: Literal["auto", "standard", "log"] = Field(
+        "auto", description="regression: the label as the network learns it; auto takes log(1 + y) for a label never "
+                            "below 0 whose upper spread is twice its lower one (prices, salaries), else mean and std; "
+                            "the served model answers in the label's units either way")
     scaling: Literal["auto", "standard"] = Field(
         "auto", description="numbers: auto normalises a heavy-tailed column (never below 0, a long right tail) as "
                             "log(1 + x), the others by mean and std; standard normalises every one by mean and std")

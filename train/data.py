@@ -47,15 +47,21 @@ def raw_inputs(parsed: dict[str, Any], schema: Schema) -> dict[str, tf.Tensor]:
     return out
 
 
-def label_encoder(schema: Schema, scale: tuple[float, float] | None = None):
+def label_encoder(schema: Schema, scale=None):
     """Maps raw label values to what the loss expects: class index or float target; with
-    `scale` (mean, std), a regression target in standard units, as the trainer learns it."""
+    `scale` (train.model.LabelScale: mean, std, log), a regression target in standard units, of
+    log(1 + y) when `log`, as the trainer learns it."""
     label = schema.label
     if label.task == "regression":
         if scale is None:
             return lambda y: tf.cast(y, tf.float32)
-        mean, std = scale
-        return lambda y: tf.cast((tf.cast(y, tf.float64) - mean) / std, tf.float32)
+
+        def encode(y):
+            y = tf.cast(y, tf.float64)
+            if scale.log:
+                y = tf.math.log1p(tf.maximum(y, 0.0))
+            return tf.cast((y - scale.mean) / scale.std, tf.float32)
+        return encode
     keys = tf.constant(label.classes, dtype=tf.string if label.type == "string" else tf.int64)
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(label.classes), dtype=tf.int64)), default_value=-1)
@@ -74,13 +80,13 @@ def make_dataset(
     shard: tuple[int, int] | None = None,
     preprocess=None,
     cache: bool = False,
-    label_scale: tuple[float, float] | None = None,
+    label_scale=None,
 ) -> tf.data.Dataset:
     """Batches of (inputs, label). `shard=(n, i)` keeps every n-th file from the i-th, so each
     worker of a multi-worker run reads its own files; `preprocess` maps raw inputs to features.
     `cache` keeps the preprocessed examples in memory after the first pass, so later epochs
-    only shuffle and batch (for data that fits). `label_scale` (mean, std) gives a regression's
-    labels in standard units (the trainer's); without it labels are in their own units."""
+    only shuffle and batch (for data that fits). `label_scale` (train.model.LabelScale) gives a
+    regression's labels in standard units (the trainer's); without it, in their own units."""
     if shard is not None:
         n, i = shard
         files = files[i::n]

@@ -29,7 +29,7 @@ from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
                                   worker_position)
 from tfpipe.train.errors import DivergedError, TrainError
-from tfpipe.train.model import build_models, label_scale, loss_and_metrics
+from tfpipe.train.model import LabelScale, build_models, label_scale, loss_and_metrics
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
@@ -133,11 +133,7 @@ class _Model:
     feature_mb: float
     cache: bool
     image: dict | None = None  # the image model's size, network, augmentation, classes
-    label_scale: tuple[float, float] | None = None  # a regression's (mean, std): the trainer's standard units
-
-    @property
-    def label_std(self) -> float:
-        return self.label_scale[1] if self.label_scale else 1.0
+    label_scale: LabelScale | None = None  # a regression's: the trainer's standard units
 
 
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
@@ -159,7 +155,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     with rt.strategy.scope():
         built = _image_model(config, data, rt, log) if data.images else _row_model(config, data, rt)
         compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla,
-                        built.label_std)
+                        built.label_scale)
     # Each worker batches its own files at the global batch size; tf.distribute splits every
     # batch across all replicas, so a step sees `batch_size` examples per replica.
     train_ds = built.dataset("train", True)
@@ -173,13 +169,13 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
         + (f"; {'decoded images' if data.images else 'preprocessed features'} cached in memory "
            f"({built.feature_mb:.1f} MB)" if built.cache else ""))
-    _fit(config, data, rt, built.trainer, (train_ds, eval_ds), work, epoch_log, sampler, log, built.label_std)
+    _fit(config, data, rt, built.trainer, (train_ds, eval_ds), work, epoch_log, sampler, log, built.label_scale)
     results = _evaluate(data, rt, built, eval_ds, eval_split)
     shutil.rmtree(os.path.join(work, "backup"), ignore_errors=True)
     if rt.worker == 0:
         built.model.save(os.path.join(work, "model.keras"))  # before _timing, which may step the trainer
     timing = _timing(epoch_log.epochs, built.trainer, train_ds, config, data.schema.label.task, rt.xla,
-                     reuse=rt.workers == 1, label_std=built.label_std)
+                     reuse=rt.workers == 1, scale=built.label_scale)
     if rt.worker != 0:  # in multi-worker training only the chief publishes
         shutil.rmtree(work, ignore_errors=True)
         return out
@@ -267,10 +263,10 @@ def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
     preprocessed features, which the datasets compute (and cache) once."""
     stats = data.train_stats()
     preprocessor, trainer, model = build_models(data.schema, stats, config.hidden, config.dropout, config.seed,
-                                                config.scaling)
+                                                config.scaling, config.target)
     feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
     cache = feature_mb <= config.cache_mb
-    scale = label_scale(stats) if data.schema.label.task == "regression" else None
+    scale = label_scale(stats, config.target) if data.schema.label.task == "regression" else None
 
     def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
         return make_dataset(data.files(split), data.schema, rt.global_batch, shuffle=shuffle, seed=config.seed,
@@ -307,7 +303,7 @@ def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> 
 
 
 def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model, datasets: tuple, work: str,
-         epoch_log: EpochLog, sampler, log: Callable[[str], None], label_std: float = 1.0) -> None:
+         epoch_log: EpochLog, sampler, log: Callable[[str], None], scale=None) -> None:
     """Keras's fit with its callbacks in one process, the custom loop over several workers;
     failures as TrainErrors. `datasets`: (train, eval)."""
     train_ds, eval_ds = datasets
@@ -320,7 +316,7 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
             fit_multiworker(rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task,
                             epochs=config.epochs, patience=config.patience, time_limit=config.time_limit, work=work,
                             examples=data.count("train"), learning_rate=config.learning_rate,
-                            on_epoch=epoch_log.record, log=log, label_std=label_std)
+                            on_epoch=epoch_log.record, log=log, label_scale=scale)
         else:
             trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
                         callbacks=_callbacks(config, work, epoch_log, sampler),
@@ -346,7 +342,7 @@ def _evaluate(data: DataDir, rt: _Runtime, built: _Model, eval_ds, eval_split: s
     if rt.workers > 1:
         from tfpipe.train.multiworker import DistributedEval
 
-        evaluate = DistributedEval(rt.strategy, built.trainer, data.schema.label.task, built.label_std)
+        evaluate = DistributedEval(rt.strategy, built.trainer, data.schema.label.task, built.label_scale)
     for split in ("eval", "test"):
         if data.count(split):
             ds = eval_ds if split == eval_split else built.dataset(split, False)
@@ -359,16 +355,16 @@ def _evaluate(data: DataDir, rt: _Runtime, built: _Model, eval_ds, eval_split: s
 
 
 def compile_trainer(trainer: keras.Model, task: str, learning_rate: float, accum: int, xla: bool,
-                    label_std: float = 1.0) -> None:
+                    scale=None) -> None:
     """Adam, with gradients averaged over `accum` batches per update when accum > 1; a
-    regression's MAE and RMSE in the label's units (`label_std`, see loss_and_metrics)."""
+    regression's MAE and RMSE in the label's units (`scale`, see loss_and_metrics)."""
     optimizer = keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=accum if accum > 1 else None)
-    loss, metrics = loss_and_metrics(task, label_std)
+    loss, metrics = loss_and_metrics(task, scale)
     # Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer (auto_scale_loss).
     trainer.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=xla)
 
 
-def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, label_std: float = 1.0) -> dict[str, Any]:
+def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, scale=None) -> dict[str, Any]:
     """Throughput, mean step time and the share of each step spent waiting for input.
 
     The wait is measured, not guessed: the trainer takes the same steps on one batch held in
@@ -384,7 +380,7 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, label_std
     probe = trainer
     if not reuse:
         probe = keras.models.clone_model(trainer)
-        compile_trainer(probe, task, config.learning_rate, 1, xla, label_std)
+        compile_trainer(probe, task, config.learning_rate, 1, xla, scale)
     batch = next(iter(train_ds))
     probe.train_on_batch(*batch)  # trace and compile outside the timing
     n = 20

@@ -116,7 +116,8 @@ class ImputeNormalize(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tfpipe")
 class Denormalize(layers.Layer):
-    """A regression's prediction from standard units back to the label's: z * std + mean.
+    """A regression's prediction from standard units back to the label's: z * std + mean (then
+    exp(.) - 1 with `log`, for a label learnt as log(1 + y)).
 
     The network learns the label standardised (mean 0, variance 1 over the training split), so
     its weights and loss are of order 1 whatever the label's size; this layer, after the
@@ -125,9 +126,9 @@ class Denormalize(layers.Layer):
     is 65504; a price of 500,000 would be inf): z * (std / 2**e) as a sum of two products by
     float16 numbers, plus mean / 2**e as float16 terms, all times 2**e in exact powers of two."""
 
-    def __init__(self, mean: float, std: float, **kwargs):
+    def __init__(self, mean: float, std: float, log: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.mean, self.std = float(mean), float(std)
+        self.mean, self.std, self.log = float(mean), float(std), bool(log)
         self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), self.std, 1.0))))
         ratio = self.std / 2.0 ** self._exponent  # in (0, 1]
         self._shrink = []
@@ -149,19 +150,53 @@ class Denormalize(layers.Layer):
             y = y + term
         for step in self._steps:
             y = y * step
-        return y
+        # exp(y) - 1 rather than expm1, which TFLite's builtin ops lack
+        return ops.exp(y) - 1.0 if self.log else y
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "mean": self.mean, "std": self.std}
+        return {**super().get_config(), "mean": self.mean, "std": self.std, "log": self.log}
 
 
-def label_scale(train_stats: dict[str, Any]) -> tuple[float, float]:
-    """(mean, std) of a regression label over the training split; std 1 when it does not vary."""
+# A regression label is learnt in log scale when it never goes below 0 and its upper spread
+# (median to 99th percentile) is at least this many times its lower one: prices, salaries, counts.
+LABEL_SKEW = 2.0
+
+
+@dataclass(frozen=True)
+class LabelScale:
+    """How a regression's trainer sees the label: (y - mean) / std, of log(1 + y) when `log`."""
+
+    mean: float
+    std: float
+    log: bool = False
+
+    def to_label(self, z):
+        """The trainer's units back to the label's (Keras ops): z * std + mean, then exp(.) - 1."""
+        y = z * self.std + self.mean
+        return ops.exp(y) - 1.0 if self.log else y
+
+
+def skewed_label(label: dict[str, Any]) -> bool:
+    """Whether a regression label's training statistics call for a log-scale target."""
+    q = label.get("quantiles") or {}
+    low, mid, high = q.get("0.01"), q.get("0.5"), q.get("0.99")
+    if not label.get("log1p") or None in (low, mid, high) or high <= mid:
+        return False
+    return (high - mid) >= LABEL_SKEW * (mid - low)
+
+
+def label_scale(train_stats: dict[str, Any], target: str = "auto") -> LabelScale:
+    """A regression label's scale over the training split: its mean and std (std 1 when it does
+    not vary), or those of log(1 + y) for a skewed label (`target` auto) or when told (log)."""
     label = train_stats["label"]
-    return float(label.get("mean") or 0.0), float(label.get("std") or 1.0)
+    log = target == "log" or (target == "auto" and skewed_label(label))
+    if log and label.get("log1p"):
+        moments = label["log1p"]
+        return LabelScale(float(moments["mean"]), math.sqrt(moments["variance"]) or 1.0, True)
+    return LabelScale(float(label.get("mean") or 0.0), float(label.get("std") or 1.0))
 
 
 def input_dtype(type_: str) -> str:
@@ -218,9 +253,10 @@ def heavy_tailed(stats: dict[str, Any]) -> bool:
 
 
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
-                 seed: int, scaling: str = "auto") -> tuple[keras.Model, keras.Model, keras.Model]:
+                 seed: int, scaling: str = "auto", target: str = "auto") -> tuple[keras.Model, keras.Model, keras.Model]:
     """(preprocessor, trainer, model) for the schema, initialised from training statistics;
-    `scaling` "auto" takes heavy-tailed numbers in log scale, "standard" none."""
+    `scaling` "auto" takes heavy-tailed numbers in log scale, "standard" none; `target`, a
+    regression label's scale (see label_scale)."""
     # The inputs are keyed by the column's own name; the graph holds its graph name.
     names = schema.graph_names()
     inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
@@ -284,7 +320,8 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
     trainer = keras.Model(vec, out, name=TRAINER)
     prediction = trainer(preprocessor(inputs))
     if task == "regression":
-        prediction = Denormalize(*label_scale(train_stats), dtype="float32", name=DENORMALIZE)(prediction)
+        scale = label_scale(train_stats, target)
+        prediction = Denormalize(scale.mean, scale.std, scale.log, dtype="float32", name=DENORMALIZE)(prediction)
     model = keras.Model(inputs, prediction, name="tfpipe_model")
     return preprocessor, trainer, model
 
@@ -305,46 +342,49 @@ def make_loss(task: str, reduction: str | None = "sum_over_batch_size") -> keras
 
 @keras.saving.register_keras_serializable(package="tfpipe")
 class ScaledMAE(keras.metrics.Mean):
-    """Mean absolute error of standard units per example, reported in the label's (times std)."""
+    """Mean absolute error per example in the label's units, of a trainer that predicts the label
+    in standard units (`scale`'s mean and std, of log(1 + y) when `log`)."""
 
-    def __init__(self, std: float = 1.0, name: str = "mae", **kwargs):
+    def __init__(self, std: float = 1.0, mean: float = 0.0, log: bool = False, name: str = "mae", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.std = float(std)
+        self.scale = LabelScale(float(mean), float(std), bool(log))
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        error = ops.abs(ops.cast(y_true, "float32") - ops.cast(y_pred, "float32")) * self.std
-        return super().update_state(error, sample_weight=sample_weight)
+        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, y_pred))
+        return super().update_state(ops.abs(t - p), sample_weight=sample_weight)
 
     def get_config(self):
-        return {**super().get_config(), "std": self.std}
+        return {**super().get_config(), "std": self.scale.std, "mean": self.scale.mean, "log": self.scale.log}
 
 
 @keras.saving.register_keras_serializable(package="tfpipe")
 class ScaledRMSE(keras.metrics.RootMeanSquaredError):
-    """RMSE of standard units, reported in the label's (times the label's std)."""
+    """RMSE in the label's units, of a trainer that predicts it in standard units (see ScaledMAE)."""
 
-    def __init__(self, std: float = 1.0, name: str = "rmse", **kwargs):
+    def __init__(self, std: float = 1.0, mean: float = 0.0, log: bool = False, name: str = "rmse", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.std = float(std)
+        self.scale = LabelScale(float(mean), float(std), bool(log))
 
-    def result(self):
-        return super().result() * self.std
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, y_pred))
+        return super().update_state(t, p, sample_weight=sample_weight)
 
     def get_config(self):
-        return {**super().get_config(), "std": self.std}
+        return {**super().get_config(), "std": self.scale.std, "mean": self.scale.mean, "log": self.scale.log}
 
 
-def loss_and_metrics(task: str, label_std: float = 1.0):
+def loss_and_metrics(task: str, scale: LabelScale | None = None):
     """The loss and the metrics reported for a task. A regression's trainer learns the label in
-    standard units (`label_std` is the label's std): the loss stays in those units, MAE and
-    RMSE are given in the label's. MAE is taken per example: Keras's MeanAbsoluteError averages
-    1-D predictions over the batch's last axis first, which mis-weights a partial last batch."""
+    standard units (`scale`, see label_scale): the loss stays in those units, MAE and RMSE are
+    given in the label's. MAE is taken per example: Keras's MeanAbsoluteError averages 1-D
+    predictions over the batch's last axis first, which mis-weights a partial last batch."""
     if task == "binary":
         metrics = [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
     elif task == "multiclass":
         metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     else:
-        metrics = [ScaledMAE(label_std), ScaledRMSE(label_std)]
+        scale = scale or LabelScale(0.0, 1.0)
+        metrics = [ScaledMAE(scale.std, scale.mean, scale.log), ScaledRMSE(scale.std, scale.mean, scale.log)]
     return make_loss(task), metrics
 
 

@@ -30,11 +30,11 @@ BACKUP_META = "training_metadata.json"
 class DistributedEval:
     """Loss and metrics of a model on a distributed dataset, all-reduced across workers."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, trainer: keras.Model, task: str, label_std: float = 1.0):
+    def __init__(self, strategy: tf.distribute.Strategy, trainer: keras.Model, task: str, label_scale=None):
         self.strategy = strategy
         with strategy.scope():
             self.loss = make_loss(task, reduction=None)
-            self.metrics = [keras.metrics.Mean(name="loss")] + loss_and_metrics(task, label_std)[1]
+            self.metrics = [keras.metrics.Mean(name="loss")] + loss_and_metrics(task, label_scale)[1]
 
         def replica(x, y):
             pred = trainer(x, training=False)
@@ -64,16 +64,16 @@ def per_example(loss: keras.losses.Loss, y, pred):
 def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, train_ds: tf.data.Dataset,
                     eval_ds: tf.data.Dataset, *, task: str, epochs: int, patience: int, time_limit: float | None,
                     work: str, examples: int, learning_rate: float,
-                    on_epoch: Callable[[dict[str, Any]], None], log, label_std: float = 1.0) -> None:
+                    on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> None:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets;
-    `label_std`: a regression label's std, in whose units MAE and RMSE are reported."""
-    train_step, train_metrics = _train_step(strategy, trainer, task, label_std)
+    `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units."""
+    train_step, train_metrics = _train_step(strategy, trainer, task, label_scale)
 
     @tf.function
     def any_worker(flag):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
 
-    validate = DistributedEval(strategy, trainer, task, label_std)
+    validate = DistributedEval(strategy, trainer, task, label_scale)
     dist_train = strategy.experimental_distribute_dataset(train_ds)
     dist_eval = strategy.experimental_distribute_dataset(eval_ds)
     backup = os.path.join(work, "backup")
@@ -114,11 +114,11 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
         trainer.set_weights(best_weights)
 
 
-def _train_step(strategy: tf.distribute.Strategy, trainer: keras.Model, task: str, label_std: float):
+def _train_step(strategy: tf.distribute.Strategy, trainer: keras.Model, task: str, label_scale):
     """(train_step(x, y) -> the loss summed over replicas, the training metrics it updates)."""
     with strategy.scope():
         loss_fn = make_loss(task, reduction=None)
-        train_metrics = [keras.metrics.Mean(name="loss")] + loss_and_metrics(task, label_std)[1]
+        train_metrics = [keras.metrics.Mean(name="loss")] + loss_and_metrics(task, label_scale)[1]
     optimizer = trainer.optimizer
     scale = getattr(optimizer, "scale_loss", None)  # LossScaleOptimizer under mixed_float16
 
