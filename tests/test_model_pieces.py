@@ -465,3 +465,12 @@ def test_load_test_rows_spread_over_a_split_stored_in_order(tmp_path, records, l
         {"outputs": {"splits": {"eval": [{"file": name, "records": records, "bytes": 1}]}}}))
     rows = rows_from_data(str(tmp_path), {"x": "DT_FLOAT"}, limit)
     assert [int(r["x"]) for r in rows] == expected
+
+
+@pytest.mark.parametrize("change", [{"scaling": "standard"}, {"target": "log"}, {"target": "standard"}])
+def test_a_killed_run_resumes_only_with_the_same_feature_and_target_scaling(change):
+    """The backup's weights were learnt on inputs and labels in a given scale: another scale is
+    another model, started afresh rather than resumed."""
+    from tfpipe.train.config import TrainConfig
+
+    assert TrainConfig(**change).resume_fields() != TrainConfig().resume_fields()

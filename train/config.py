@@ -120,7 +120,7 @@ class TrainConfig(BaseModel):
     def resume_fields(self) -> dict:
         """What must match for a new run to resume an interrupted one's checkpoints."""
         return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps", "model",
-                                        "filters", "image_size", "augment"})
+                                        "filters", "image_size", "augment", "scaling", "target"})
 
     def fingerprint_fields(self) -> dict:
         return self.model_dump(exclude={"data", "out", "force", "profile", "log_device_placement"})
