@@ -34,15 +34,23 @@ def _rmse(error: np.ndarray) -> float:
     return float(np.sqrt(np.mean(error ** 2))) if len(error) else 0.0
 
 
-def model_quality(pred: np.ndarray, labels: np.ndarray, task: str) -> dict[str, float]:
-    """The model's metric from its own outputs: accuracy from class probabilities (binary: the
-    probability of the second class), or RMSE and MAE of its predictions."""
-    pred = np.asarray(pred, np.float64)
+PER_ROW = "_per_row"  # model_quality's per-row parts, for the paired tests (not kept in JSON)
+
+
+def model_quality(pred: np.ndarray, labels: np.ndarray, task: str, per_row: bool = False) -> dict[str, Any]:
+    """A model's metric from its own outputs: accuracy from class probabilities (binary: the
+    probability of the second class, one column), or RMSE and MAE of its predictions. With
+    `per_row`, each row's part of it under PER_ROW: whether it was right, or its squared error."""
+    labels = np.asarray(labels)
+    pred = np.asarray(pred, np.float64).reshape(len(labels), -1) if len(labels) else np.zeros((0, 1))
     if task == "regression":
-        error = pred.reshape(-1) - np.asarray(labels, np.float64)
-        return {"rmse": _rmse(error), "mae": float(np.mean(np.abs(error))) if len(error) else 0.0}
-    classes = (pred.reshape(-1) >= 0.5).astype(np.int64) if task == "binary" else pred.argmax(axis=1)
-    return {"accuracy": float(np.mean(classes == labels)) if len(labels) else 0.0}
+        error = pred[:, 0] - labels.astype(np.float64)
+        out, part = {"rmse": _rmse(error), "mae": float(np.mean(np.abs(error))) if len(error) else 0.0}, error ** 2
+    else:
+        classes = (pred[:, 0] >= 0.5).astype(np.int64) if task == "binary" else pred.argmax(axis=1)
+        part = classes == labels
+        out = {"accuracy": float(np.mean(part)) if len(labels) else 0.0}
+    return {**out, PER_ROW: part} if per_row else out
 
 
 def better_than_baseline(quality: dict[str, float], baseline: dict[str, Any]) -> bool:

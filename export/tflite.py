@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
+from tfpipe.export.baseline import PER_ROW, model_quality
 from tfpipe.export.errors import ExportError
 from tfpipe.export.signatures import finish_signatures
 from tfpipe.pipeline.schema import Schema
@@ -286,7 +287,7 @@ def measure(predict_one, predict_all, inputs: dict[str, np.ndarray], labels: np.
             latency_rows: int = 200) -> dict[str, Any]:
     """Quality on all rows and single-example latency (median and p99) on the first ones."""
     pred = predict_all(inputs)
-    quality = _quality(pred, labels, task)
+    quality = model_quality(pred, labels, task, per_row=True)
     n = len(labels)
     times = []
     for i in range(min(n, latency_rows) + 5):
@@ -297,22 +298,6 @@ def measure(predict_one, predict_all, inputs: dict[str, np.ndarray], labels: np.
             times.append(time.perf_counter() - t0)
     return {**quality, "latency_ms_p50": round(float(np.median(times)) * 1e3, 4),
             "latency_ms_p99": round(float(np.percentile(times, 99)) * 1e3, 4)}
-
-
-def _quality(pred: np.ndarray, labels: np.ndarray, task: str) -> dict[str, Any]:
-    """The metric over all rows, and each row's part of it under PER_ROW (not kept in JSON):
-    whether it was right (classification) or its squared error (regression)."""
-    pred = np.asarray(pred).reshape(len(labels), -1)
-    if task == "regression":
-        error = pred[:, 0].astype(np.float64) - labels
-        return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
-                PER_ROW: error ** 2}
-    classes = (pred[:, 0] >= 0.5).astype(np.int64) if task == "binary" else pred.argmax(axis=1)
-    right = classes == labels
-    return {"accuracy": float(np.mean(right)), PER_ROW: right}
-
-
-PER_ROW = "_per_row"
 
 
 def drop_beyond_noise(saved: np.ndarray, variant: np.ndarray, task: str) -> float:
