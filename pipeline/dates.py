@@ -1,7 +1,7 @@
 """Dates and times as a column holds them: ISO-8601 text, or Parquet's date and timestamp types.
 
 A date column is stored as text in the TFRecords and served as text, the value as the user has
-it; the model parses it inside its graph (`train.dates`) by the same rules this module states,
+it; the model parses it inside its graph (`train.kinds`) by the same rules this module states,
 and a test holds the two to the same answers. What is a date:
 
   YYYY-MM-DD
@@ -16,6 +16,8 @@ import calendar
 import datetime as _dt
 import re
 from typing import Any
+
+import numpy as np
 
 # The one pattern, for Python's re and TensorFlow's RE2 alike (no look-arounds, no back-references).
 ISO_PATTERN = (r"(\d{4})-(\d{2})-(\d{2})"
@@ -52,6 +54,18 @@ def days_from_civil(year: int, month: int, day: int) -> int:
     doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
     doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
     return era * 146097 + doe - 719468
+
+
+def months_of_days(days: np.ndarray) -> np.ndarray:
+    """The month (1-12) of each day since 1970-01-01: days_from_civil's inverse, in the integer
+    steps the graph takes (train.kinds)."""
+    z = days + 719468
+    era = np.floor_divide(z, 146097)
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    return np.where(mp < 10, mp + 3, mp - 9)
 
 
 def is_date_value(value: Any) -> bool:

@@ -20,8 +20,8 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from tfpipe.pipeline.dates import is_date_value, iso_text, parse_seconds
 from tfpipe.pipeline.autodetect import decimal_comma_number
+from tfpipe.pipeline.dates import is_date_value, iso_text, parse_seconds
 from tfpipe.pipeline.errors import DataError, worker_data_error
 from tfpipe.pipeline.inputs import Segment
 from tfpipe.pipeline.schema import Schema

@@ -14,7 +14,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from tfpipe.pipeline.dates import parse_seconds
+from tfpipe.pipeline.dates import months_of_days, parse_seconds
 from tfpipe.pipeline.readers import Column
 from tfpipe.pipeline.text import words
 from tfpipe.pipeline.schema import Schema
@@ -97,6 +97,9 @@ class Moments:
         self.m2 += m2 + delta * delta * self.count * n / total
         self.count = total
 
+    def merge(self, other: "Moments") -> None:
+        self.combine(other.count, other.mean, other.m2)
+
     def result(self) -> dict[str, float] | None:
         return {"mean": self.mean, "variance": self.m2 / self.count} if self.count else None
 
@@ -130,11 +133,11 @@ class NumericStats:
     def merge(self, other: "NumericStats") -> None:
         self.missing += other.missing
         if other.count:
-            self.moments.combine(other.moments.count, other.moments.mean, other.moments.m2)
+            self.moments.merge(other.moments)
             self.min = min(self.min, other.min)
             self.max = max(self.max, other.max)
             self.sketch.merge(other.sketch)
-            self.log1p.combine(other.log1p.count, other.log1p.mean, other.log1p.m2)
+            self.log1p.merge(other.log1p)
 
     def result(self) -> dict[str, Any]:
         empty = self.count == 0
@@ -214,7 +217,7 @@ class DateStats:
             days = np.floor(seconds / 86400).astype(np.int64)
             self.hours.update(((seconds - days * 86400) // 3600).astype(np.int64).tolist())
             self.weekdays.update(((days + 3) % 7).tolist())  # 1970-01-01 was a Thursday: Monday is 0
-            self.months.update(_months(days).tolist())
+            self.months.update(months_of_days(days).tolist())
 
     def merge(self, other: "DateStats") -> None:
         self.seconds.merge(other.seconds)
@@ -225,17 +228,6 @@ class DateStats:
     def result(self) -> dict[str, Any]:
         return {**self.seconds.result(), "kind": "date", "hours": sorted(self.hours),
                 "weekdays": sorted(self.weekdays), "months": sorted(self.months)}
-
-
-def _months(days: np.ndarray) -> np.ndarray:
-    """The month (1-12) of each day since the epoch (the inverse of days_from_civil)."""
-    z = days + 719468
-    era = np.floor_divide(z, 146097)
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    return np.where(mp < 10, mp + 3, mp - 9)
 
 
 class TextStats(StringStats):

@@ -474,3 +474,15 @@ def test_a_killed_run_resumes_only_with_the_same_feature_and_target_scaling(chan
     from tfpipe.train.config import TrainConfig
 
     assert TrainConfig(**change).resume_fields() != TrainConfig().resume_fields()
+
+
+def test_the_month_of_a_day_is_the_same_in_the_data_stage_the_graph_and_the_calendar():
+    import tensorflow as tf
+
+    from tfpipe.pipeline.dates import months_of_days
+    from tfpipe.train.kinds import _month
+
+    days = np.random.default_rng(0).integers(-700_000, 700_000, 2000)
+    want = [(datetime.date(1970, 1, 1) + datetime.timedelta(days=int(d))).month for d in days]
+    assert months_of_days(days).tolist() == want
+    assert _month(tf.constant(days, tf.int64)).numpy().tolist() == want

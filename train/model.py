@@ -179,13 +179,20 @@ class LabelScale:
         return ops.exp(y) - 1.0 if self.log else y
 
 
+def long_right_tail(stats: dict[str, Any], ratio: float) -> bool:
+    """Whether a number's statistics (stats.json) show it never below 0 (they hold its log1p
+    moments) with an upper spread, median to 99th percentile, at least `ratio` times its lower
+    one, 1st percentile to median."""
+    q = stats.get("quantiles") or {}
+    low, mid, high = q.get("0.01"), q.get("0.5"), q.get("0.99")
+    if not stats.get("log1p") or None in (low, mid, high) or high <= mid:
+        return False
+    return (high - mid) >= ratio * (mid - low)
+
+
 def skewed_label(label: dict[str, Any]) -> bool:
     """Whether a regression label's training statistics call for a log-scale target."""
-    q = label.get("quantiles") or {}
-    low, mid, high = q.get("0.01"), q.get("0.5"), q.get("0.99")
-    if not label.get("log1p") or None in (low, mid, high) or high <= mid:
-        return False
-    return (high - mid) >= LABEL_SKEW * (mid - low)
+    return long_right_tail(label, LABEL_SKEW)
 
 
 def label_scale(train_stats: dict[str, Any], target: str = "auto") -> LabelScale:
@@ -243,13 +250,8 @@ HEAVY_TAIL = 5.0
 
 
 def heavy_tailed(stats: dict[str, Any]) -> bool:
-    """Whether a number's training statistics call for log scaling (ImputeNormalize's log1p):
-    it never goes below 0 (stats.json has its log1p moments) and its right tail is long."""
-    q = stats.get("quantiles") or {}
-    low, mid, high = q.get("0.01"), q.get("0.5"), q.get("0.99")
-    if not stats.get("log1p") or None in (low, mid, high) or high <= mid:
-        return False
-    return (high - mid) >= HEAVY_TAIL * (mid - low)
+    """Whether a number's training statistics call for log scaling (ImputeNormalize's log1p)."""
+    return long_right_tail(stats, HEAVY_TAIL)
 
 
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
@@ -376,8 +378,9 @@ class ScaledRMSE(keras.metrics.RootMeanSquaredError):
 def loss_and_metrics(task: str, scale: LabelScale | None = None):
     """The loss and the metrics reported for a task. A regression's trainer learns the label in
     standard units (`scale`, see label_scale): the loss stays in those units, MAE and RMSE are
-    given in the label's. MAE is taken per example: Keras's MeanAbsoluteError averages 1-D
-    predictions over the batch's last axis first, which mis-weights a partial last batch."""
+    given in the label's. MAE is taken per example: Keras's MeanAbsoluteError reduces 1-D
+    predictions over their last axis, the batch, first, and reported about half the true MAE on
+    a table of house prices."""
     if task == "binary":
         metrics = [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc")]
     elif task == "multiclass":
