@@ -89,3 +89,9 @@ def image_class_folders(path: str) -> list[str]:
 def is_image_folder_input(inputs: list[str]) -> bool:
     """Whether --input names one local folder of class folders of images (read as --format images)."""
     return len(inputs) == 1 and bool(image_class_folders(inputs[0]))
+
+
+def found_format(fmt: str, inputs: list[str]) -> str:
+    """The data's format: `fmt` as given, except that auto on one folder of class folders of
+    images is images (no --label needed: the folders are the classes)."""
+    return "images" if fmt == "auto" and is_image_folder_input(inputs) else fmt

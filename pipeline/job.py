@@ -21,7 +21,7 @@ from tfpipe import __version__
 from tfpipe.files import digest
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
-from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, is_image_folder_input, shown_delimiter
+from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, found_format, shown_delimiter
 from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, plan_units, read_csv_header,
                                     resolve_inputs, scan_file)
 from tfpipe.pipeline.readers import sample_records
@@ -66,8 +66,7 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
 
 def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     """Run the data stage; returns the output directory (published atomically)."""
-    if config.format == "auto" and is_image_folder_input(config.input):
-        config = config.model_copy(update={"format": "images"})  # a folder of class folders of images
+    config = config.model_copy(update={"format": found_format(config.format, config.input)})
     if config.format == "images":
         from tfpipe.pipeline.image_job import run as run_images
 

@@ -99,10 +99,6 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
 
     config = load_config(args.config)
     cfg = _section(args, config, "data", DataConfig)
-    from tfpipe.pipeline.autodetect import is_image_folder_input
-
-    if cfg.format == "auto" and is_image_folder_input(cfg.input):
-        cfg.format = "images"  # a folder with one subfolder of images per class
     if extra:
         cfg.beam_args = [*cfg.beam_args, *extra]
     from tfpipe.pipeline.job import run  # Beam, a second to import: after the config is known good
@@ -229,10 +225,9 @@ def _images_found(config: Config) -> Config:
     """A config whose input is one folder of class folders of images, with format auto, reads
     images: every step that asks `data.format` then sees it (no --label needed: the folders are
     the classes)."""
-    from tfpipe.pipeline.autodetect import is_image_folder_input
+    from tfpipe.pipeline.autodetect import found_format
 
-    if config.data.format == "auto" and is_image_folder_input(config.data.input):
-        config.data.format = "images"
+    config.data.format = found_format(config.data.format, config.data.input)
     return config
 
 
