@@ -59,6 +59,12 @@ class DataConfig(BaseModel):
         default_factory=lambda: {"train": 80, "eval": 10, "test": 10},
         description="split names and weights, e.g. train=80,eval=10,test=10",
     )
+    stratify: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: each split gets its weight's share of every class of a classification label (the "
+                    "labels are read once before the job, for inputs up to 64 MiB and without --key); off: a "
+                    "row's split is its hash alone",
+    )
     schema_path: str | None = Field(
         None, alias="schema", description="enforce this schema.json instead of inferring one"
     )
