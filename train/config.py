@@ -39,9 +39,12 @@ class TrainConfig(BaseModel):
         "auto", description="regression: the label as the network learns it; auto takes log(1 + y) for a label never "
                             "below 0 whose upper spread is twice its lower one (prices, salaries), else mean and std; "
                             "the served model answers in the label's units either way")
-    scaling: Literal["auto", "standard"] = Field(
-        "auto", description="numbers: auto normalises a heavy-tailed column (never below 0, a long right tail) as "
-                            "log(1 + x), the others by mean and std; standard normalises every one by mean and std")
+    scaling: Literal["auto", "log", "standard"] = Field(
+        "auto", description="numbers: auto encodes each in quantile bins of the training split (piecewise linear: "
+                            "where a value falls among the training values, in up to 10 pieces, bounded to the "
+                            "training range); log normalises a heavy-tailed column (never below 0, a long right tail) "
+                            "as log(1 + x) and the others by mean and std; standard normalises every one by mean and "
+                            "std")
     model: Literal["cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50"] = Field(
         "cnn", description="images: the network; cnn is a small CNN for CPUs, the others are keras.applications "
                            "architectures trained from scratch (weights=None)")
