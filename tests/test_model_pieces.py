@@ -147,20 +147,24 @@ def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, 
 
 # ---- defaults that follow the data's size -----------------------------------------------------------------
 
-@pytest.mark.parametrize("examples, given, batch, epochs, patience", [
-    (139, {}, 16, 112, 11),          # 182 images of three shapes: 9 steps an epoch, not 1
-    (240, {}, 16, 67, 6),            # a 300-row table
-    (1_588, {}, 32, 30, 5),
-    (40_000, {}, 256, 30, 5),
-    (275, {"epochs": 40, "patience": 8}, 16, 40, 8),   # what the user set stays
-    (275, {"batch_size": 256}, 256, 200, 20),          # one step an epoch: the most epochs
+@pytest.mark.parametrize("examples, given, batch, epochs, patience, min_epochs", [
+    (139, {}, 16, 112, 11, 34),          # 182 images of three shapes: 9 steps an epoch, not 1
+    (240, {}, 16, 67, 6, 20),            # a 300-row table
+    (1_588, {}, 32, 30, 5, 6),
+    (40_000, {}, 256, 30, 5, 2),
+    (275, {"epochs": 40, "patience": 8}, 16, 40, 8, 17),   # what the user set stays
+    (275, {"epochs": 10}, 16, 10, 5, 5),                    # at most half the epochs warm up
+    (275, {"batch_size": 256}, 256, 200, 20, 100),          # one step an epoch: the most epochs
+    (275, {"batch_size": 64, "epochs": 9, "patience": 3, "min_epochs": 0}, 64, 9, 3, 0),
 ])
-def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience):
+def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience,
+                                                                        min_epochs):
     from tfpipe.train.config import TrainConfig
 
     config, note = TrainConfig(**given).sized(examples)
-    assert (config.batch_size, config.epochs, config.patience) == (batch, epochs, patience)
-    assert (note == "") == (len(given) == 3)
+    assert (config.batch_size, config.epochs, config.patience, config.min_epochs) == (batch, epochs, patience,
+                                                                                       min_epochs)
+    assert (note == "") == (len(given) == 4)
 
 
 # ---- the trivial baseline -------------------------------------------------------------------------------
