@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -166,7 +167,8 @@ def test_first_run_produces_every_artifact_with_reconciling_content(first_run, p
         "predict/rest": skew["traffic"]["requests"]}
     schema = load(os.path.join(workdir, "data", "schema.json"))
     assert [f["name"] for f in skew["features"]] == [c["name"] for c in schema["features"]]
-    assert all(f["distance"] is not None and f["distance"] <= 0.1 for f in skew["features"])
+    # every feature of the eval rows within the sampling noise of its count (68 rows weigh in)
+    assert all(f["distance"] is not None and f["distance"] <= f["noise_bound"] for f in skew["features"])
 
 
 def test_report_renders_in_a_headless_browser(first_run):
@@ -177,8 +179,11 @@ def test_report_renders_in_a_headless_browser(first_run):
     # latency distribution, one time series per load step
     assert page["svgs"] >= 8 and page["empty_svgs"] == 0
     for text in ("Lineage", "penguins version 1", "Rows per split", "Loss per epoch", "float32",
-                 "match", "SLO p99<2000ms,errors<1%: met", "Every feature within its threshold."):
+                 "match", "SLO p99<2000ms,errors<1%: met"):
         assert text in page["text"] or text in open(os.path.join(workdir, "report.html")).read(), text
+    # the skew verdict: every feature within its threshold, or over it only within the noise
+    assert "Every feature within its threshold." in page["text"] or re.search(
+        r"No feature skewed: .+ over the threshold but within the noise of a sample this size\.", page["text"])
 
 
 def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_path):
