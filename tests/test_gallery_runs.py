@@ -55,6 +55,10 @@ def test_a_french_spreadsheet_export_runs_with_its_own_column_names(tables):
     test = export["test"]
     assert test["accuracy"] > test["baseline"]["accuracy"]
     assert "REST and gRPC answers match the SavedModel" in res.stdout
+    # TensorFlow's warning that such a name is "sanitized" is not passed on: the names are kept
+    with open(os.path.join(workdir, "logs", "export.log"), encoding="utf-8") as f:
+        log = f.read()
+    assert "test accuracy" in log and "not a valid tf.function parameter name" not in log
 
 
 def test_hitters_sets_its_players_without_a_salary_aside_and_regresses_on_the_rest(tables):
