@@ -97,7 +97,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         return out
 
     shards = config.shards or max(1, min(256, math.ceil(total / _SHARD_BYTES)))
-    options, runner, workers = beam_options(config.beam_args, total)
+    options, runner, workers = beam_options(config.beam_args, total, config.runner)
     if not config.shards and workers > 1:
         shards = max(shards, workers)
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
