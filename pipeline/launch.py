@@ -97,10 +97,10 @@ def beam_options(args: list[str], input_bytes: int, runner: str | None = None) -
     `runner` is the `[data] runner` setting; a --runner among `args` wins over it. FnApiRunner,
     by that name or its class path, becomes its class path. Flink and Spark get the job server
     jar engines/setup.sh built unless the options name one or a running job service."""
-    check_beam_args(args)
     given = PipelineOptions(args).get_all_options(drop_default=True)
     runner = given.get("runner") or runner or "FnApiRunner"
     name = runner_name(runner)
+    check_beam_args(args)
     args = _without_runner(args) + [f"--runner={FN_API_RUNNER if name == 'FnApiRunner' else runner}"]
     extra = []
     workers = given.get("direct_num_workers") or 1
@@ -198,7 +198,7 @@ def runner_error(exc: BaseException, runner: str, server_log: list[str] = ()) ->
         said = (details[0] if details else _cause(java) if java
                 else "no details; the job server's log says why (rerun with --debug)")
         return RunnerError(f"the {runner} job service refused the job ({exc.code().name}): {said}")
-    failed = re.search(r"Pipeline \S+ failed in state (\w+): (.*)", text)
+    failed = re.search(r"Pipeline \S+ failed in state (\w+): (.*)", text, re.S)
     if failed:
         lines = [l.strip() for l in failed.group(2).splitlines() if l.strip()]
         return RunnerError(f"the job failed on {runner} ({failed.group(1)}): "
@@ -209,7 +209,12 @@ def runner_error(exc: BaseException, runner: str, server_log: list[str] = ()) ->
 
 
 def _cause(lines: list[str]) -> str:
-    """The most telling line of a Java or Python failure: the last 'Caused by', else the first line."""
+    """The most telling line of a Java or Python failure: a Python traceback's exception (the
+    worker's own error, which the engine wraps), else the last 'Caused by', else the first line."""
+    if any(l.startswith("Traceback") for l in lines):
+        raised = [l for l in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b.*:", l)]
+        if raised:
+            return raised[-1][:400]
     causes = [l for l in lines if l.startswith("Caused by:")]
     return (causes[-1][len("Caused by:"):].strip() if causes else lines[0])[:400]
 

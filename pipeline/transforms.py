@@ -100,6 +100,26 @@ class UnitEnd:
 
 # ---- the steps -----------------------------------------------------------------------------------
 
+# A test hook: "UNIT:MARKER" makes work unit UNIT fail after handing on its first batch, on the
+# attempt that creates the file MARKER, and only that one: what a worker lost mid-unit looks like
+# to the runner, which must retry the unit and leave the output as if nothing had failed.
+FAIL_ONCE = "TFPIPE_TEST_FAIL_ONCE"
+
+
+def fail_once(unit: int) -> None:
+    spec = os.environ.get(FAIL_ONCE)
+    if not spec:
+        return
+    index, _, marker = spec.partition(":")
+    if int(index) != unit:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return  # a later attempt: it runs as usual
+    raise RuntimeError(f"{FAIL_ONCE}: work unit {unit} fails on its first attempt ({marker})")
+
+
 class ReadAndValidate(beam.DoFn):
     """Streams a work unit's byte ranges; good rows go out as batches, bad rows tagged BAD."""
 
@@ -124,6 +144,7 @@ class ReadAndValidate(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(BAD, BadRows(unit.index, batch.unlabelled, UNLABELLED))
                 if len(batch):
                     yield UnitBatch(unit.index, batch)
+                    fail_once(unit.index)
         end = UnitEnd(unit.index, read, bad, first_bad, unlabelled)
         yield beam.pvalue.TaggedOutput(BAD, end)
         yield end

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The engine tests, after the main suite (which made .venv):  bash tests_engines/run.sh
+#
+# 1. engines/setup.sh: the engine environment (.venv-engines: Beam 2.62, no TensorFlow) and
+#    Beam's Flink and Spark job server jars, from the package registries.
+# 2. The inputs, and the reference outputs: FnApiRunner in the main environment (.venv).
+# 3. pytest in the engine environment, in a network namespace of its own with only loopback up:
+#    Beam's Java job servers and Python worker pools listen on every interface, and nothing they
+#    start is reachable from beyond this machine there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+[ -x .venv/bin/tfpipe ] || { echo "no main environment (.venv): run the main suite first"; exit 1; }
+bash engines/setup.sh .venv-engines || { echo "engines/setup.sh failed"; exit 1; }
+.venv-engines/bin/pip install -q "pytest>=8,<9.2" "pytest-timeout>=2.3" || exit 1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+.venv-engines/bin/python tests_engines/make_inputs.py "$work/inputs" || exit 1
+# the options of every run, the reference's and the engines' (tests_engines/conftest.py reads them)
+export TFPIPE_ENGINE_TAXI_ARGS="--label big_tipper --exclude tips --shards 4"
+export TFPIPE_ENGINE_IMAGE_ARGS="--shards 4 --max-bad-fraction 0.2"
+.venv/bin/tfpipe data --input "$work/inputs/taxi.csv" $TFPIPE_ENGINE_TAXI_ARGS \
+  --out "$work/reference/taxi" >/dev/null || { echo "the reference run (taxi) failed"; exit 1; }
+.venv/bin/tfpipe data --input "$work/inputs/images" $TFPIPE_ENGINE_IMAGE_ARGS \
+  --out "$work/reference/images" >/dev/null || { echo "the reference run (images) failed"; exit 1; }
+echo "setup and reference outputs: $(( $(date +%s) - started )) s"
+export TFPIPE_ENGINE_INPUTS="$work/inputs" TFPIPE_ENGINE_REFERENCE="$work/reference"
+unshare --net --map-root-user bash -c 'ip link set lo up && exec .venv-engines/bin/python -m pytest -q -p no:cacheprovider tests_engines "$@"' _ "$@"
+rc=$?
+echo "engine tests: $(( $(date +%s) - started )) s in all"
+# pytest exits 5 when it collected no tests: a failure here, as in the main suite
+[ "$rc" -eq 5 ] && { echo "no engine tests were collected"; exit 1; }
+exit "$rc"
