@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -136,6 +138,46 @@ def _without_runner(args: list[str]) -> list[str]:
         elif not a.startswith("--runner="):
             out.append(a)
     return out
+
+
+def in_environment(environment: str) -> bool:
+    """Whether this process runs in the Python environment (virtualenv folder) `environment`."""
+    return os.path.realpath(sys.prefix) == os.path.realpath(environment)
+
+
+def run_in_environment(config, log: Callable[[str], None]) -> str:
+    """Run the data stage in the Python environment `config.environment` names (its own process:
+    `python -m tfpipe.pipeline.job`, the config as JSON on its stdin), its lines passed on to `log`;
+    its user error comes back as the same one line. Returns the output directory."""
+    python = os.path.join(config.environment, "bin", "python")
+    if not os.path.exists(python):
+        raise DataError(f"environment {config.environment}: no {python} (engines/setup.sh makes one)")
+    payload = config.model_copy(update={"environment": None}).model_dump_json(by_alias=True)
+    proc = subprocess.Popen([python, "-m", "tfpipe.pipeline.job"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        errors: list[str] = []
+        drain = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+        drain.start()
+        proc.stdin.write(payload)
+        proc.stdin.close()
+        for line in proc.stdout:
+            log(line.rstrip("\n"))
+        code = proc.wait()
+        drain.join()
+    finally:
+        if proc.poll() is None:  # interrupted: the child's own handler removes its temporary output
+            proc.terminate()
+            proc.wait()
+    said = [e.rstrip("\n") for e in errors if e.strip()]
+    if code == 2 and said and said[-1].startswith(ENVIRONMENT_ERROR):
+        raise DataError(said[-1][len(ENVIRONMENT_ERROR):])
+    if code != 0:
+        raise RuntimeError(f"the data stage in {config.environment} exited with {code}: " + "\n".join(said[-20:]))
+    return config.out if is_remote(config.out) else os.path.abspath(config.out)
+
+
+ENVIRONMENT_ERROR = "tfpipe data: error: "
 
 
 def run_to_temp(out: str, options: PipelineOptions, units: int, build: Callable[[beam.Pipeline, str], None],
@@ -322,7 +364,7 @@ def data_manifest(config, summaries: list[dict], counts: dict, tmp: str, started
         "config": config.model_dump(mode="json", by_alias=True),
         "settings": settings,
         "inputs": inputs,
-        "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args)},
+        "beam": {"runner": runner, "workers": workers, "args": list(config.beam_args), "version": beam.__version__},
         "shards": shards,
         "counts": counts,
         "bad_fraction": bad_fraction(counts),

@@ -24,7 +24,8 @@ export TFPIPE_ENGINE_IMAGE_ARGS="--shards 4 --max-bad-fraction 0.2"
 .venv/bin/tfpipe data --input "$work/inputs/images" $TFPIPE_ENGINE_IMAGE_ARGS \
   --out "$work/reference/images" >/dev/null || { echo "the reference run (images) failed"; exit 1; }
 echo "setup and reference outputs: $(( $(date +%s) - started )) s"
-export TFPIPE_ENGINE_INPUTS="$work/inputs" TFPIPE_ENGINE_REFERENCE="$work/reference"
+export TFPIPE_ENGINE_INPUTS="$work/inputs" TFPIPE_ENGINE_REFERENCE="$work/reference" \
+  TFPIPE_MAIN_TFPIPE="$PWD/.venv/bin/tfpipe"
 unshare --net --map-root-user bash -c 'ip link set lo up && exec .venv-engines/bin/python -m pytest -q -p no:cacheprovider tests_engines "$@"' _ "$@"
 rc=$?
 echo "engine tests: $(( $(date +%s) - started )) s in all"

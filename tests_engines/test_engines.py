@@ -6,6 +6,7 @@ work units at parallelism 2, and after a work unit failed once and was retried."
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -96,3 +97,31 @@ def test_an_external_worker_pool_serves_the_flink_job(inputs, tmp_path):
     finally:
         pool.terminate()
         pool.wait(timeout=60)
+
+
+def _run_config(path, inputs: str, workdir, runner: list[str]) -> None:
+    name, *options = runner[1:]  # "FlinkRunner", then its own options
+    quoted = ", ".join(f'"{o}"' for o in options)
+    path.write_text(f'[run]\nworkdir = "{workdir}"\n\n[data]\ninput = ["{os.path.join(inputs, "taxi.csv")}"]\n'
+                    f'label = "big_tipper"\nexclude = ["tips"]\nshards = 4\nrunner = "{name}"\n'
+                    f'environment = "{sys.prefix}"\nbeam_args = [{quoted}]\n')
+
+
+def test_tfpipe_run_takes_its_data_step_to_this_environment_and_caches_it_by_the_data(inputs, tmp_path):
+    """`tfpipe run` in the main environment (TensorFlow, Beam 2.77) with `[data] runner` and
+    `[data] environment` (this one: Beam 2.62): the data step runs on Flink here; the same data
+    on Spark is the same step, cached."""
+    main_tfpipe = os.environ["TFPIPE_MAIN_TFPIPE"]
+    workdir = tmp_path / "run"
+    flink, spark = tmp_path / "flink.toml", tmp_path / "spark.toml"
+    _run_config(flink, inputs, workdir, FLINK)
+    _run_config(spark, inputs, workdir, SPARK)
+    first = subprocess.run([main_tfpipe, "run", "--config", str(flink), "--only", "data"], capture_output=True,
+                           text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    manifest = assert_same_output(str(workdir / "data"), os.path.join(REFERENCE, "taxi"))
+    assert manifest["beam"]["runner"] == "FlinkRunner" and manifest["beam"]["version"] == "2.62.0"
+    again = subprocess.run([main_tfpipe, "run", "--config", str(spark), "--only", "data"], capture_output=True,
+                           text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert re.search(r"data\s+cached", again.stdout), again.stdout
