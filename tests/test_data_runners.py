@@ -126,3 +126,20 @@ def test_the_config_files_runner_key_reaches_beam(chicago_csv, tmp_path):
     manifest = json.loads((out / "data.json").read_text())
     assert manifest["beam"]["runner"] == "BundleBasedDirectRunner" and manifest["config"]["runner"] == \
         "BundleBasedDirectRunner"
+
+
+def test_a_record_after_its_units_end_stops_the_job_instead_of_truncating_the_units_files(tmp_path):
+    """What the writers rely on, checked where they would be hurt: a runner that handed on a unit's
+    records after its end would have WriteShards reopen (truncate) the unit's finished files."""
+    from tfpipe.pipeline.transforms import SplitBatch, UnitEnd, WriteShards
+
+    (tmp_path / "_units").mkdir()
+    writer = WriteShards(str(tmp_path), {"train": 1}, {0: (0,)}, shards=1, level=6)
+    writer.start_bundle()
+    writer.process(SplitBatch(0, "train", {}, [b"record"]))
+    writer.process(UnitEnd(0, read=1, bad=0))
+    summary = json.loads((tmp_path / "_units" / "unit-00000.json").read_text())
+    assert summary["splits"] == {"train": 1}
+    with pytest.raises(RuntimeError, match="work unit 0: records arrived after its end"):
+        writer.process(SplitBatch(0, "train", {}, [b"late"]))
+    assert summary == json.loads((tmp_path / "_units" / "unit-00000.json").read_text())
