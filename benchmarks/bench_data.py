@@ -242,8 +242,11 @@ def measure(cmd: list[str], split_java: bool = False, also: tuple[int, ...] = ()
 ENGINE_OPTIONS = {
     "FnApiRunner": lambda p: [f"--direct_num_workers={p}", "--direct_running_mode=multi_processing"] if p > 1 else
     ["--direct_num_workers=1"],
-    "FlinkRunner": lambda p: ["--runner=FlinkRunner", "--flink_master=[local]", f"--parallelism={p}"],
-    "SparkRunner": lambda p: ["--runner=SparkRunner", f"--spark_master_url=local[{p}]"],
+    # --sdk_worker_parallelism: one SDK worker (a process, with EXTERNAL) per task slot; Beam's
+    # default is one per task manager, which all slots share
+    "FlinkRunner": lambda p: ["--runner=FlinkRunner", "--flink_master=[local]", f"--parallelism={p}",
+                              f"--sdk_worker_parallelism={p}"],
+    "SparkRunner": lambda p: ["--runner=SparkRunner", f"--spark_master_url=local[{p}]", f"--sdk_worker_parallelism={p}"],
 }
 
 

@@ -112,6 +112,10 @@ def beam_options(args: list[str], input_bytes: int, runner: str | None = None) -
             extra += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
     elif name not in LOCAL_RUNNERS:
         workers = _engine_workers(name, given) or 1
+        if workers > 1 and "sdk_worker_parallelism" not in given:
+            # one Python worker per task slot: Beam's default is one per task manager, shared by all
+            # its slots (with EXTERNAL or PROCESS workers, one process where N were asked for)
+            extra.append(f"--sdk_worker_parallelism={workers}")
     if name in JOB_SERVER_JARS:
         engine, option = JOB_SERVER_JARS[name]
         if not given.get(option) and not given.get("job_endpoint"):
@@ -214,7 +218,7 @@ def job_server_log():
         def emit(self, record: logging.LogRecord) -> None:
             lines.append(record.getMessage())
 
-    handler, level = Keep(logging.INFO), logger.level
+    handler, level, propagate = Keep(logging.INFO), logger.level, logger.propagate
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
@@ -224,7 +228,7 @@ def job_server_log():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-        logger.propagate = True
+        logger.propagate = propagate
 
 
 def runner_error(exc: BaseException, runner: str, server_log: list[str] = ()) -> RunnerError | None:

@@ -41,6 +41,8 @@ def test_runner_options(args, runner, want_runner, want_name, want_workers, tmp_
     assert (got["runner"], name, workers) == (want_runner, want_name, want_workers)
     # Beam's Java job servers take WARN, not WARNING, and the Python SDK takes both.
     assert got["default_sdk_harness_log_level"] == "WARN"
+    if name in ("FlinkRunner", "SparkRunner", "PortableRunner"):  # a Python worker per slot, not one for all
+        assert int(got["sdk_worker_parallelism"]) == want_workers
     if name == "FlinkRunner":
         assert got["flink_job_server_jar"].endswith(f"beam-flink-job-server-{apache_beam.__version__}.jar")
     if name == "SparkRunner":
