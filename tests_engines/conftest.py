@@ -27,9 +27,12 @@ def inputs() -> str:
     return INPUTS
 
 
-def tfpipe_data(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def tfpipe_data(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None
+                ) -> subprocess.CompletedProcess:
+    """`tfpipe data ARGS` as a user runs it; `cwd` away from the repository for workers that must not
+    find its tfpipe/ folder on their path."""
     res = subprocess.run([sys.executable, "-m", "tfpipe.cli", "data", *args], capture_output=True, text=True,
-                         timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                         timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
 

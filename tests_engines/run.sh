@@ -23,6 +23,17 @@ export TFPIPE_ENGINE_IMAGE_ARGS="--shards 4 --max-bad-fraction 0.2"
   --out "$work/reference/taxi" >/dev/null || { echo "the reference run (taxi) failed"; exit 1; }
 .venv/bin/tfpipe data --input "$work/inputs/images" $TFPIPE_ENGINE_IMAGE_ARGS \
   --out "$work/reference/images" >/dev/null || { echo "the reference run (images) failed"; exit 1; }
+# PROCESS workers: Beam's boot program, built from its Go module at the SDK's version (Beam ships
+# it only inside its container images; the checksum database is not reachable from here, so the
+# module is taken from the proxy unverified), a worker environment with Beam and no tfpipe, and
+# the wheel of tfpipe's data code that the job stages for it (engines/worker_wheel.py).
+beam_version="$(.venv-engines/bin/python -c 'import apache_beam; print(apache_beam.__version__)')"
+GOBIN="$work/boot" GOSUMDB=off GOFLAGS=-buildvcs=false \
+  go install "github.com/apache/beam/sdks/v2/python/container@v$beam_version" || { echo "Beam's boot program did not build"; exit 1; }
+python3.11 -m venv "$work/worker" && "$work/worker/bin/pip" install -q -r engines/requirements.txt || exit 1
+.venv-engines/bin/python engines/worker_wheel.py "$work/wheel" >/dev/null || exit 1
+export TFPIPE_ENGINE_BOOT="$work/boot/container" TFPIPE_ENGINE_WORKER_ENV="$work/worker" \
+  TFPIPE_ENGINE_WORKER_WHEEL="$(ls "$work"/wheel/tfpipe_data-*.whl)"
 echo "setup and reference outputs: $(( $(date +%s) - started )) s"
 export TFPIPE_ENGINE_INPUTS="$work/inputs" TFPIPE_ENGINE_REFERENCE="$work/reference" \
   TFPIPE_MAIN_TFPIPE="$PWD/.venv/bin/tfpipe"

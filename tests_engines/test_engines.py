@@ -5,6 +5,7 @@ work units at parallelism 2, and after a work unit failed once and was retried."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -125,3 +126,26 @@ def test_tfpipe_run_takes_its_data_step_to_this_environment_and_caches_it_by_the
                            text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert re.search(r"data\s+cached", again.stdout), again.stdout
+
+
+def test_process_workers_without_tfpipe_get_its_data_code_staged_with_the_job(inputs, tmp_path):
+    """PROCESS workers, as a cluster's would be: Beam's boot program (built from Beam's Go module)
+    in an environment with Beam and no tfpipe; the job stages tfpipe's data code as a wheel
+    (`--extra_package`, engines/worker_wheel.py) and the boot program installs it, offline."""
+    worker_env = os.environ["TFPIPE_ENGINE_WORKER_ENV"]
+    python = os.path.join(worker_env, "bin", "python")
+    probe = [python, "-c", "import tfpipe.pipeline.transforms"]
+    assert subprocess.run(probe, cwd=tmp_path, capture_output=True).returncode != 0, "the workers have tfpipe already"
+    config = json.dumps({"command": os.environ["TFPIPE_ENGINE_BOOT"],
+                         "env": {"PATH": os.path.join(worker_env, "bin") + os.pathsep + "/usr/bin:/bin",
+                                 # the boot program's pip installs into this environment, not a new one
+                                 "RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT": "1"}})
+    out = tmp_path / "data"
+    # One worker process: with RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT every worker's boot program
+    # pip-installs the staged wheel into the same environment, two of them at the same time
+    tfpipe_data("--input", os.path.join(inputs, "taxi.csv"), *TAXI_ARGS, "--out", str(out), *FLINK,
+                "--sdk_worker_parallelism=1", "--environment_type=PROCESS", f"--environment_config={config}",
+                f"--extra_package={os.environ['TFPIPE_ENGINE_WORKER_WHEEL']}",
+                cwd=str(tmp_path))  # the workers start in the job server's folder: not the repository's
+    assert_same_output(str(out), os.path.join(REFERENCE, "taxi"))
+    assert subprocess.run(probe, cwd=tmp_path, capture_output=True).returncode == 0  # installed by the boot program
