@@ -23,7 +23,7 @@ for engine in flink spark; do
   if [ -s "$jar" ]; then
     echo "kept $jar"
   else
-    mvn -B -q -f engines/pom.xml -P "$engine" -Dbeam.version="$beam_version" -Djars.dir="$jars" package
+    mvn -B -q -Dstyle.color=never -f engines/pom.xml -P "$engine" -Dbeam.version="$beam_version" -Djars.dir="$jars" package
     rm -rf engines/target
     echo "built $jar"
   fi

@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
+command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"  # Go's own install puts it there
 [ -x .venv/bin/tfpipe ] || { echo "no main environment (.venv): run the main suite first"; exit 1; }
 bash engines/setup.sh .venv-engines || { echo "engines/setup.sh failed"; exit 1; }
 .venv-engines/bin/pip install -q "pytest>=8,<9.2" "pytest-timeout>=2.3" || exit 1
