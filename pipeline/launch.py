@@ -121,9 +121,10 @@ def beam_options(args: list[str], input_bytes: int, runner: str | None = None) -
         if not given.get(option) and not given.get("job_endpoint"):
             jar = job_server_jar(engine)
             if not os.path.exists(jar):
-                raise DataError(f"{name} needs Beam's {engine.capitalize()} job server for Beam {beam.__version__}, "
-                                f"and {jar} does not exist: build it with engines/setup.sh "
-                                f"(docs/scaling-out.md), or pass --{option}=PATH")
+                raise DataError(f"{name} needs Beam's {engine.capitalize()} job server for Beam {beam.__version__} "
+                                f"({jar} does not exist): engines/setup.sh builds it for the engine environment's "
+                                f"Beam, which --environment .venv-engines runs the data stage in "
+                                f"(docs/scaling-out.md); or pass --{option}=PATH")
             extra.append(f"--{option}={jar}")
     if "default_sdk_harness_log_level" not in given:
         # WARN, not WARNING: Beam's Java job servers take only DEBUG, TRACE, WARN, ERROR, INFO, OFF.

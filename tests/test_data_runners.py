@@ -54,7 +54,8 @@ def test_a_job_server_jar_given_is_kept_and_a_missing_one_says_how_to_build_it(t
     from tfpipe.pipeline.launch import beam_options
 
     monkeypatch.setenv("TFPIPE_ENGINE_JARS", str(tmp_path / "none"))
-    with pytest.raises(DataError, match=r"SparkRunner needs Beam's Spark job server .* engines/setup.sh"):
+    with pytest.raises(DataError, match=r"SparkRunner needs Beam.s Spark job server .* engines/setup.sh builds it "
+                                        r".* --environment"):
         beam_options(["--runner=SparkRunner"], input_bytes=1000)
     options, _, _ = beam_options(["--runner=FlinkRunner", "--flink_job_server_jar=/opt/mine.jar"], 1000)
     assert options.get_all_options()["flink_job_server_jar"] == "/opt/mine.jar"
