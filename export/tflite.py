@@ -40,7 +40,9 @@ class NumericBlock(layers.Layer):
     and a third of the int8 file's size. Here it is ~12 ops over a [batch, n] vector: each
     constant becomes a vector, padded with 1 (multiply) or 0 (subtract), which leaves
     every feature's arithmetic, and so its result, exactly as its own layer computes it.
-    Output: the n z-scores, then the 'was missing' flags of the nullable features."""
+    Output: the clipped z-scores of the features without quantile bins, then every bin
+    column of those with them (ImputeNormalize's knots, from one gather of z), then the
+    'was missing' flags of the nullable features; `columns(i)` says which are feature i's."""
 
     def __init__(self, norms: list, **kwargs):
         super().__init__(**kwargs)
@@ -57,7 +59,13 @@ class NumericBlock(layers.Layer):
         self.bound = (np.array([n.clip or np.inf for n in norms], dtype=np.float32)
                       if any(n.clip for n in norms) else None)
         self.flags = [i for i, n in enumerate(norms) if n.flag_missing]
-        self.width = len(norms) + len(self.flags)
+        knots = [getattr(n, "knots", None) for n in norms]  # None in models saved before bins existed
+        self.plain = [i for i, k in enumerate(knots) if not k]
+        self.bin_feature = np.array([i for i, k in enumerate(knots) if k for _ in k[1:]], dtype=np.int32)
+        bins = [n.bins() for n, k in zip(norms, knots) if k]
+        self.bin_low = np.concatenate([b[0] for b in bins]) if bins else np.zeros(0, np.float32)
+        self.bin_inverse = np.concatenate([b[1] for b in bins]) if bins else np.zeros(0, np.float32)
+        self.width = len(self.plain) + len(self.bin_feature) + len(self.flags)
         # the features taken in log scale first (ImputeNormalize's log1p)
         self.logs = [bool(getattr(n, "log1p", False)) for n in norms]
 
@@ -77,11 +85,29 @@ class NumericBlock(layers.Layer):
         for factor in self.factors:
             z = z * factor
         z = ops.where(missing, 0.0, z)
-        if self.bound is not None:
-            z = ops.minimum(ops.maximum(z, -self.bound), self.bound)
-        if not self.flags:
-            return z
-        return ops.concatenate([z, ops.cast(ops.take(missing, self.flags, axis=1), "float32")], axis=-1)
+        parts = []
+        if self.plain:
+            plain = z if len(self.plain) == len(self.logs) else ops.take(z, self.plain, axis=1)
+            if self.bound is not None:
+                bound = self.bound[self.plain]
+                plain = ops.minimum(ops.maximum(plain, -bound), bound)
+            parts.append(plain)
+        if len(self.bin_feature):
+            binned = ops.clip((ops.take(z, self.bin_feature, axis=1) - self.bin_low) * self.bin_inverse, 0.0, 1.0)
+            parts.append(ops.where(ops.take(missing, self.bin_feature, axis=1), 0.0, binned))
+        if self.flags:
+            parts.append(ops.cast(ops.take(missing, self.flags, axis=1), "float32"))
+        return ops.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+    def columns(self, i: int) -> list[int]:
+        """Feature i's output columns, in its own layer's order: its z or bins, then its flag."""
+        if i in self.plain:
+            own = [self.plain.index(i)]
+        else:
+            own = [len(self.plain) + int(j) for j in np.flatnonzero(self.bin_feature == i)]
+        if i in self.flags:
+            own.append(len(self.plain) + len(self.bin_feature) + self.flags.index(i))
+        return own
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], self.width)
@@ -143,10 +169,8 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
     if numeric:
         block = NumericBlock([n for _, n in numeric], name=NUMERIC_BLOCK)
         parts.append(block([inputs[name] for name, _ in numeric]))
-        flag = len(numeric)
-        for i, (name, norm) in enumerate(numeric):
-            position[name] = [i] + ([flag] if norm.flag_missing else [])
-            flag += norm.flag_missing
+        for i, (name, _) in enumerate(numeric):
+            position[name] = block.columns(i)
         width = block.width
     for name, tensor in others:
         position[name] = list(range(width, width + tensor.shape[-1]))
@@ -184,7 +208,8 @@ def convert_all(lite_model: keras.Model, variants: list[str], representative: di
     - The numeric block stays float (TFLite's selective quantization, through the public
       QuantizationDebugger): quantized, the stacked raw numbers share one int8 scale set by
       the largest (Unix timestamps, ~1.4e9), so every other number read as 0. Its output,
-      clipped z-scores and 0/1 flags, is quantized where it meets the strings' columns.
+      quantile-bin columns in [0, 1], clipped z-scores and 0/1 flags, is quantized where it
+      meets the strings' columns.
     - A regression's head and Denormalize stay float too: quantized, the prediction is held
       to the range the calibration rows reached, and the largest labels (the most expensive
       houses) were clamped to it, 100,000 under on a Texas housing table.

@@ -59,6 +59,12 @@ class DataConfig(BaseModel):
         default_factory=lambda: {"train": 80, "eval": 10, "test": 10},
         description="split names and weights, e.g. train=80,eval=10,test=10",
     )
+    stratify: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: each split gets its weight's share of every class of a classification label (the "
+                    "labels are read once before the job, for inputs up to 64 MiB and without --key); off: a "
+                    "row's split is its hash alone",
+    )
     schema_path: str | None = Field(
         None, alias="schema", description="enforce this schema.json instead of inferring one"
     )
@@ -132,7 +138,8 @@ class DataConfig(BaseModel):
         """The fields that decide the stage's output (not where it goes or how it is run). The
         delimiter is not one of them: each CSV input's delimiter, as detected or given, is part
         of the inputs' fingerprint instead, so `auto` and the same delimiter given by hand agree."""
-        return self.model_dump(exclude={"out", "force", "runner", "environment", "beam_args", "input", "schema_path", "delimiter"})
+        return self.model_dump(exclude={"out", "force", "runner", "environment", "beam_args", "input", "schema_path",
+                                        "delimiter"})
 
 
 def parse_split(text: str) -> dict[str, int]:

@@ -12,7 +12,8 @@ Each image is decoded in full (a truncated file is caught here, not in training)
 that is empty, not an image, truncated, too small, or of an unknown class goes to the
 dead-letter with its path and reason. Good images are written as their own encoded bytes
 (re-encoded only with --resize), split by a stable hash of their path relative to the
-input, with the conventional `image/...` keys. The writers, the dead-letter and the unit
+input (each class's hashes cut at its own bounds, so that every split holds its share of
+each class), with the conventional `image/...` keys. The writers, the dead-letter and the unit
 summaries are the row path's (`pipeline/transforms.py`), and the launcher reconciles the
 counts the same way: every file is written or dead-lettered.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.files import digest
@@ -42,7 +44,8 @@ from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, p
                                     write_outputs)
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
-                                        split_bounds, split_by_hash, write_split_stats)
+                                        split_bounds, write_split_stats, assign_splits, row_hashes,
+                                        strata_bounds)
 
 STATS = "stats"  # the reader's tagged output: (split, ImageStats) per work unit
 _RECORDS_PER_ELEMENT = 32  # records handed to the writer at a time
@@ -193,9 +196,10 @@ class ReadAndCheckImages(beam.DoFn):
     the unit's statistics per split tagged STATS; a UnitEnd ends the unit on both writers."""
 
     def __init__(self, split: dict[str, int], classes: list[str], min_size: tuple[int, int],
-                 resize: tuple[int, int] | None):
+                 resize: tuple[int, int] | None, strata: dict[str, list[int]] | None = None):
         self.names, self.bounds = list(split), split_bounds(split)
         self.classes, self.min_size, self.resize = classes, min_size, resize
+        self.strata = {c: np.array(b, dtype=np.uint64) for c, b in (strata or {}).items()}
 
     def setup(self) -> None:
         self.label_ids = {c: i for i, c in enumerate(self.classes)}
@@ -205,7 +209,7 @@ class ReadAndCheckImages(beam.DoFn):
         first_bad: list[dict] = []
         pending: dict[str, list[bytes]] = {name: [] for name in self.names}
         stats = {name: ImageStats() for name in self.names}
-        which = split_by_hash([i.name for i in unit.items], self.bounds)
+        which = assign_splits([i.name for i in unit.items], [i.label for i in unit.items], self.bounds, self.strata)
         for item, s in zip(unit.items, which.tolist()):
             verdict = self._check(item)
             if isinstance(verdict, Rejection):
@@ -271,7 +275,8 @@ def build_image_pipeline(p: beam.Pipeline, units: list[ImageUnit], config: DataC
         p
         | "ImageUnits" >> beam.Create(units)
         | "ReadAndCheckImages" >> beam.ParDo(
-            ReadAndCheckImages(config.split, classes, min_size, resize)).with_outputs(BAD, STATS, main="good")
+            ReadAndCheckImages(config.split, classes, min_size, resize, image_strata(units, config))
+        ).with_outputs(BAD, STATS, main="good")
     )
     _ = images.good | "WriteShards" >> beam.ParDo(
         WriteShards(out_dir, config.split, {u.index: u.shards for u in units}, shards, config.compression_level))
@@ -281,6 +286,18 @@ def build_image_pipeline(p: beam.Pipeline, units: list[ImageUnit], config: DataC
         | "StatsPerSplit" >> beam.CombinePerKey(ImageStatsFn())
         | "WriteStats" >> beam.Map(write_split_stats, out_dir)
     )
+
+
+def image_strata(units: list[ImageUnit], config: DataConfig) -> dict[str, list[int]] | None:
+    """Each class's own split bounds (`transforms.strata_bounds`) from every listed file, so that
+    every split holds its share of each class; None with --stratify off."""
+    if config.stratify == "off":
+        return None
+    hashes: dict[str, list] = {}
+    for unit in units:
+        for item, h in zip(unit.items, row_hashes([i.name for i in unit.items])):
+            hashes.setdefault(item.label, []).append(h)
+    return strata_bounds(hashes, config.split)
 
 
 # ---- the launcher ------------------------------------------------------------------------------
@@ -324,7 +341,8 @@ def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sour
     settings = config.fingerprint_fields()
     fingerprint = digest({"settings": settings, "items": [[u.index, [i.name for i in u.items]] for u in units]})
     manifest = data_manifest(config, summaries, counts, tmp, started, fingerprint=fingerprint, settings=settings,
-                             inputs=sources, runner=runner, workers=workers, shards=shards, kind="images")
+                             inputs=sources, runner=runner, workers=workers, shards=shards, kind="images",
+                             split_by="hash" if config.stratify == "off" else "class")
     write_outputs(tmp, {"schema.json": schema, "stats.json": stats, "data.json": manifest})
     publish(tmp, out, published_names(manifest))
     print_summary(manifest, out, log)

@@ -24,16 +24,19 @@ from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, found_format, shown_delimiter
 from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, plan_units, read_csv_header,
                                     resolve_inputs, scan_file)
-from tfpipe.pipeline.readers import sample_records
+from tfpipe.pipeline.readers import Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (ENVIRONMENT_ERROR, beam_options, check_counts, data_manifest, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,
                                     read_split_stats, read_unit_summaries, run_in_environment, run_to_temp, tally,
                                     write_outputs)
-from tfpipe.pipeline.transforms import TFRecordsFromUnits
+from tfpipe.pipeline.transforms import TFRecordsFromUnits, class_key, row_hashes, split_texts, strata_bounds
 
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
+# Stratified splits read the labels once in the launcher before the job: bounded so that this
+# pass stays short. Beyond it each class is large enough for hash splits to hold its share closely.
+STRATIFY_BYTES = 64 << 20
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Plan:
     runner: str
     workers: int
     started: float  # time.time()
+    strata: dict[str, list[int]] | None = None  # class -> row-hash bounds per split (stratified splits)
 
 
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
@@ -59,7 +63,7 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
         | "WorkUnits" >> beam.Create(plan.units)
         | "ToTFRecords" >> TFRecordsFromUnits(
             plan.schema, config.split, plan.shards, {u.index: u.shards for u in plan.units}, out_dir,
-            config.compression_level, config.na_values, config.top_k)
+            config.compression_level, config.na_values, config.top_k, plan.strata)
     )
 
 
@@ -120,11 +124,41 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
                 started)
     log(f"schema: {len(schema.features)} features, label '{schema.label.name}' "
         f"({schema.label.task}{', enforced' if schema.enforced else ', inferred'})")
+    plan.strata = _strata(plan, total, log)
     log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): "
         f"{len(plan.units)} work unit(s) -> {shards} shard(s) per split")
 
     return run_to_temp(out, options, len(plan.units), lambda p, tmp: build_pipeline(p, plan, tmp),
                        lambda tmp: _finish(plan, tmp, out, log), log)
+
+
+def _strata(plan: Plan, total: int, log: Callable[[str], None]) -> dict[str, list[int]] | None:
+    """Stratified splits for a classification label: read every row's label and split hash once,
+    and give each class its own hash bounds, so that every split holds the split weights' share
+    of each class (a hash split leaves small classes and small tables unbalanced by chance). None
+    when off, for regression, with --key (the key's groups decide), or beyond STRATIFY_BYTES."""
+    config, schema = plan.config, plan.schema
+    if config.stratify == "off" or schema.label.task == "regression" or schema.key:
+        return None
+    if total > STRATIFY_BYTES:
+        log(f"split: by row hash (inputs over {human_bytes(STRATIFY_BYTES)}, beyond stratified splits)")
+        return None
+    validator = Validator(schema, config.na_values)
+    hashes: dict[str, list] = {}
+    for unit in plan.units:
+        for seg in unit.segments:
+            for batch in read_segment(seg, validator):
+                if not len(batch):
+                    continue
+                h = row_hashes(split_texts(batch))
+                labels = [class_key(v) for v in batch.columns[schema.label.name].values]
+                for cls, value in zip(labels, h):
+                    hashes.setdefault(cls, []).append(value)
+    if not hashes:
+        return None
+    log(f"split: stratified by '{schema.label.name}' ({len(hashes)} classes, "
+        f"{sum(map(len, hashes.values()))} labelled rows)")
+    return strata_bounds(hashes, config.split)
 
 
 def _infer(files: list[InputFile], config: DataConfig, log: Callable[[str], None]) -> Schema:
@@ -228,7 +262,7 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
                "sha256": f.sha256, **_csv_reading(f)} for f in files]
     manifest = data_manifest(config, summaries, counts, tmp, plan.started, fingerprint=plan.fingerprint,
                              settings=plan.settings, inputs=inputs, runner=plan.runner, workers=plan.workers,
-                             shards=plan.shards)
+                             shards=plan.shards, split_by="class" if plan.strata else "hash")
     write_outputs(tmp, {"schema.json": schema.to_json(), "stats.json": stats, "data.json": manifest})
     publish(tmp, out, published_names(manifest))
     print_summary(manifest, out, log)

@@ -45,16 +45,61 @@ UNLABELLED = "unlabelled"  # the folder unlabelled rows are set aside in
 FIRST_BAD = 5  # bad rows kept per unit for the error message
 
 
+def row_hashes(texts: list[str]) -> np.ndarray:
+    """A stable 64-bit hash of each text (uint64)."""
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
+    return np.frombuffer(digests, dtype="<u8")
+
+
 def split_by_hash(texts: list[str], bounds: np.ndarray) -> np.ndarray:
     """Split index of each text: a stable hash bucket looked up in cumulative split bounds."""
-    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
-    buckets = np.frombuffer(digests, dtype="<u8") % HASH_BUCKETS
-    return np.searchsorted(bounds, buckets, side="right")
+    return np.searchsorted(bounds, row_hashes(texts) % HASH_BUCKETS, side="right")
 
 
 def split_bounds(split: dict[str, int]) -> np.ndarray:
     weights = np.array(list(split.values()), dtype=np.float64)
     return np.round(np.cumsum(weights) / weights.sum() * HASH_BUCKETS).astype(np.int64)
+
+
+def split_texts(batch: Batch) -> list[str]:
+    """The text each good row of a batch is hashed by: its --key value, or its raw row."""
+    if batch.keys is None:
+        return batch.raws
+    return [k if k != "" else r for k, r in zip(batch.keys, batch.raws)]
+
+
+def class_key(value) -> str:
+    """A label value as the key of its class's stratum."""
+    return str(value)
+
+
+def strata_bounds(hashes: dict[str, np.ndarray], split: dict[str, int]) -> dict[str, list[int]]:
+    """Per class, bounds on the 64-bit row hash that give each split its weight's share of the
+    class's rows: the class's hashes sorted, the first round(n * 0.8) go to train (for 80/10/10),
+    and so on. Rows with equal hashes (equal rows) stay together. A row of a class not counted
+    here is split by its hash bucket alone."""
+    weights = np.array(list(split.values()), dtype=np.float64)
+    cuts = np.cumsum(weights)[:-1] / weights.sum()
+    out = {}
+    for cls, h in hashes.items():
+        h = np.sort(np.asarray(h, dtype=np.uint64))
+        ranks = np.floor(len(h) * cuts + 0.5).astype(np.int64)
+        out[cls] = [int(h[r]) if r < len(h) else (1 << 64) - 1 for r in ranks]
+    return out
+
+
+def assign_splits(texts: list[str], labels, bounds: np.ndarray, strata: dict[str, np.ndarray] | None) -> np.ndarray:
+    """Split index of each row: by its class's stratum bounds when given, else its hash bucket."""
+    hashes = row_hashes(texts)
+    which = np.searchsorted(bounds, hashes % HASH_BUCKETS, side="right")
+    if strata:
+        keys = np.array([class_key(v) for v in labels], dtype=object)
+        for cls in set(keys.tolist()):
+            b = strata.get(cls)
+            if b is not None:
+                rows = keys == cls
+                which[rows] = np.searchsorted(b, hashes[rows], side="right")
+    return which
 
 
 def shard_name(split: str, shard: int, shards: int) -> str:
@@ -155,21 +200,22 @@ class ReadAndValidate(beam.DoFn):
 
 
 class AssignSplits(beam.DoFn):
-    """Cuts a batch into one SplitBatch per split, by a stable hash of the key or raw row."""
+    """Cuts a batch into one SplitBatch per split, by a stable hash of the key or raw row; with
+    `strata` (class -> hash bounds, from `strata_bounds`), by the row's class's own bounds."""
 
-    def __init__(self, split: dict[str, int]):
+    def __init__(self, split: dict[str, int], label: str | None = None, strata: dict[str, list[int]] | None = None):
         self.names = list(split)
         self.bounds = split_bounds(split)
+        self.label = label
+        self.strata = {c: np.array(b, dtype=np.uint64) for c, b in (strata or {}).items()}
 
     def process(self, element: UnitBatch | UnitEnd):
         if isinstance(element, UnitEnd):
             yield element
             return
         batch = element.batch
-        texts = batch.raws
-        if batch.keys is not None:
-            texts = [k if k != "" else r for k, r in zip(batch.keys, batch.raws)]
-        which = split_by_hash(texts, self.bounds)
+        labels = batch.columns[self.label].values if self.strata else None
+        which = assign_splits(split_texts(batch), labels, self.bounds, self.strata)
         for s, name in enumerate(self.names):
             rows = np.flatnonzero(which == s)
             if len(rows):
@@ -300,8 +346,10 @@ class TFRecordsFromUnits(beam.PTransform):
     """Work units in; shard files, dead-letter files, unit summaries and per-split stats out."""
 
     def __init__(self, schema: Schema, split: dict[str, int], shards: int, owned: dict[int, tuple[int, ...]],
-                 out_dir: str, level: int, na_values: list[str], top_k: int):
+                 out_dir: str, level: int, na_values: list[str], top_k: int,
+                 strata: dict[str, list[int]] | None = None):
         super().__init__()
+        self.label_name, self.strata = schema.label.name, strata
         self.schema_json, self.enforced = schema.to_json(), schema.enforced
         self.split, self.shards, self.owned, self.out_dir = split, shards, owned, out_dir
         self.level, self.na_values, self.top_k = level, na_values, top_k
@@ -310,7 +358,7 @@ class TFRecordsFromUnits(beam.PTransform):
         rows = units | "ReadAndValidate" >> beam.ParDo(
             ReadAndValidate(self.schema_json, self.enforced, self.na_values)).with_outputs(BAD, main="good")
         _ = rows[BAD] | "WriteDeadLetter" >> beam.ParDo(WriteDeadLetter(self.out_dir))
-        splits = rows.good | "AssignSplits" >> beam.ParDo(AssignSplits(self.split))
+        splits = rows.good | "AssignSplits" >> beam.ParDo(AssignSplits(self.split, self.label_name, self.strata))
         _ = (
             splits
             | "EncodeExamples" >> beam.ParDo(EncodeExamples(self.schema_json, self.enforced))

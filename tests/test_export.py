@@ -236,3 +236,31 @@ def test_numeric_block_computes_exactly_what_each_feature_layer_does():
     assert got[:, :3].max() <= 5.0 and got[:, :3].min() >= -5.0 and got[1, 1] == 5.0  # the 700 fare
     assert np.abs(got[:, 3]).max() > 5.0  # no bound where the layer had none
     assert got[0, 1] == 0.0 and got[0, 5] == 1.0 and got[5, 6] == 1.0  # missing: imputed and flagged
+
+
+def test_numeric_block_gives_each_feature_its_quantile_bins_as_its_own_layer_does():
+    """Features with quantile bins beside plain ones: every column of the block is the one its
+    feature's layer makes, in the order device_model reads them back (`columns`)."""
+    from tfpipe.export.tflite import NumericBlock
+    from tfpipe.train.model import ImputeNormalize, quantile_knots
+
+    money = {"min": 0.0, "max": 9e4, "quantiles": {"0.01": 1.0, "0.25": 20.0, "0.5": 60.0, "0.75": 300.0, "0.99": 8e3}}
+    norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0),
+             ImputeNormalize(3.2, 2.9, True, clip=5.0, log1p=True, knots=quantile_knots(money, 3.2, 2.9, True)),
+             ImputeNormalize(11.8, 142.0, True, clip=5.0),
+             ImputeNormalize(0.5, 0.25, False, clip=5.0, knots=[-1.0, 1.0])]  # a 0/1 column: one bin
+    rng = np.random.default_rng(1)
+    columns = [np.float32(1.4e9 + rng.normal(0, 3e7, 64)), np.float32(rng.lognormal(4, 2, 64)),
+               np.float32(rng.exponential(12, 64)), np.float32(rng.integers(0, 2, 64))]
+    columns[1][:3] = [np.nan, -5.0, 1e6]  # missing, below the minimum, beyond the maximum
+    columns[2][4] = np.nan
+    block = NumericBlock(norms)
+    got = np.asarray(block(columns))
+    assert got.shape == (64, block.width) and block.width == 1 + 6 + 1 + 1 + 2
+    for i, (norm, column) in enumerate(zip(norms, columns)):
+        np.testing.assert_array_equal(got[:, block.columns(i)], np.asarray(norm(column)))
+    bins = got[:, block.columns(1)[:-1]]
+    assert (bins >= 0).all() and (bins <= 1).all()
+    assert list(got[0, block.columns(1)]) == [0.0] * 6 + [1.0]  # missing: no bin, flagged
+    assert bins[1].sum() == 0.0 and bins[2].sum() == 6.0  # below and beyond the training range
+    np.testing.assert_array_equal(got[:, block.columns(3)][:, 0], columns[3])

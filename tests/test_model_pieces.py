@@ -147,20 +147,24 @@ def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, 
 
 # ---- defaults that follow the data's size -----------------------------------------------------------------
 
-@pytest.mark.parametrize("examples, given, batch, epochs, patience", [
-    (139, {}, 16, 112, 11),          # 182 images of three shapes: 9 steps an epoch, not 1
-    (240, {}, 16, 67, 6),            # a 300-row table
-    (1_588, {}, 32, 30, 5),
-    (40_000, {}, 256, 30, 5),
-    (275, {"epochs": 40, "patience": 8}, 16, 40, 8),   # what the user set stays
-    (275, {"batch_size": 256}, 256, 200, 20),          # one step an epoch: the most epochs
+@pytest.mark.parametrize("examples, given, batch, epochs, patience, min_epochs", [
+    (139, {}, 16, 112, 11, 34),          # 182 images of three shapes: 9 steps an epoch, not 1
+    (240, {}, 16, 67, 6, 20),            # a 300-row table
+    (1_588, {}, 32, 30, 5, 6),
+    (40_000, {}, 256, 30, 5, 2),
+    (275, {"epochs": 40, "patience": 8}, 16, 40, 8, 17),   # what the user set stays
+    (275, {"epochs": 10}, 16, 10, 5, 5),                    # at most half the epochs warm up
+    (275, {"batch_size": 256}, 256, 200, 20, 100),          # one step an epoch: the most epochs
+    (275, {"batch_size": 64, "epochs": 9, "patience": 3, "min_epochs": 0}, 64, 9, 3, 0),
 ])
-def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience):
+def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience,
+                                                                        min_epochs):
     from tfpipe.train.config import TrainConfig
 
     config, note = TrainConfig(**given).sized(examples)
-    assert (config.batch_size, config.epochs, config.patience) == (batch, epochs, patience)
-    assert (note == "") == (len(given) == 3)
+    assert (config.batch_size, config.epochs, config.patience, config.min_epochs) == (batch, epochs, patience,
+                                                                                       min_epochs)
+    assert (note == "") == (len(given) == 4)
 
 
 # ---- the trivial baseline -------------------------------------------------------------------------------
@@ -443,6 +447,37 @@ def test_log_scaling_normalises_log1p_with_its_own_moments():
     assert list(out[3]) == [0.0, 1.0] and out[4, 0] == pytest.approx(-1.0)  # missing; a negative as 0
 
 
+@pytest.mark.parametrize("stats, log1p, knots", [
+    # min, quantiles and max in z = (x - 10) / 2, sorted, whatever order stats.json lists them in
+    ({"min": 0.0, "max": 30.0, "quantiles": {"0.5": 10.0, "0.1": 4.0, "0.9": 20.0}}, False, [-5.0, -3.0, 0.0, 5.0, 10.0]),
+    # a count: repeated quantiles are one knot, and so are knots closer than MIN_BIN
+    ({"min": 0.0, "max": 3.0, "quantiles": {"0.1": 0.0, "0.5": 0.0, "0.9": 1.0, "0.99": 1.001}}, False,
+     [-5.0, -4.5, -3.5]),
+    ({"min": 4.0, "max": 4.0, "quantiles": {"0.5": 4.0}}, False, None),  # constant: no bins
+    # log scale: the knots of log(1 + x), negatives as 0
+    ({"min": -1.0, "max": np.e ** 4 - 1, "quantiles": {"0.5": np.e ** 2 - 1}}, True, [-5.0, -4.0, -3.0]),
+])
+def test_quantile_bins_are_cut_at_the_training_quantiles_in_z(stats, log1p, knots):
+    from tfpipe.train.model import quantile_knots
+
+    got = quantile_knots(stats, 10.0, 4.0, log1p)
+    assert got == (None if knots is None else pytest.approx(knots))
+
+
+def test_quantile_bins_say_where_a_value_falls_among_the_training_values():
+    from tfpipe.train.model import ImputeNormalize
+
+    layer = ImputeNormalize(10.0, 4.0, True, clip=5.0, knots=[-5.0, -3.0, 0.0, 5.0])  # x at 0, 4, 10, 20
+    x = np.array([-100.0, 0.0, 2.0, 4.0, 7.0, 15.0, 20.0, 1e9, np.nan], np.float32)
+    want = [[0, 0, 0], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [1, 0.5, 0], [1, 1, 0.5], [1, 1, 1], [1, 1, 1], [0, 0, 0]]
+    out = np.asarray(layer(x))
+    assert out.shape == (9, 4) and layer.width == 4
+    np.testing.assert_allclose(out[:, :3], want, atol=1e-6)
+    assert list(out[:, 3]) == [0.0] * 8 + [1.0]
+    again = ImputeNormalize.from_config(layer.get_config())
+    np.testing.assert_array_equal(np.asarray(again(x)), out)
+
+
 # ---- the load test's rows come from the whole split ---------------------------------------------------------
 
 @pytest.mark.parametrize("records, limit, expected", [
@@ -467,7 +502,8 @@ def test_load_test_rows_spread_over_a_split_stored_in_order(tmp_path, records, l
     assert [int(r["x"]) for r in rows] == expected
 
 
-@pytest.mark.parametrize("change", [{"scaling": "standard"}, {"target": "log"}, {"target": "standard"}])
+@pytest.mark.parametrize("change", [{"scaling": "standard"}, {"scaling": "log"}, {"target": "log"},
+                                    {"target": "standard"}])
 def test_a_killed_run_resumes_only_with_the_same_feature_and_target_scaling(change):
     """The backup's weights were learnt on inputs and labels in a given scale: another scale is
     another model, started afresh rather than resumed."""

@@ -327,3 +327,66 @@ def test_an_image_manifest_with_semicolons(tmp_path):
     items, classes, _ = find_images(DataConfig(format="images", input=[str(manifest)], image_column="path",
                                                label="kind"), log=lambda _: None)
     assert classes == ["circle", "square"] and len(items) == 6 and all(os.path.exists(i.path) for i in items)
+
+
+# ---- stratified splits -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sizes, split, want", [
+    # rows per class -> rows per split of each class: round(n * cumulative weight) at each cut
+    ({"a": 50, "b": 50, "c": 50}, {"train": 80, "eval": 10, "test": 10}, {"a": [40, 5, 5], "b": [40, 5, 5], "c": [40, 5, 5]}),
+    ({"yes": 7, "no": 93}, {"train": 80, "eval": 10, "test": 10}, {"yes": [6, 0, 1], "no": [74, 10, 9]}),
+    ({"one": 1, "two": 2, "three": 3}, {"train": 80, "eval": 10, "test": 10},
+     {"one": [1, 0, 0], "two": [2, 0, 0], "three": [2, 1, 0]}),
+    ({"a": 10}, {"train": 1, "eval": 0, "test": 1}, {"a": [5, 0, 5]}),
+    ({"a": 9}, {"train": 2, "test": 1}, {"a": [6, 3]}),
+])
+def test_each_class_gets_its_share_of_every_split(sizes, split, want):
+    from tfpipe.pipeline.transforms import assign_splits, row_hashes, split_bounds, strata_bounds
+
+    texts = [f"{cls},{i}" for cls, n in sizes.items() for i in range(n)]
+    labels = [cls for cls, n in sizes.items() for _ in range(n)]
+    hashes: dict[str, list] = {}
+    for cls, h in zip(labels, row_hashes(texts)):
+        hashes.setdefault(cls, []).append(h)
+    strata = {c: np.array(b, dtype=np.uint64) for c, b in strata_bounds(hashes, split).items()}
+    which = assign_splits(texts, labels, split_bounds(split), strata)
+    got = {cls: [int(((np.array(labels) == cls) & (which == s)).sum()) for s in range(len(split))] for cls in sizes}
+    assert got == want
+    # the same rows in another order, in other batches, land in the same splits
+    order = np.random.default_rng(0).permutation(len(texts))
+    again = np.empty_like(which)
+    for part in np.array_split(order, 3):
+        again[part] = assign_splits([texts[i] for i in part], [labels[i] for i in part], split_bounds(split), strata)
+    assert (again == which).all()
+
+
+def test_a_small_classification_table_is_split_by_class_and_a_regression_by_hash(tmp_path):
+    rng = np.random.default_rng(3)
+    path = tmp_path / "t.csv"
+    rows = ["x,y,kind,price"] + [f"{rng.normal():.4f},{'rare' if i % 12 == 0 else 'common'},"
+                                 f"{['a', 'b', 'c'][i % 3]},{rng.uniform(1, 9):.2f}" for i in range(240)]
+    path.write_text("\n".join(rows) + "\n")
+    log: list[str] = []
+    out = run_stage(log, input=[str(path)], label="y", out=str(tmp_path / "d"))
+    stats = load(out, "stats.json")["splits"]
+    per_split = {s: stats[s]["label"]["distribution"] for s in ("train", "eval", "test")}
+    assert per_split == {"train": {"common": 176, "rare": 16}, "eval": {"common": 22, "rare": 2},
+                         "test": {"common": 22, "rare": 2}}
+    assert load(out, "data.json")["split_by"] == "class"
+    assert any("stratified by 'y' (2 classes, 240 labelled rows)" in line for line in log)
+
+    out = run_stage(input=[str(path)], label="y", out=str(tmp_path / "h"), stratify="off")
+    assert load(out, "data.json")["split_by"] == "hash"
+    out = run_stage(input=[str(path)], label="price", out=str(tmp_path / "r"))
+    assert load(out, "data.json")["split_by"] == "hash"
+    out = run_stage(input=[str(path)], label="y", key="kind", out=str(tmp_path / "k"))
+    assert load(out, "data.json")["split_by"] == "hash"
+
+
+def test_an_image_folder_is_split_by_class(tmp_path):
+    _shapes(tmp_path / "shapes", classes=("circle", "square", "star"), n=20)
+    out = run_stage(input=[str(tmp_path / "shapes")], format="images", out=str(tmp_path / "d"))
+    stats = load(out, "stats.json")["splits"]
+    for split, n in (("train", 16), ("eval", 2), ("test", 2)):
+        assert stats[split]["classes"] == {"circle": n, "square": n, "star": n}, (split, stats[split])
+    assert load(out, "data.json")["split_by"] == "class"

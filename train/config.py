@@ -17,6 +17,10 @@ STEPS_PER_EPOCH = 32
 MIN_BATCH, MAX_BATCH = 16, 256
 DEFAULT_EPOCHS, MAX_EPOCHS, MIN_STEPS = 30, 200, 1000
 DEFAULT_PATIENCE = 5
+# Early stopping judges no epoch before the first WARMUP_STEPS steps are done (at most half the
+# epochs): a small net's eval loss in its first epochs (a CNN's BatchNorm statistics still
+# settling) can be a low that later epochs, though far better, do not beat within the patience.
+WARMUP_STEPS = 300
 
 
 class TrainConfig(BaseModel):
@@ -39,9 +43,12 @@ class TrainConfig(BaseModel):
         "auto", description="regression: the label as the network learns it; auto takes log(1 + y) for a label never "
                             "below 0 whose upper spread is twice its lower one (prices, salaries), else mean and std; "
                             "the served model answers in the label's units either way")
-    scaling: Literal["auto", "standard"] = Field(
-        "auto", description="numbers: auto normalises a heavy-tailed column (never below 0, a long right tail) as "
-                            "log(1 + x), the others by mean and std; standard normalises every one by mean and std")
+    scaling: Literal["auto", "log", "standard"] = Field(
+        "auto", description="numbers: auto encodes each in quantile bins of the training split (piecewise linear: "
+                            "where a value falls among the training values, in up to 10 pieces, bounded to the "
+                            "training range); log normalises a heavy-tailed column (never below 0, a long right tail) "
+                            "as log(1 + x) and the others by mean and std; standard normalises every one by mean and "
+                            "std")
     model: Literal["cnn", "mobilenet_v3_small", "efficientnet_v2_b0", "resnet50"] = Field(
         "cnn", description="images: the network; cnn is a small CNN for CPUs, the others are keras.applications "
                            "architectures trained from scratch (weights=None)")
@@ -65,6 +72,9 @@ class TrainConfig(BaseModel):
         512, ge=0, description="keep preprocessed training features in memory when they fit in this many MB (0: never)")
     patience: int | None = Field(None, ge=1, description="epochs without eval-loss improvement before stopping "
                                  f"(default: {DEFAULT_PATIENCE}, or a tenth of the epochs when that is more)")
+    min_epochs: int | None = Field(None, ge=0, description="epochs before early stopping may stop or keep a best "
+                                   f"epoch (default: those of the first {WARMUP_STEPS} steps, at most half the "
+                                   "epochs)")
     time_limit: float | None = Field(None, gt=0, description="stop training after this many seconds")
     profile: bool = Field(False, description="write a TensorBoard profiler trace of a few steps")
     log_device_placement: bool = Field(False, description="log which device runs each op")
@@ -110,8 +120,12 @@ class TrainConfig(BaseModel):
         if self.epochs is None:
             steps = max(1, math.ceil(examples / batch))
             chosen["epochs"] = min(MAX_EPOCHS, max(DEFAULT_EPOCHS, math.ceil(MIN_STEPS / steps)))
+        epochs = chosen.get("epochs", self.epochs)
         if self.patience is None:
-            chosen["patience"] = max(DEFAULT_PATIENCE, chosen.get("epochs", self.epochs) // 10)
+            chosen["patience"] = max(DEFAULT_PATIENCE, epochs // 10)
+        if self.min_epochs is None:
+            steps = max(1, math.ceil(examples / batch))
+            chosen["min_epochs"] = min(epochs // 2, math.ceil(WARMUP_STEPS / steps))
         if not chosen:
             return self, ""
         note = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in chosen.items())

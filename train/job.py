@@ -149,7 +149,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         return out
     config, sized = config.sized(data.count("train"))
     if sized:
-        log(sized + " (set --batch-size, --epochs, --patience to choose)")
+        log(sized + " (set --batch-size, --epochs, --patience, --min-epochs to choose)")
     rt = _runtime(config, log)
     work = _work_dir(out, config, data, rt.worker)
     with rt.strategy.scope():
@@ -296,7 +296,8 @@ def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> 
         epoch_log,
         keras.callbacks.ModelCheckpoint(os.path.join(work, "checkpoints", "epoch-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
-        keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True),
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True,
+                                      start_from_epoch=config.min_epochs or 0),
         keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
     ]
     return callbacks + ([sampler] if sampler is not None else [])
@@ -314,7 +315,8 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
             if sampler is not None:
                 sampler.on_train_begin()  # the custom loop runs no Keras callbacks
             fit_multiworker(rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task,
-                            epochs=config.epochs, patience=config.patience, time_limit=config.time_limit, work=work,
+                            epochs=config.epochs, patience=config.patience, min_epochs=config.min_epochs or 0,
+                            time_limit=config.time_limit, work=work,
                             examples=data.count("train"), learning_rate=config.learning_rate,
                             on_epoch=epoch_log.record, log=log, label_scale=scale)
         else:

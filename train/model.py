@@ -27,6 +27,10 @@ ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, e
 PREPROCESSOR, TRAINER = "preprocessor", "trainer"  # the two halves of a tabular model, by layer name
 DENORMALIZE = "denormalize"  # a regression model's last layer: the trainer's standard units to the label's
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
+# Quantile bins narrower than this (in standard deviations of the normalised number) are merged
+# with the next: a bin's 1/width stays a float16 constant, and ties of a discrete column's
+# quantiles make no empty bins.
+MIN_BIN = 0.01
 
 
 def float16_terms(value: float, n: int = 3) -> list[float]:
@@ -57,16 +61,25 @@ class ImputeNormalize(layers.Layer):
     With `log1p`, x is first taken as log(1 + x) (negatives as 0), and `mean` and `variance` are
     those of log(1 + x) in training: a heavy-tailed column (spending, counts, durations: most
     values small, a few huge) is then spread out where its values are, rather than crushed
-    into a sliver of z by the few huge ones."""
+    into a sliver of z by the few huge ones.
+
+    With `knots` (z at the training split's minimum, quantiles and maximum, increasing: see
+    quantile_knots), z is not the output: each bin between two knots gives a column,
+    (z - low) / (high - low) held to [0, 1], the piecewise-linear encoding of Gorishniy et
+    al. (2022): 0 below the bin, 1 above it. The network then sees where a value falls among
+    the training values, in as many pieces as there are bins, whatever the column's
+    distribution; a value beyond the training range reads as the nearest end of it (no
+    extrapolation past what training saw, as trees do)."""
 
     def __init__(self, mean: float, variance: float, flag_missing: bool, clip: float | None = None,
-                 log1p: bool = False, **kwargs):
+                 log1p: bool = False, knots: list[float] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.mean = float(mean)
         self.variance = float(variance)
         self.flag_missing = bool(flag_missing)
         self.clip = float(clip) if clip else None  # None in models saved before clipping existed
         self.log1p = bool(log1p)
+        self.knots = [float(k) for k in knots] if knots and len(knots) > 1 else None
         std = math.sqrt(max(self.variance, 1e-12))
         self._exponent = max(0, math.ceil(math.log2(max(abs(self.mean), std, 1.0))))
         self._terms = float16_terms(self.mean / 2.0 ** self._exponent)
@@ -98,6 +111,14 @@ class ImputeNormalize(layers.Layer):
             z = z - term
         for factor in factors:
             z = z * factor
+        if self.knots:
+            low, inverse = self.bins()
+            z = ops.expand_dims(ops.where(missing, 0.0, z), -1)
+            columns = ops.clip((z - low) * inverse, 0.0, 1.0)
+            columns = ops.where(ops.expand_dims(missing, -1), 0.0, columns)
+            if self.flag_missing:
+                columns = ops.concatenate([columns, ops.expand_dims(ops.cast(missing, "float32"), -1)], axis=-1)
+            return columns
         z = ops.where(missing, 0.0, z)
         if self.clip:
             z = ops.clip(z, -self.clip, self.clip)
@@ -106,12 +127,40 @@ class ImputeNormalize(layers.Layer):
             columns.append(ops.cast(missing, "float32"))
         return ops.stack(columns, axis=-1)
 
+    def bins(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each bin's low knot and 1/width, as float32 vectors (empty without knots)."""
+        k = np.array(self.knots or [], dtype=np.float64)
+        return k[:-1].astype(np.float32), (1.0 / np.diff(k)).astype(np.float32)
+
+    @property
+    def width(self) -> int:
+        """Output columns: one z (or one per bin), and the 'was missing' flag if nullable."""
+        return (len(self.knots) - 1 if self.knots else 1) + self.flag_missing
+
     def compute_output_shape(self, input_shape):
-        return (*input_shape, 2 if self.flag_missing else 1)
+        return (*input_shape, self.width)
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "variance": self.variance,
-                "flag_missing": self.flag_missing, "clip": self.clip, "log1p": self.log1p}
+                "flag_missing": self.flag_missing, "clip": self.clip, "log1p": self.log1p, "knots": self.knots}
+
+
+def quantile_knots(stats: dict[str, Any], mean: float, variance: float, log1p: bool) -> list[float] | None:
+    """The knots of a number's quantile bins, in the z of ImputeNormalize(mean, variance, log1p):
+    the training split's minimum, its quantiles (stats.json: 1st to 99th percentile) and its
+    maximum, with knots closer than MIN_BIN to the last one kept left out. None when fewer
+    than two remain (a constant column)."""
+    values = [stats.get("min")] + [v for _, v in sorted((stats.get("quantiles") or {}).items(),
+                                                        key=lambda kv: float(kv[0]))] + [stats.get("max")]
+    values = np.array([v for v in values if v is not None], dtype=np.float64)
+    if log1p:
+        values = np.log1p(np.maximum(values, 0.0))
+    z = np.sort((values - mean) / math.sqrt(max(variance, 1e-12)))
+    knots: list[float] = []
+    for v in z:
+        if not knots or v - knots[-1] >= MIN_BIN:
+            knots.append(float(v))
+    return knots if len(knots) > 1 else None
 
 
 @keras.saving.register_keras_serializable(package="tfpipe")
@@ -257,8 +306,9 @@ def heavy_tailed(stats: dict[str, Any]) -> bool:
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
                  seed: int, scaling: str = "auto", target: str = "auto") -> tuple[keras.Model, keras.Model, keras.Model]:
     """(preprocessor, trainer, model) for the schema, initialised from training statistics;
-    `scaling` "auto" takes heavy-tailed numbers in log scale, "standard" none; `target`, a
-    regression label's scale (see label_scale)."""
+    `scaling`: "auto" gives each number quantile bins (ImputeNormalize's knots), "log" its z in
+    log scale when heavy-tailed, else by mean and std, "standard" its z by mean and std alone;
+    `target`, a regression label's scale (see label_scale)."""
     # The inputs are keyed by the column's own name; the graph holds its graph name.
     names = schema.graph_names()
     inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
@@ -275,10 +325,11 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         if c.type in ("int", "float"):
             if s["mean"] is None:
                 continue  # no value in the training split: nothing to learn from
-            log = scaling == "auto" and heavy_tailed(s)
+            log = scaling in ("auto", "log") and heavy_tailed(s)
             mean, var = (s["log1p"]["mean"], s["log1p"]["variance"]) if log else (s["mean"], s["variance"])
-            parts.append(ImputeNormalize(mean, var or 1.0, c.nullable, clip=Z_CLIP, log1p=log, dtype="float32",
-                                         name=layer_name("norm", name))(x))
+            knots = quantile_knots(s, mean, var or 1.0, log) if scaling == "auto" else None
+            parts.append(ImputeNormalize(mean, var or 1.0, c.nullable, clip=Z_CLIP, log1p=log, knots=knots,
+                                         dtype="float32", name=layer_name("norm", name))(x))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
             if not vocab:

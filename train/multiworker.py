@@ -63,7 +63,7 @@ def per_example(loss: keras.losses.Loss, y, pred):
 
 def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, train_ds: tf.data.Dataset,
                     eval_ds: tf.data.Dataset, *, task: str, epochs: int, patience: int, time_limit: float | None,
-                    work: str, examples: int, learning_rate: float,
+                    min_epochs: int = 0, work: str, examples: int, learning_rate: float,
                     on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> None:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets;
     `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units."""
@@ -100,7 +100,9 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
         _checkpoint(trainer, work, backup, epoch + 1, writer, logs)
         on_epoch({"epoch": epoch + 1, **logs, "seconds": round(seconds, 4), "steps": steps,
                   "step_seconds": round(step_seconds, 4), "examples_per_s": round(examples / step_seconds, 1)})
-        if logs["val_loss"] < best:
+        if epoch + 1 <= min_epochs:
+            pass  # as Keras's EarlyStopping(start_from_epoch): no epoch is judged before min_epochs
+        elif logs["val_loss"] < best:
             best, best_weights, waited = logs["val_loss"], trainer.get_weights(), 0
         else:
             waited += 1
