@@ -3,6 +3,7 @@
     python benchmarks/bench_data.py                 # 1M rows (generated once into .bench/)
     python benchmarks/bench_data.py --rows 1000000 3000000
     python benchmarks/bench_data.py --images 20000      # labelled 64x64 JPEGs instead of rows
+    python benchmarks/bench_data.py --runner FlinkRunner  # an engine against FnApiRunner (engine environment)
 
 For each size it generates a CSV with 20 mixed columns, then runs, each as a subprocess
 whose whole process tree is sampled for memory:
@@ -11,6 +12,12 @@ whose whole process tree is sampled for memory:
   * the plain loop: csv.reader -> typed values -> tf.train.Example filled in place ->
     tf.io.TFRecordWriter(GZIP), one file, no validation, split or stats.
 It prints rows/s, MB/s written, peak RSS and the speed ratio (tfpipe / plain).
+
+With --runner FlinkRunner or SparkRunner (in the engine environment, engines/setup.sh, inside a
+network namespace: see docs/benchmarks.md) it runs `tfpipe data` on the same CSV with that engine
+and with FnApiRunner, at parallelism 1 and 2 and the same shard count, and each once more on 1,000
+rows for the fixed start-up cost; it prints rows/s, the start-up seconds, and the peak RSS of the
+Java job server and of the Python side (launcher and workers, which LOOPBACK keeps in one process).
 
 With --images N it generates N 64x64 JPEGs of shapes on textured backgrounds in four class
 folders, and compares `tfpipe data --format images` (every image decoded and checked, hash
@@ -30,7 +37,7 @@ import sys
 import time
 
 import numpy as np
-import psutil
+import psutil  # the engine environment has it only when installed for this script: pip install psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -189,29 +196,125 @@ def bench_images(n: int, workdir: str, workers: int) -> dict:
             "beam_log_tail": "\n".join(log.strip().splitlines()[-8:])}
 
 
-def measure(cmd: list[str]) -> tuple[float, int, str]:
-    """Run a command; return (wall seconds, peak RSS of its process tree in bytes, stdout)."""
+def measure(cmd: list[str], split_java: bool = False, also: tuple[int, ...] = ()):
+    """Run a command; return (wall seconds, peak RSS of its process tree in bytes, stdout), or with
+    `split_java` (wall seconds, peak RSS of its Java processes, of the others, stdout). The trees
+    of the processes `also` names (a worker pool) count as the command's; `measure.cpu_seconds`
+    is then the CPU time of all of them."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     root = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_java = peak_other = 0
+    cpu: dict[int, float] = {}  # the last CPU seconds (user + system) seen of each process of the tree
+    output: list[str] = []
+    import threading
+
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
     while proc.poll() is None:
-        total = 0
+        java = other = 0
         try:
-            for p in [root, *root.children(recursive=True)]:
+            extra = [psutil.Process(pid) for pid in also]
+            for p in [root, *root.children(recursive=True), *extra, *(c for e in extra for c in e.children(True))]:
                 try:
-                    total += p.memory_info().rss
+                    rss = p.memory_info().rss
+                    times = p.cpu_times()
+                    cpu[p.pid] = times.user + times.system
+                    if p.name() == "java":
+                        java += rss
+                    else:
+                        other += rss
                 except psutil.Error:
                     pass
         except psutil.Error:
             pass
-        peak = max(peak, total)
+        peak, peak_java, peak_other = max(peak, java + other), max(peak_java, java), max(peak_other, other)
         time.sleep(0.05)
     elapsed = time.perf_counter() - start
-    out = proc.stdout.read()
+    reader.join()
+    out = "".join(output)
     if proc.returncode != 0:
         sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out}")
-    return elapsed, peak, out
+    measure.cpu_seconds = sum(cpu.values())
+    return (elapsed, peak_java, peak_other, out) if split_java else (elapsed, peak, out)
+
+
+ENGINE_OPTIONS = {
+    "FnApiRunner": lambda p: [f"--direct_num_workers={p}", "--direct_running_mode=multi_processing"] if p > 1 else
+    ["--direct_num_workers=1"],
+    # --sdk_worker_parallelism: one SDK worker (a process, with EXTERNAL) per task slot; Beam's
+    # default is one per task manager, which all slots share
+    "FlinkRunner": lambda p: ["--runner=FlinkRunner", "--flink_master=[local]", f"--parallelism={p}",
+                              f"--sdk_worker_parallelism={p}"],
+    "SparkRunner": lambda p: ["--runner=SparkRunner", f"--spark_master_url=local[{p}]", f"--sdk_worker_parallelism={p}"],
+}
+
+
+class WorkerPool:
+    """Beam's Python worker pool as a process of its own (EXTERNAL): each worker a process, where
+    LOOPBACK runs them all as threads of the submitting process."""
+
+    def __enter__(self):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                                      f"--service_port={self.port}"], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        import grpc
+
+        with grpc.insecure_channel(f"localhost:{self.port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        return self
+
+    def options(self) -> list[str]:
+        return ["--environment_type=EXTERNAL", f"--environment_config=localhost:{self.port}"]
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def bench_engine(runner: str, rows: int, workdir: str, shards: int, repeat: int) -> list[dict]:
+    """`tfpipe data` on `runner` (its workers in the submitting process, LOOPBACK, and in a worker
+    pool, EXTERNAL) and on FnApiRunner, parallelism 1 and 2, on `rows` rows and on 1,000 (the fixed
+    cost); the same shard count everywhere; `repeat` rounds, the runners taking turns."""
+    results = []
+    for n in (1000, rows):
+        path = os.path.join(workdir, f"bench-{n}.csv")
+        if not os.path.exists(path):
+            print(f"generating {path} ...", flush=True)
+            generate(path, n)
+    for _ in range(repeat):
+        for parallelism in (1, 2):
+            for name, pool in (("FnApiRunner", False), (runner, False), (runner, True)):
+                row = {"runner": name, "parallelism": parallelism, "workers": "EXTERNAL" if pool else "LOOPBACK"}
+                for n, key in ((1000, "startup"), (rows, "full")):
+                    out = os.path.join(workdir, f"out-{name}-{parallelism}-{n}")
+                    shutil.rmtree(out, ignore_errors=True)
+                    cmd = [sys.executable, "-m", "tfpipe.cli", "data", "--input",
+                           os.path.join(workdir, f"bench-{n}.csv"), "--label", "label", "--out", out, "--force",
+                           "--shards", str(shards), *ENGINE_OPTIONS[name](parallelism)]
+                    if pool:
+                        with WorkerPool() as workers:
+                            seconds, java, other, log = measure(cmd + workers.options(), split_java=True,
+                                                                also=(workers.proc.pid,))
+                    else:
+                        seconds, java, other, log = measure(cmd, split_java=True)
+                    row[key] = {"s": seconds, "cpu_s": measure.cpu_seconds, "java_mb": java / 2**20,
+                                "python_mb": other / 2**20}
+                    shutil.rmtree(out, ignore_errors=True)
+                full, startup = row["full"], row["startup"]
+                label = name if name == "FnApiRunner" else f"{name} {row['workers']}"
+                print(f"{label:>21} p={parallelism}: {rows:,} rows {full['s']:6.1f} s, "
+                      f"{rows / full['s']:>7,.0f} rows/s, {full['cpu_s']:5.1f} CPU s; 1,000 rows {startup['s']:5.1f} s; "
+                      f"peak RSS job server {full['java_mb']:4.0f} MB, Python {full['python_mb']:4.0f} MB; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+                results.append(row)
+    return results
 
 
 def bench(rows: int, workdir: str, workers: int) -> dict:
@@ -250,8 +353,15 @@ def main() -> None:
     ap.add_argument("--images", type=int, nargs="+", help="benchmark labelled images (this many) instead of rows")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--workdir", default=os.path.join(ROOT, ".bench"))
+    ap.add_argument("--runner", choices=["FlinkRunner", "SparkRunner"],
+                    help="compare this engine with FnApiRunner (in the engine environment)")
+    ap.add_argument("--shards", type=int, default=8, help="with --runner: shards (work units) per split")
+    ap.add_argument("--repeat", type=int, default=1, help="with --runner: rounds, the runners taking turns")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
+    if args.runner:
+        bench_engine(args.runner, args.rows[0], args.workdir, args.shards, args.repeat)
+        return
     if args.images:
         for r in [bench_images(n, args.workdir, args.workers) for n in args.images]:
             print(f"\n--- {r['images']:,} images, {r['input_mb']:.0f} MB of JPEG ---\n{r['beam_log_tail']}")

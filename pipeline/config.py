@@ -88,6 +88,16 @@ class DataConfig(BaseModel):
     top_k: int = Field(1000, ge=1, description="most frequent values kept per string feature in stats.json")
     compression_level: int = Field(6, ge=1, le=9, description="gzip level of the TFRecords (6 = TF's default)")
     force: bool = Field(False, description="recompute even when the output is up to date")
+    runner: str | None = Field(
+        None, description="the Apache Beam runner: FnApiRunner (the default: on this machine), FlinkRunner, "
+                          "SparkRunner, DataflowRunner, or a runner's class path; its own options (--flink_master, "
+                          "--parallelism, --spark_master_url, ...) go with it (see docs/scaling-out.md)",
+    )
+    environment: str | None = Field(
+        None, description="a Python environment (a virtualenv folder, such as the .venv-engines engines/setup.sh "
+                          "makes) to run the data stage in: Beam's Flink and Spark runners are served for a Beam "
+                          "release that cannot be installed beside TensorFlow (docs/scaling-out.md)",
+    )
     beam_args: list[str] = Field(
         default_factory=list,
         description="Apache Beam pipeline options (--runner, --direct_num_workers, --project, ...)",
@@ -128,7 +138,8 @@ class DataConfig(BaseModel):
         """The fields that decide the stage's output (not where it goes or how it is run). The
         delimiter is not one of them: each CSV input's delimiter, as detected or given, is part
         of the inputs' fingerprint instead, so `auto` and the same delimiter given by hand agree."""
-        return self.model_dump(exclude={"out", "force", "beam_args", "input", "schema_path", "delimiter"})
+        return self.model_dump(exclude={"out", "force", "runner", "environment", "beam_args", "input", "schema_path",
+                                        "delimiter"})
 
 
 def parse_split(text: str) -> dict[str, int]:

@@ -13,6 +13,11 @@ class DataError(UserError):
     """Bad input or configuration for the data stage (missing file, bad schema, too many bad rows)."""
 
 
+class RunnerError(DataError):
+    """The Beam runner refused or failed the job (a job server's error, a failed engine job): one
+    line naming the runner and what it said, exit code 2 like any other error the user can act on."""
+
+
 def worker_data_error(message: str) -> DataError:
     """A DataError raised inside a Beam worker, recognisable after Beam wraps it."""
     return DataError(_MARK + message)

@@ -312,7 +312,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     items, classes, sources = find_images(config, log)
     total = sum(max(i.size, 0) for i in items)
     shards = config.shards or max(1, min(256, math.ceil(len(items) / _IMAGES_PER_SHARD)))
-    options, runner, workers = beam_options(config.beam_args, total)
+    options, runner, workers = beam_options(config.beam_args, total, config.runner)
     if not config.shards and workers > 1:
         shards = max(shards, workers)
     units = plan_image_units(items, shards)

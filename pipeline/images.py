@@ -35,7 +35,7 @@ _MAGIC = (
 )
 FORMATS = ("jpeg", "png", "gif", "bmp")
 _PIL_FORMATS = {"JPEG": "jpeg", "PNG": "png", "GIF": "gif", "BMP": "bmp"}
-_LEVELS = np.arange(256) / 255.0  # a pixel value's place in [0, 1]
+_LEVELS = np.arange(256, dtype=np.int64)  # a pixel's value, 0-255
 
 
 def sniff_format(head: bytes) -> str | None:
@@ -52,8 +52,8 @@ class ImageInfo:
     height: int
     width: int
     encoded: bytes  # as stored in the record: the file's own bytes, or the resized image's
-    channel_sum: np.ndarray = field(repr=False)  # per RGB channel, pixels scaled to [0, 1]
-    channel_sumsq: np.ndarray = field(repr=False)
+    channel_sum: np.ndarray = field(repr=False)  # per RGB channel, the pixels' values (0-255) added up: integers
+    channel_sumsq: np.ndarray = field(repr=False)  # and their squares
     pixels: int = 0
 
 
@@ -105,7 +105,7 @@ def inspect_image(data: bytes, min_size: tuple[int, int] = (1, 1),
     # Per-channel moments from Pillow's histogram (exact: pixels are integers 0-255), about six
     # times faster than summing the pixel array, which cost three times the decode itself.
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    counts = np.asarray(rgb.histogram(), dtype=np.float64).reshape(3, 256)
+    counts = np.asarray(rgb.histogram(), dtype=np.int64).reshape(3, 256)
     return ImageInfo(fmt, height, width, encoded, counts @ _LEVELS, counts @ np.square(_LEVELS), height * width)
 
 
@@ -134,8 +134,9 @@ class ImageStats:
         self.formats: Counter = Counter()
         self.heights = QuantileSketch()
         self.widths = QuantileSketch()
-        self.channel_sum = np.zeros(3)
-        self.channel_sumsq = np.zeros(3)
+        # integers (Python's, unbounded), so that the mean and std are exact whatever the order
+        self.channel_sum = [0, 0, 0]
+        self.channel_sumsq = [0, 0, 0]
         self.pixels = 0
         self._sizes: list[tuple[int, int]] = []
 
@@ -146,8 +147,8 @@ class ImageStats:
         self._sizes.append((info.height, info.width))
         if len(self._sizes) >= 4096:
             self._flush()
-        self.channel_sum += info.channel_sum
-        self.channel_sumsq += info.channel_sumsq
+        self.channel_sum = [a + int(b) for a, b in zip(self.channel_sum, info.channel_sum)]
+        self.channel_sumsq = [a + int(b) for a, b in zip(self.channel_sumsq, info.channel_sumsq)]
         self.pixels += info.pixels
 
     def _flush(self) -> None:
@@ -166,15 +167,17 @@ class ImageStats:
         self.formats.update(other.formats)
         self.heights.merge(other.heights)
         self.widths.merge(other.widths)
-        self.channel_sum += other.channel_sum
-        self.channel_sumsq += other.channel_sumsq
+        self.channel_sum = [a + b for a, b in zip(self.channel_sum, other.channel_sum)]
+        self.channel_sumsq = [a + b for a, b in zip(self.channel_sumsq, other.channel_sumsq)]
         self.pixels += other.pixels
         return self
 
     def to_json(self) -> dict:
         self._flush()
-        mean = self.channel_sum / self.pixels if self.pixels else np.zeros(3)
-        var = np.maximum(self.channel_sumsq / self.pixels - np.square(mean), 0.0) if self.pixels else np.zeros(3)
+        n = self.pixels
+        # in [0, 1]: the exact mean and variance of value / 255, rounded once
+        mean = [s / (255 * n) if n else 0.0 for s in self.channel_sum]
+        var = [(n * q - s * s) / (255 * 255 * n * n) if n else 0.0 for s, q in zip(self.channel_sum, self.channel_sumsq)]
         return {
             "images": self.count,
             "classes": dict(sorted(self.classes.items())),

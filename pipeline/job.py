@@ -27,9 +27,10 @@ from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, p
 from tfpipe.pipeline.readers import Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
-from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, human_bytes, print_summary, publish,
-                                    published_names, read_data_manifest, read_split_stats, read_unit_summaries,
-                                    run_to_temp, tally, write_outputs)
+from tfpipe.pipeline.launch import (ENVIRONMENT_ERROR, beam_options, check_counts, data_manifest, human_bytes,
+                                    in_environment, print_summary, publish, published_names, read_data_manifest,
+                                    read_split_stats, read_unit_summaries, run_in_environment, run_to_temp, tally,
+                                    write_outputs)
 from tfpipe.pipeline.transforms import TFRecordsFromUnits, class_key, row_hashes, split_texts, strata_bounds
 
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
@@ -70,6 +71,8 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
 
 def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     """Run the data stage; returns the output directory (published atomically)."""
+    if config.environment and not in_environment(config.environment):
+        return run_in_environment(config, log)
     config = config.model_copy(update={"format": found_format(config.format, config.input)})
     if config.format == "images":
         from tfpipe.pipeline.image_job import run as run_images
@@ -101,7 +104,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         return out
 
     shards = config.shards or max(1, min(256, math.ceil(total / _SHARD_BYTES)))
-    options, runner, workers = beam_options(config.beam_args, total)
+    options, runner, workers = beam_options(config.beam_args, total, config.runner)
     if not config.shards and workers > 1:
         shards = max(shards, workers)
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
@@ -306,3 +309,34 @@ def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:
     return old == [(f.path, f.size, f.mtime) for f in found]
 
 
+
+
+def _main() -> int:
+    """The data stage run for another process (`run_in_environment`): its config as JSON on stdin,
+    its lines on stdout, a user error as one line on stderr and exit code 2."""
+    import json
+    import logging
+    import signal
+    import sys
+
+    from tfpipe import UserError
+
+    config = DataConfig.model_validate(json.loads(sys.stdin.read()))
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # errors come back as the line below
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        run(config, log=lambda line: print(line, flush=True))
+    except UserError as e:
+        print(f"{ENVIRONMENT_ERROR}{e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -13,9 +13,13 @@ workers never write to the same file.
 
 A unit's last element on both of the reader's outputs is a `UnitEnd`: the writers close
 that unit's files when it arrives and WriteShards leaves the unit's summary (counts,
-files, first bad rows) for the launcher to reconcile. Fused steps hand a unit's elements
-on in the order they were made; a runner that did not would make the counts disagree,
-and the launcher fails the job on that rather than publish it.
+files, first bad rows) for the launcher to reconcile. The order holds on every runner
+because the steps are fused: a runner (FnApiRunner, Flink's and Spark's job servers alike)
+hands the chain to Beam's Python SDK harness as one stage, which passes each element a
+step yields down the rest of the chain before the step goes on; a work unit is one input
+element, so it is read whole within one bundle, and a retried bundle starts the unit's
+files anew. Should a runner break that, WriteShards stops the job on a record that comes
+after its unit's end, and the launcher on counts that disagree, rather than publish.
 """
 
 from __future__ import annotations
@@ -145,6 +149,26 @@ class UnitEnd:
 
 # ---- the steps -----------------------------------------------------------------------------------
 
+# A test hook: "UNIT:MARKER" makes work unit UNIT fail after handing on its first batch, on the
+# attempt that creates the file MARKER, and only that one: what a worker lost mid-unit looks like
+# to the runner, which must retry the unit and leave the output as if nothing had failed.
+FAIL_ONCE = "TFPIPE_TEST_FAIL_ONCE"
+
+
+def fail_once(unit: int) -> None:
+    spec = os.environ.get(FAIL_ONCE)
+    if not spec:
+        return
+    index, _, marker = spec.partition(":")
+    if int(index) != unit:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return  # a later attempt: it runs as usual
+    raise RuntimeError(f"{FAIL_ONCE}: work unit {unit} fails on its first attempt ({marker})")
+
+
 class ReadAndValidate(beam.DoFn):
     """Streams a work unit's byte ranges; good rows go out as batches, bad rows tagged BAD."""
 
@@ -169,6 +193,7 @@ class ReadAndValidate(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(BAD, BadRows(unit.index, batch.unlabelled, UNLABELLED))
                 if len(batch):
                     yield UnitBatch(unit.index, batch)
+                    fail_once(unit.index)
         end = UnitEnd(unit.index, read, bad, first_bad, unlabelled)
         yield beam.pvalue.TaggedOutput(BAD, end)
         yield end
@@ -247,8 +272,12 @@ class WriteShards(beam.DoFn):
 
     def start_bundle(self) -> None:
         self.open: dict[int, _UnitFiles] = {}
+        self.ended: set[int] = set()
 
     def _files(self, unit: int) -> _UnitFiles:
+        if unit in self.ended:  # would reopen (truncate) the unit's finished files
+            raise RuntimeError(f"work unit {unit}: records arrived after its end; the runner did not keep a unit's "
+                               "elements in order, and the job stops rather than write a partial unit")
         if unit not in self.open:
             self.open[unit] = _UnitFiles(self.out_dir, self.names, self.owned[unit], self.shards, self.level)
         return self.open[unit]
@@ -259,6 +288,7 @@ class WriteShards(beam.DoFn):
             files.write(element.split, element.records)
             return
         del self.open[element.unit]
+        self.ended.add(element.unit)
         summary = {"unit": element.unit, "read": element.read, "bad": element.bad,
                    "unlabelled": element.unlabelled, "splits": files.dealt, "files": files.close(),
                    "first_bad": element.first_bad}

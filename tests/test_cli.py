@@ -14,10 +14,12 @@ from tfpipe.cli import build_parser
 # rather than generated from the config models, so that a config key renamed or lost (or a flag
 # that appears unasked) fails here. tune also takes TF Serving's underscore spelling.
 FLAGS = {
-    "data": "--classes --compression-level --delimiter --exclude --force --format --image-column --infer-rows --input "
-            "--keep-column --key --label --max-bad-fraction --min-size --na-values --out --resize --schema --shards --split --stratify --task --top-k",
+    "data": "--classes --compression-level --delimiter --environment --exclude --force --format --image-column "
+            "--infer-rows --input --keep-column --key --label --max-bad-fraction --min-size --na-values --out --resize "
+            "--runner --schema --shards --split --stratify --task --top-k",
     "train": "--augment --batch-size --cache-mb --data --deterministic --dropout --epochs --filters --force "
-             "--grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --min-epochs --model --out --patience "
+             "--grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --min-epochs --model --out "
+             "--patience "
              "--precision --profile --scaling --seed --shuffle-buffer --strategy --target --time-limit --xla",
     "export": "--allow-drop --allow-weak --base --data --drop-confidence --keep --max-accuracy-drop --max-rmse-rise "
               "--model --name --tflite --tolerance --version --warmup-records",

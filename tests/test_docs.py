@@ -78,12 +78,16 @@ def command_lines() -> list[tuple[str, str]]:
 
 
 def _beam_flags(extra: list[str]) -> list[str]:
-    """The flags among `extra` that Beam's pipeline options do not know."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    """The flags among `extra` that Beam's pipeline options do not know, as `tfpipe data` decides
+    (an option's flag, such as --extra_package, may differ from its name, extra_packages)."""
+    from tfpipe.pipeline.errors import DataError
+    from tfpipe.pipeline.launch import check_beam_args
 
-    known = PipelineOptions(extra).get_all_options(retain_unknown_options=False)
-    names = [a[2:].split("=", 1)[0] for a in extra if a.startswith("--")]
-    return [n for n in names if n not in known]
+    try:
+        check_beam_args(extra)
+    except DataError as e:
+        return [str(e)]
+    return []
 
 
 def test_the_docs_hold_commands_to_check():

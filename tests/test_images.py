@@ -49,7 +49,9 @@ def test_accepted_images_keep_their_bytes(data, fmt, size):
     assert (info.format, (info.height, info.width)) == (fmt, size)
     assert info.encoded is data  # no re-encode without a resize
     assert info.pixels == size[0] * size[1]
-    assert np.all(info.channel_sum >= 0) and np.all(info.channel_sumsq <= info.channel_sum + 1e-9)
+    # integer sums of 0-255 values: a square is never below its value, nor over 255 times it
+    assert np.all(info.channel_sum >= 0) and np.all(info.channel_sum <= info.channel_sumsq)
+    assert np.all(info.channel_sumsq <= 255 * info.channel_sum) and info.channel_sum.dtype == np.int64
 
 
 @pytest.mark.parametrize("data, reason", [

@@ -19,7 +19,7 @@ import pytest
 def test_quantile_sketch_ranks_within_one_percent_of_numpy(values):
     from tfpipe.pipeline.stats import QUANTILES, QuantileSketch
 
-    sketch = QuantileSketch(k=512)
+    sketch = QuantileSketch()
     for chunk in np.array_split(values, 37):
         sketch.add(chunk)
     ordered = np.sort(values)
@@ -35,7 +35,7 @@ def test_quantile_sketches_merge_as_if_fed_one_stream():
     from tfpipe.pipeline.stats import QuantileSketch
 
     values = np.random.default_rng(2).uniform(0, 100, size=60_000)
-    parts = [QuantileSketch(k=256) for _ in range(3)]
+    parts = [QuantileSketch() for _ in range(3)]
     for part, chunk in zip(parts, np.array_split(values, 3), strict=True):
         part.add(chunk)
     merged = parts[0]
