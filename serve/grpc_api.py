@@ -1,9 +1,10 @@
 """TF Serving's gRPC services (tensorflow.serving.PredictionService and ModelService),
 with the messages from tensorflow-serving-api, so the official stubs work unchanged.
 
-The services run on grpc.aio, on the server's event loop beside REST. A Predict is decoded
-on the loop and waits for its batch there, settled with the batch's other answers in one
-loop wake-up; what blocks (a model call without batching, Classify, Regress,
+The server parses the request bytes itself (`add_services`), so that bytes that are no
+request are INVALID_ARGUMENT. The services run on grpc.aio, on the server's event loop beside
+REST. A Predict is decoded on the loop and waits for its batch there, settled with the batch's
+other answers in one loop wake-up; what blocks (a model call without batching, Classify, Regress,
 MultiInference, a config reload) goes to the `--grpc_max_threads` pool. grpcio's
 thread-pool server, with one blocked thread per call and so one thread wake-up per answer,
 cost about a third more CPU per batched Predict (docs/benchmarks.md, Serving).
@@ -45,8 +46,9 @@ from tfpipe.serve.requests import (
 
 def _fail(context, code: grpc.StatusCode, message: str) -> None:
     """The call's status, for a handler that then returns None: grpc.aio sends the code and no
-    response. Not context.abort: its exception stays with the call's state in grpc.aio, and its
-    traceback keeps the handler's frames alive, with the request (one of 100 MB, 400 MB of RSS)."""
+    response. Not context.abort: grpc.aio keeps its exception with the call's state, and the
+    exception's traceback the handler's frames, so a failed request stayed in memory after its
+    answer, however large."""
     context.set_code(code)
     context.set_details(message)
 

@@ -37,9 +37,10 @@ _DTYPES = {np.dtype(t): dt for dt, (_, t) in _VALUE_FIELDS.items()}
 
 
 # What a TensorProto may ask the server to fill in: TensorFlow repeats a tensor's last value (or
-# zeros, given none) over the elements the request does not carry. A 231-byte request declaring
-# [250000000] made the server allocate 1 GB; the fill is taken up to these bounds only, and a
-# tensor is otherwise built only from values the request carries (docs/serve.md states them).
+# zeros, given none) over the elements the request does not carry, so a request of a few hundred
+# bytes could declare a shape of billions of elements and have them allocated. The fill is taken
+# up to these bounds only; a tensor is otherwise built only from the values the request carries
+# (docs/serve.md states them).
 MAX_FILL_ELEMENTS = 1 << 20
 MAX_FILL_STRING_BYTES = 16 << 20  # a string tensor filled: its text in all
 MAX_TENSOR_RANK = 64  # numpy's limit on dimensions (TensorFlow's is 254)

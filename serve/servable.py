@@ -272,7 +272,7 @@ class Servable:
         names = output_filter or list(result)
         out = {k: result[k].numpy() for k in names}
         for k, v in out.items():
-            if type(v) is not np.ndarray:  # a scalar string comes out of numpy() as bytes
+            if type(v) is bytes:  # a scalar string comes out of numpy() as bytes, not as an array
                 out[k] = np.array(v, dtype=object)
         return out
 

@@ -453,7 +453,8 @@ def _penguin_predict(**shapes):
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest(model_spec={"name": "penguins"})
-    row = {"island": (types_pb2.DT_STRING, "string_val", b"Biscoe"), "sex": (types_pb2.DT_STRING, "string_val", b"male"),
+    row = {"island": (types_pb2.DT_STRING, "string_val", b"Biscoe"),
+           "sex": (types_pb2.DT_STRING, "string_val", b"male"),
            "bill_length_mm": (types_pb2.DT_FLOAT, "float_val", 48.0),
            "bill_depth_mm": (types_pb2.DT_FLOAT, "float_val", 15.0),
            "flipper_length_mm": (types_pb2.DT_DOUBLE, "double_val", 220.0),
@@ -553,6 +554,15 @@ def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server)
     assert "UNKNOWN" not in result.by_code() and "INTERNAL" not in result.by_code()
     assert growth <= 100 * 2**20, growth / 2**20
     assert grpc_fuzz.answers_good_requests(target, sigs)
+
+    # what the fuzzing found: a scalar string in, a scalar string out (numpy() gives it as bytes) was a 500
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    scalar = grpc_fuzz.good_predict(next(s for s in sigs if s.model == "multi"))
+    del scalar.inputs["tag"].tensor_shape.dim[:]
+    with grpc_fuzz.channel(target) as ch:
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(scalar, timeout=30)
+    assert answer.outputs["upper"].string_val == [b"A"] and not answer.outputs["upper"].tensor_shape.dim
 
 
 def _until_closed(sock) -> bytes:
