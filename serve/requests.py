@@ -71,21 +71,23 @@ def tensor_shape(proto, name: str = "") -> tuple[tuple[int, ...], int]:
     return shape, (0 if 0 in shape else entries)
 
 
-def _check_fill(name: str, shape: tuple[int, ...], n: int, carried: int, string_bytes: int = 0) -> None:
+def _check_fill(name: str, shape: tuple[int, ...], n: int, carried: int, string_bytes: int = 0,
+                bounded: bool = True) -> None:
     """A tensor of `n` elements from `carried` values: fewer values than elements are filled out
-    only up to MAX_FILL_ELEMENTS (and, for strings, MAX_FILL_STRING_BYTES of text)."""
+    only up to MAX_FILL_ELEMENTS (and, for strings, MAX_FILL_STRING_BYTES of text), when `bounded`."""
     if carried > n:
         raise invalid(f"input '{quoted(name)}': {carried} values for shape {list(shape)}")
-    if carried < n and (n > MAX_FILL_ELEMENTS or string_bytes > MAX_FILL_STRING_BYTES):
+    if bounded and carried < n and (n > MAX_FILL_ELEMENTS or string_bytes > MAX_FILL_STRING_BYTES):
         raise invalid(f"input '{quoted(name)}': shape {list(shape)} has {n:,} elements and the request carries "
                       f"{carried:,} values; a tensor is filled out from fewer values than its elements only up to "
                       f"{MAX_FILL_ELEMENTS:,} elements" + (f" and {MAX_FILL_STRING_BYTES >> 20} MiB of strings"
                                                           if string_bytes else ""))
 
 
-def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
+def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
     """A TensorProto's value, with TF's rules: tensor_content, or typed values where fewer
-    values than elements repeat the last one (within MAX_FILL_ELEMENTS), checked before any
+    values than elements repeat the last one (within MAX_FILL_ELEMENTS unless not `bounded`:
+    a model's own warmup records are filled out as TF Serving fills them), checked before any
     allocation."""
     shape, n = tensor_shape(proto, name)
     if proto.dtype == types_pb2.DT_STRING:
@@ -93,7 +95,7 @@ def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
         text = 0
         if len(values) < n:
             text = sum(map(len, values)) + (n - len(values)) * (len(values[-1]) if values else 0)
-        _check_fill(name, shape, n, len(values), text)
+        _check_fill(name, shape, n, len(values), text, bounded)
         values = list(values)
         arr = np.empty(len(values), dtype=object)
         arr[:] = values
@@ -105,7 +107,7 @@ def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
                               f"shape {list(shape)} needs {n * np.dtype(dtype).itemsize}")
             return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
         values = getattr(proto, field)
-        _check_fill(name, shape, n, len(values))
+        _check_fill(name, shape, n, len(values), bounded=bounded)
         try:
             arr = np.array(values, dtype=dtype)
         except OverflowError:  # int_val holds int32s; int8, int16, uint8 and uint16 take fewer
@@ -114,7 +116,7 @@ def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
         if not proto.tensor_content:  # make_ndarray fills out as above: the same bounds
             carried = (sum(len(getattr(proto, f)) for f in _OTHER_FIELDS)
                        + sum(len(getattr(proto, f)) // 2 for f in _PAIRED_FIELDS))
-            _check_fill(name, shape, n, carried)
+            _check_fill(name, shape, n, carried, bounded=bounded)
         try:
             return tf.make_ndarray(proto)
         except Exception as e:  # an unsupported or inconsistent TensorProto
@@ -126,10 +128,12 @@ def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
     return np.concatenate([arr, np.repeat(arr[-1:], n - len(arr))]).reshape(shape)
 
 
-def predict_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]:
+def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:
+    """A Predict's tensors (`bounded`: see tensor_to_numpy)."""
     inputs = request.inputs
     fast = _one_value_tensors(inputs)
-    return fast if fast is not None else {name: tensor_to_numpy(proto, name) for name, proto in inputs.items()}
+    return fast if fast is not None else {name: tensor_to_numpy(proto, name, bounded)
+                                          for name, proto in inputs.items()}
 
 
 # the dtypes _one_value_tensors reads: their value field and numpy type

@@ -359,7 +359,7 @@ class Servable:
                 if kind == "predict_log":
                     req = log.predict_log.request
                     sig = self.signature(req.model_spec.signature_name)
-                    self.run(sig, self.check_inputs(sig, predict_inputs(req)))
+                    self.run(sig, self.check_inputs(sig, predict_inputs(req, bounded=False)))
                 elif kind == "classify_log":
                     req = log.classify_log.request
                     self.classify(req.model_spec.signature_name, input_examples(req.input))

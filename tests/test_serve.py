@@ -612,6 +612,22 @@ def test_rest_closes_connections_slower_than_the_read_timeout(hostile_server):
                       timeout=30)
     assert r.status_code == 200 and r.json() == {"predictions": [3.0]}
 
+    # tfpipe loadtest's keep-alive client sees the idle connection closed and opens another
+    import select
+
+    from tfpipe.loadtest.http_client import TimedConnection, build_request
+
+    address = f"http://127.0.0.1:{rest_port}"
+    raw = build_request(address, "POST", "/v1/models/half/versions/1:predict", b'{"instances": [2.0]}')
+    conn = TimedConnection(address)
+    try:
+        assert conn.request(raw)[0] == 200
+        first = conn.sock
+        assert select.select([first], [], [], 30)[0]  # the server closes it after READ_TIMEOUT_S
+        assert conn.request(raw)[0] == 200 and conn.sock is not first
+    finally:
+        conn.close()
+
 
 def test_a_shape_the_signature_cannot_take_is_the_callers_error(tmp_path):
     """More dimensions than the signature's shape plus one is INVALID_ARGUMENT before TensorFlow

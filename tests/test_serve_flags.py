@@ -411,6 +411,18 @@ def test_tensor_protos_beyond_their_values_are_refused_before_any_allocation(pro
     assert peak < 2**20, peak
 
 
+def test_a_models_own_warmup_records_are_filled_out_without_the_bound():
+    """Warmup records come with the model, as trusted as it is: filled out as TF Serving fills them."""
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.serve.requests import predict_inputs
+
+    request = predict_pb2.PredictRequest()
+    request.inputs["x"].CopyFrom(_proto("DT_FLOAT", [2, 1024 * 1024], "float_val", [0.5]))
+    got = predict_inputs(request, bounded=False)["x"]
+    assert got.shape == (2, 1024 * 1024) and float(got.min()) == float(got.max()) == 0.5
+
+
 def test_error_messages_cut_a_clients_text_and_stay_within_grpcs_header_limit():
     """A quoted name is cut at QUOTED_CHARS with an ellipsis; a whole message at MAX_MESSAGE_BYTES of
     UTF-8 (gRPC percent-encodes it into a header that clients refuse over 8 KiB)."""
