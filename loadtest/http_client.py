@@ -11,6 +11,7 @@ system without them, is timed with perf_counter around the same calls.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import struct
@@ -20,6 +21,7 @@ from urllib.parse import urlparse
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python lacks the name
 _ANCILLARY = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 MAX_HEADER_BYTES = 64 * 1024
+IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before it is used
 
 
 class HttpError(Exception):
@@ -44,6 +46,7 @@ class TimedConnection:
         self.kernel_times = False
         self._buffer = b""
         self._last_ns = 0  # the kernel's receive time of the latest bytes read
+        self._idle_since = 0.0  # perf_counter when the latest answer was read
 
     def close(self) -> None:
         if self.sock is not None:
@@ -68,6 +71,8 @@ class TimedConnection:
     def request(self, raw: bytes) -> tuple[int, int, float, float]:
         """Send one prebuilt request; (status, body bytes, seconds, perf_counter at send).
         Raises OSError or HttpError; the connection is closed then and reopened next time."""
+        if self.sock is not None and time.perf_counter() - self._idle_since > IDLE_CHECK_S and self._closed_by_peer():
+            self.close()  # servers close idle keep-alive connections (tfpipe serve: --rest_read_timeout_seconds)
         if self.sock is None:
             self._connect()
         try:
@@ -100,7 +105,16 @@ class TimedConnection:
                 seconds = kernel
         if close:
             self.close()
+        self._idle_since = done
         return status, size, seconds, sent
+
+    def _closed_by_peer(self) -> bool:
+        """Whether the server has closed the idle connection: it sends nothing unasked, so anything
+        to read (its close, or a TLS close_notify) means the connection is done."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def _recv(self) -> bytes:
         if self.kernel_times:

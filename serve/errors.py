@@ -16,10 +16,37 @@ _HTTP = {
 }
 
 
+# What a client's text may take of an error message. gRPC sends the message in the grpc-message
+# header, percent-encoding every byte outside printable ASCII, and clients refuse headers over 8 KiB
+# (grpcio's default max_metadata_size) with RESOURCE_EXHAUSTED instead of the status: a message of
+# MAX_MESSAGE_BYTES stays under that however it is encoded.
+QUOTED_CHARS = 256  # a name, label, path or key from the request, as quoted in an error
+MAX_MESSAGE_BYTES = 2048  # a whole error message, in UTF-8
+ELLIPSIS = "..."
+
+
+def quoted(text) -> str:
+    """Text from a request as an error quotes it: cut at QUOTED_CHARS characters, with an ellipsis."""
+    text = text if isinstance(text, str) else str(text)
+    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + ELLIPSIS
+
+
+def capped(message: str) -> str:
+    """An error message within MAX_MESSAGE_BYTES of UTF-8, cut with an ellipsis when longer."""
+    if len(message) * 4 <= MAX_MESSAGE_BYTES:  # short enough in any encoding: the common case
+        return message
+    raw = message.encode("utf-8", "replace")
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        return message
+    return raw[:MAX_MESSAGE_BYTES - len(ELLIPSIS)].decode("utf-8", "ignore") + ELLIPSIS
+
+
 class ServingError(Exception):
-    """A request failed; `code` is the gRPC status TF Serving would answer with."""
+    """A request failed; `code` is the gRPC status TF Serving would answer with. The message is
+    capped (see MAX_MESSAGE_BYTES)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = capped(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -27,6 +54,14 @@ class ServingError(Exception):
     @property
     def http_status(self) -> int:
         return _HTTP.get(self.code, 500)
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def with_code(code: int, message: str) -> ServingError:
+    """An error with a status given by its number (TensorFlow's error codes are gRPC's)."""
+    return ServingError(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
 def invalid(message: str) -> ServingError:

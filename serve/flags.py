@@ -174,6 +174,7 @@ class ServeOptions:
     backend: str = "embedded"
     host: str = "0.0.0.0"
     max_request_bytes: int = 64 * 1024 * 1024
+    rest_read_timeout_seconds: float = 30.0
     drain_seconds: float = 30.0
     workers: int = 1  # the command line's default, 0, means auto (tfpipe.serve.workers.worker_count)
     gpu: bool = False
@@ -224,7 +225,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                           "tensorflow_model_server from PATH; docker: run the tensorflow/serving image")
     own.add_argument("--host", default="0.0.0.0", help="Address the embedded server binds (default 0.0.0.0)")
     own.add_argument("--max_request_bytes", type=int, default=64 * 1024 * 1024,
-                     help="Largest REST body accepted; 413 over it (default 64 MiB)")
+                     help="Largest REST body accepted; 413 over it, before any of the body is read when "
+                          "Content-Length says so (default 64 MiB)")
+    own.add_argument("--rest_read_timeout_seconds", type=float, default=30.0, metavar="S",
+                     help="REST: a connection that has not sent a whole request line and headers within S seconds "
+                          "(of opening, or of its previous answer, so idle connections too), or then its whole body "
+                          "within S more, is closed; 0: no such limit (default 30)")
     own.add_argument("--drain_seconds", type=float, default=30.0,
                      help="On SIGTERM, wait this long for in-flight requests (default 30)")
     own.add_argument("--workers", type=int, default=0, metavar="N",

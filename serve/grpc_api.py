@@ -1,9 +1,10 @@
 """TF Serving's gRPC services (tensorflow.serving.PredictionService and ModelService),
 with the messages from tensorflow-serving-api, so the official stubs work unchanged.
 
-The services run on grpc.aio, on the server's event loop beside REST. A Predict is decoded
-on the loop and waits for its batch there, settled with the batch's other answers in one
-loop wake-up; what blocks (a model call without batching, Classify, Regress,
+The server parses the request bytes itself (`add_services`), so that bytes that are no
+request are INVALID_ARGUMENT. The services run on grpc.aio, on the server's event loop beside
+REST. A Predict is decoded on the loop and waits for its batch there, settled with the batch's
+other answers in one loop wake-up; what blocks (a model call without batching, Classify, Regress,
 MultiInference, a config reload) goes to the `--grpc_max_threads` pool. grpcio's
 thread-pool server, with one blocked thread per call and so one thread wake-up per answer,
 cost about a third more CPU per batched Predict (docs/benchmarks.md, Serving).
@@ -18,6 +19,8 @@ from concurrent.futures import Executor
 import grpc
 from tensorflow_serving.apis import (
     classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
     inference_pb2,
     model_management_pb2,
     model_service_pb2_grpc,
@@ -26,7 +29,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfpipe.serve.errors import ServingError, invalid
+from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.model_info import metadata_response, spec_of, status_response
@@ -41,6 +44,15 @@ from tfpipe.serve.requests import (
 )
 
 
+def _fail(context, code: grpc.StatusCode, message: str) -> None:
+    """The call's status, for a handler that then returns None: grpc.aio sends the code and no
+    response. Not context.abort: grpc.aio keeps its exception with the call's state, and the
+    exception's traceback the handler's frames, so a failed request stayed in memory after its
+    answer, however large."""
+    context.set_code(code)
+    context.set_details(message)
+
+
 async def _answer(metrics: Metrics, api: str, name: str, context, handler):
     """Await one call's coroutine `handler()`; a ServingError becomes its status code."""
     t0 = time.perf_counter()
@@ -48,10 +60,12 @@ async def _answer(metrics: Metrics, api: str, name: str, context, handler):
         response = await handler()
     except ServingError as e:
         metrics.request(name, api, e.code.name, time.perf_counter() - t0)
-        await context.abort(e.code, e.message)
+        _fail(context, e.code, e.message)
+        return None
     except Exception as e:  # a bug, not bad input: INTERNAL, and the server keeps serving
         metrics.request(name, api, "INTERNAL", time.perf_counter() - t0)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        _fail(context, grpc.StatusCode.INTERNAL, capped(f"{type(e).__name__}: {e}"))
+        return None
     metrics.request(name, api, "OK", time.perf_counter() - t0)
     return response
 
@@ -173,3 +187,54 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
             response.status.error_code = 0
             return response
         return await _answer(self.metrics, "reload_config", "", context, _blocking(self.executor, run))
+
+
+# Each method's request and response messages and its name in the metrics.
+_METHODS = {
+    "tensorflow.serving.PredictionService": {
+        "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse, "predict"),
+        "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse, "classify"),
+        "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse, "regress"),
+        "MultiInference": (inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse,
+                           "multi_inference"),
+        "GetModelMetadata": (get_model_metadata_pb2.GetModelMetadataRequest,
+                             get_model_metadata_pb2.GetModelMetadataResponse, "metadata"),
+    },
+    "tensorflow.serving.ModelService": {
+        "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse,
+                           "model_status"),
+        "HandleReloadConfigRequest": (model_management_pb2.ReloadConfigRequest,
+                                      model_management_pb2.ReloadConfigResponse, "reload_config"),
+    },
+}
+
+
+def add_services(server, metrics: Metrics, prediction: PredictionService, model: ModelService) -> None:
+    """Both services on `server`, as the generated add_*Servicer_to_server would add them except
+    that the request bytes come to this code to parse: bytes that are not the method's request
+    (random, cut short, bit-flipped) are INVALID_ARGUMENT naming the message type. grpcio's own
+    deserializer answers them UNKNOWN ("Unexpected <class DecodeError>") before any code of ours runs."""
+    for service, servicer in (("tensorflow.serving.PredictionService", prediction),
+                              ("tensorflow.serving.ModelService", model)):
+        handlers = {name: grpc.unary_unary_rpc_method_handler(
+                        _parsed(getattr(servicer, name), request, api, metrics),
+                        request_deserializer=None,  # bytes in
+                        response_serializer=response.SerializeToString)
+                    for name, (request, response, api) in _METHODS[service].items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+
+
+def _parsed(method, request_type, api: str, metrics: Metrics):
+    """`method` (a servicer's coroutine) called on the request parsed from the call's bytes."""
+    parse = request_type.FromString
+    refusal = f"Error parsing message with type '{request_type.DESCRIPTOR.full_name}'"
+
+    async def handler(raw: bytes, context):
+        try:
+            request = parse(raw)
+        except Exception:  # noqa: BLE001 (whatever the parser raises, it is about the client's bytes)
+            metrics.request("", api, "INVALID_ARGUMENT", 0.0)
+            _fail(context, grpc.StatusCode.INVALID_ARGUMENT, refusal)
+            return None
+        return await method(request, context)
+    return handler

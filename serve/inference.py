@@ -17,7 +17,7 @@ from operator import itemgetter
 import numpy as np
 
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
-from tfpipe.serve.errors import invalid, unimplemented
+from tfpipe.serve.errors import invalid, quoted, unimplemented
 from tfpipe.serve.manager import ModelManager
 from tfpipe.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 
@@ -60,16 +60,16 @@ class Inference:
         for _, signature_name, method in tasks:
             key = signature_name or DEFAULT_SIGNATURE
             if key in seen:
-                raise invalid(f"Duplicate evaluation of signature: {key}")
+                raise invalid(f"Duplicate evaluation of signature: {quoted(key)}")
             seen.add(key)
             if key not in servable.signatures:
-                raise invalid(f"Requested signature not found in model graph: {key}")
+                raise invalid(f"Requested signature not found in model graph: {quoted(key)}")
             if method == CLASSIFY:
                 servable.classification_signature(key)
             elif method == REGRESS:
                 servable.regression_signature(key)
             else:
-                raise unimplemented(f"Unsupported signature method_name: {method}")
+                raise unimplemented(f"Unsupported signature method_name: {quoted(method)}")
         run, results = self._runner(servable), []
         for _, signature_name, method in tasks:
             if method == CLASSIFY:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, unknown
+from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, quoted, unknown
 from tfpipe.serve.metrics import rss_bytes
 from tfpipe.serve.servable import Servable
 
@@ -465,7 +465,7 @@ class ModelManager:
     def _label_version(self, name: str, label: str) -> int:
         version = self._labels.get(name, {}).get(label)
         if version is None:
-            raise invalid(f"Unrecognized servable version label: {label}")
+            raise invalid(f"Unrecognized servable version label: {quoted(label)}")
         return version
 
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
@@ -476,14 +476,14 @@ class ModelManager:
                 version = self._label_version(name, label)
             if model is None:
                 raise not_found(f"Servable not found for request: {'Latest' if version is None else 'Specific'}"
-                                f"({name}{'' if version is None else f', {version}'})")
+                                f"({quoted(name)}{'' if version is None else f', {version}'})")
             available = model.available()
             if version is None:
                 if not available:
-                    raise not_found(f"Servable not found for request: Latest({name})")
+                    raise not_found(f"Servable not found for request: Latest({quoted(name)})")
                 return available[max(available)]
             if version not in available:
-                raise not_found(f"Servable not found for request: Specific({name}, {version})")
+                raise not_found(f"Servable not found for request: Specific({quoted(name)}, {version})")
             return available[version]
 
     def status(self, name: str, version: int | None = None, label: str | None = None) -> list[VersionState]:
@@ -495,10 +495,14 @@ class ModelManager:
             if version is not None:
                 states = [s for s in states if s.version == version]
                 if not states:
-                    raise not_found(f"Could not find version {version} of model {name}")
+                    raise not_found(f"Could not find version {version} of model {quoted(name)}")
             elif not states:
-                raise not_found(f"Could not find any versions of model {name}")
+                raise not_found(f"Could not find any versions of model {quoted(name)}")
             return [VersionState(s.version, s.state, s.error_code, s.error_message) for s in states]
+
+    def serves(self, name: str) -> bool:
+        """Whether `name` is one of the models of the current config."""
+        return name in self._models
 
     def load_sizes(self) -> dict[tuple[str, int], int]:
         """(model, version) -> RSS growth of its load, for the versions AVAILABLE now."""

@@ -40,8 +40,13 @@ class Metrics:
         self.padded_rows = 0
         self.request_logs: dict[tuple, int] = defaultdict(int)
         self.request_log_depth = lambda: 0  # set by the server's RequestLogs
+        # whether a name is one of the server's models (set by the server): a request naming any
+        # other counts under model="", so that clients' names (any number, any length) are not kept
+        self.known_model = lambda name: True
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
+        if not self.known_model(model):
+            model = ""
         with self._lock:
             self.requests[(model, api, status)] += 1
             key = (model, api)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from tfpipe.serve.errors import invalid
+from tfpipe.serve.errors import invalid, quoted
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.requests import model_spec
 
@@ -28,7 +28,7 @@ def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.G
         raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
     for f in fields:
         if f != "signature_def":
-            raise invalid(f"Metadata field {f} is not supported")
+            raise invalid(f"Metadata field {quoted(f)} is not supported")
     servable = inference.manager.resolve(name, version, label)
     response = get_model_metadata_pb2.GetModelMetadataResponse()
     model_spec(response.model_spec, name, servable.version, "")

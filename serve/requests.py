@@ -20,7 +20,7 @@ from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import input_pb2, predict_pb2
 
-from tfpipe.serve.errors import ServingError, invalid
+from tfpipe.serve.errors import ServingError, invalid, quoted
 
 
 # TensorProto <-> numpy without tf.make_ndarray / tf.make_tensor_proto, which cost ~25 us
@@ -36,45 +36,104 @@ _VALUE_FIELDS = {
 _DTYPES = {np.dtype(t): dt for dt, (_, t) in _VALUE_FIELDS.items()}
 
 
-def tensor_to_numpy(proto, name: str = "") -> np.ndarray:
-    """A TensorProto's value, with TF's rules: tensor_content, or typed values where fewer
-    values than elements repeat the last one."""
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
-    n = 1
+# What a TensorProto may ask the server to fill in: TensorFlow repeats a tensor's last value (or
+# zeros, given none) over the elements the request does not carry, so a request of a few hundred
+# bytes could declare a shape of billions of elements and have them allocated. The fill is taken
+# up to these bounds only; a tensor is otherwise built only from the values the request carries
+# (docs/serve.md states them).
+MAX_FILL_ELEMENTS = 1 << 20
+MAX_FILL_STRING_BYTES = 16 << 20  # a string tensor filled: its text in all
+MAX_TENSOR_RANK = 64  # numpy's limit on dimensions (TensorFlow's is 254)
+_MAX_ENTRIES = (2**63 - 1) // 16  # elements numpy can lay out at 16 bytes each (complex128), zeros left out
+# the typed fields make_ndarray reads, for the dtypes read by it rather than below; a complex takes two values
+_PAIRED_FIELDS = ("scomplex_val", "dcomplex_val")
+_OTHER_FIELDS = ("half_val", "float_val", "double_val", "int_val", "string_val", "int64_val", "bool_val",
+                 "uint32_val", "uint64_val", "float8_val", "resource_handle_val", "variant_val")
+
+
+def tensor_shape(proto, name: str = "") -> tuple[tuple[int, ...], int]:
+    """A TensorProto's shape and element count, checked before anything is allocated: a fully
+    defined shape of at most MAX_TENSOR_RANK dimensions whose sizes multiply (zeros left out)
+    to no more than numpy can lay out; Python's integers do not overflow."""
+    dims = proto.tensor_shape.dim
+    if len(dims) > MAX_TENSOR_RANK:
+        raise invalid(f"input '{quoted(name)}' has {len(dims)} dimensions: a tensor here has at most "
+                      f"{MAX_TENSOR_RANK}")
+    shape = tuple(d.size for d in dims)
+    entries = 1
     for d in shape:
         if d < 0:
-            raise invalid(f"input '{name}': a TensorProto needs a fully defined shape, got {list(shape)}")
-        n *= d
+            raise invalid(f"input '{quoted(name)}': a TensorProto needs a fully defined shape, got {list(shape)}")
+        if d:
+            entries *= d
+    if entries > _MAX_ENTRIES:
+        raise invalid(f"input '{quoted(name)}': shape {list(shape)} is too large (more than 2**59 elements)")
+    return shape, (0 if 0 in shape else entries)
+
+
+def _check_fill(name: str, shape: tuple[int, ...], n: int, carried: int, string_bytes: int = 0,
+                bounded: bool = True) -> None:
+    """A tensor of `n` elements from `carried` values: fewer values than elements are filled out
+    only up to MAX_FILL_ELEMENTS (and, for strings, MAX_FILL_STRING_BYTES of text), when `bounded`."""
+    if carried > n:
+        raise invalid(f"input '{quoted(name)}': {carried} values for shape {list(shape)}")
+    if bounded and carried < n and (n > MAX_FILL_ELEMENTS or string_bytes > MAX_FILL_STRING_BYTES):
+        raise invalid(f"input '{quoted(name)}': shape {list(shape)} has {n:,} elements and the request carries "
+                      f"{carried:,} values; a tensor is filled out from fewer values than its elements only up to "
+                      f"{MAX_FILL_ELEMENTS:,} elements" + (f" and {MAX_FILL_STRING_BYTES >> 20} MiB of strings"
+                                                          if string_bytes else ""))
+
+
+def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
+    """A TensorProto's value, with TF's rules: tensor_content, or typed values where fewer
+    values than elements repeat the last one (within MAX_FILL_ELEMENTS unless not `bounded`:
+    a model's own warmup records are filled out as TF Serving fills them), checked before any
+    allocation."""
+    shape, n = tensor_shape(proto, name)
     if proto.dtype == types_pb2.DT_STRING:
-        values = list(proto.string_val)
+        values = proto.string_val
+        text = 0
+        if len(values) < n:
+            text = sum(map(len, values)) + (n - len(values)) * (len(values[-1]) if values else 0)
+        _check_fill(name, shape, n, len(values), text, bounded)
+        values = list(values)
         arr = np.empty(len(values), dtype=object)
         arr[:] = values
     elif proto.dtype in _VALUE_FIELDS:
         field, dtype = _VALUE_FIELDS[proto.dtype]
         if proto.tensor_content:
             if len(proto.tensor_content) != n * np.dtype(dtype).itemsize:
-                raise invalid(f"input '{name}': tensor_content holds {len(proto.tensor_content)} bytes, "
+                raise invalid(f"input '{quoted(name)}': tensor_content holds {len(proto.tensor_content)} bytes, "
                               f"shape {list(shape)} needs {n * np.dtype(dtype).itemsize}")
             return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
-        arr = np.array(getattr(proto, field), dtype=dtype)
+        values = getattr(proto, field)
+        _check_fill(name, shape, n, len(values), bounded=bounded)
+        try:
+            arr = np.array(values, dtype=dtype)
+        except OverflowError:  # int_val holds int32s; int8, int16, uint8 and uint16 take fewer
+            raise invalid(f"input '{quoted(name)}': a value out of range for {np.dtype(dtype).name}") from None
     else:
+        if not proto.tensor_content:  # make_ndarray fills out as above: the same bounds
+            carried = (sum(len(getattr(proto, f)) for f in _OTHER_FIELDS)
+                       + sum(len(getattr(proto, f)) // 2 for f in _PAIRED_FIELDS))
+            _check_fill(name, shape, n, carried, bounded=bounded)
         try:
             return tf.make_ndarray(proto)
         except Exception as e:  # an unsupported or inconsistent TensorProto
-            raise invalid(f"input '{name}' is not a valid TensorProto: {e}") from None
+            raise invalid(f"input '{quoted(name)}' is not a valid TensorProto: {e}") from None
     if len(arr) == n:
         return arr.reshape(shape)
-    if len(arr) > n:
-        raise invalid(f"input '{name}': {len(arr)} values for shape {list(shape)}")
     if len(arr) == 0:
         return np.zeros(shape, dtype=arr.dtype) if arr.dtype != object else np.full(shape, b"", dtype=object)
     return np.concatenate([arr, np.repeat(arr[-1:], n - len(arr))]).reshape(shape)
 
 
-def predict_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]:
+def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:
+    """A Predict's tensors (`bounded`: see tensor_to_numpy)."""
     inputs = request.inputs
     fast = _one_value_tensors(inputs)
-    return fast if fast is not None else {name: tensor_to_numpy(proto, name) for name, proto in inputs.items()}
+    return fast if fast is not None else {name: tensor_to_numpy(proto, name, bounded)
+                                          for name, proto in inputs.items()}
 
 
 # the dtypes _one_value_tensors reads: their value field and numpy type
@@ -258,10 +317,6 @@ def _array_of(flat: list, shape: list[int], dtype: tf.DType) -> np.ndarray:
     return arr.reshape(shape)
 
 
-# numpy's limit on dimensions (TensorFlow's is 254): a list nested deeper is a client's error, a 400
-MAX_TENSOR_RANK = 64
-
-
 def _check_rank(rank: int) -> None:
     if rank > MAX_TENSOR_RANK:
         raise invalid(f"JSON value nested more than {MAX_TENSOR_RANK} lists deep: a tensor here has at most "
@@ -377,7 +432,7 @@ def json_inputs(body: dict, inputs: dict[str, tf.DType]) -> tuple[dict[str, np.n
     """Named numpy inputs from a :predict body and whether it used the row format; `inputs`
     is the signature's input names and dtypes."""
     if not inputs:
-        raise invalid(f"Failed to get input map for signature: {body.get('signature_name') or 'DEFAULT'}")
+        raise invalid(f"Failed to get input map for signature: {quoted(body.get('signature_name') or 'DEFAULT')}")
     has_instances, has_inputs = "instances" in body, "inputs" in body
     if has_instances and has_inputs:
         raise invalid(f"JSON Value: {json_debug(body)} Not formatted correctly expecting only one of 'inputs' or "
@@ -509,8 +564,8 @@ def _exact_instances(instances: list, inputs: dict[str, tf.DType]) -> dict[str, 
             raise invalid(f"Expecting object but got list at item {i} of input list")
         for key, value in item.items():
             if key not in inputs:
-                raise invalid(f"Failed to process element: {i} key: {key} of 'instances' list. Error: "
-                              f"INVALID_ARGUMENT: JSON object: does not have named input: {key}")
+                raise invalid(f"Failed to process element: {i} key: {quoted(key)} of 'instances' list. Error: "
+                              f"INVALID_ARGUMENT: JSON object: does not have named input: {quoted(key)}")
             columns[key].append((i, value))
         if set(item) != set(names):
             raise invalid(f"Failed to process element: {i} of 'instances' list. JSON object: {json_debug(item)} "
@@ -610,7 +665,7 @@ def _example(features: Any) -> example_pb2.Example:
         f = ex.features.feature[name]
         for v in content if isinstance(content, list) else [content]:
             if v is None or isinstance(v, list) or (isinstance(v, dict) and not _is_b64(v)):
-                raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(v)}")
+                raise invalid(f"Feature: {quoted(name)} has element with unexpected JSON type: {_json_type(v)}")
             if isinstance(v, (str, dict)):
                 kind, item = "bytes_list", v.encode("utf-8") if isinstance(v, str) else _b64(v)
             elif isinstance(v, float):
@@ -618,12 +673,12 @@ def _example(features: Any) -> example_pb2.Example:
             else:
                 kind, item = "int64_list", int(v)
                 if item >= 2**63:
-                    raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+                    raise invalid(f"Feature: {quoted(name)} has uint64_t element. Only int64_t is supported.")
                 if item < -2**63:
                     raise _type_error(v, tf.int64)
             current = f.WhichOneof("kind")
             if current not in (None, kind):
-                raise invalid(f"Unexpected element type in feature: {name} expecting type: {_KINDS[current]}")
+                raise invalid(f"Unexpected element type in feature: {quoted(name)} expecting type: {_KINDS[current]}")
             getattr(f, kind).value.append(item)
     return ex
 

@@ -24,7 +24,7 @@ from aiohttp.http import HttpVersion11
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from tfpipe.serve.errors import ServingError, invalid, precondition
+from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.model_info import metadata_response, status_response
@@ -67,7 +67,7 @@ def _json(body, status: int = 200) -> web.Response:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status)
+    return _json({"error": capped(message)}, status)
 
 
 def _proto_json(message) -> dict:
@@ -177,7 +177,7 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
     if version is not None:
         number = int(version)
         if number >= 2**63:
-            raise invalid(f"Failed to convert version: {version} to numeric.")
+            raise invalid(f"Failed to convert version: {quoted(version)} to numeric.")
         version = number
     api = last.lower() if method == "POST" else ("metadata" if last else "model_status")
     if method == "POST" and last not in ("predict", "classify", "regress"):
@@ -191,7 +191,7 @@ async def _expect(request: web.BaseRequest) -> None:
     expect = request.headers["Expect"]
     if request.version == HttpVersion11:
         if expect.lower() != "100-continue":
-            raise web.HTTPExpectationFailed(reason=f"Unknown Expect: {expect}")
+            raise web.HTTPExpectationFailed(reason=f"Unknown Expect: {quoted(expect)}")
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer's own size starts after it
 
@@ -255,18 +255,36 @@ class Deadlines:
             task.cancel()
 
 
+class _SlowBody(Exception):
+    """The body did not arrive within the read timeout."""
+
+
 class RestApi:
+    """`read_timeout`: seconds a connection has to send a request's line and headers (from its
+    start, or from the previous answer: an idle connection is closed after as long), and then
+    its body; 0 or less, no limit of this server's own (aiohttp closes idle connections after an
+    hour)."""
+
     def __init__(self, inference: Inference, metrics: Metrics, timeout_ms: int, max_body_bytes: int,
-                 metrics_path: str | None, render_metrics, cors: bool = False, logs: RequestLogs | None = None):
+                 metrics_path: str | None, render_metrics, cors: bool = False, logs: RequestLogs | None = None,
+                 read_timeout: float = 0.0):
         self.inference, self.metrics, self.logs = inference, metrics, logs
         self.deadlines = Deadlines(timeout_ms / 1000) if timeout_ms > 0 else None
         self.metrics_path = metrics_path
         self.render_metrics = render_metrics  # () -> the Prometheus page
         self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout
         self.cors = cors
         # aiohttp's low-level server: every path comes to one handler, so an Application's router,
         # middleware chain and per-request bookkeeping (5-7 us a request, measured) are left out.
-        self.server = web.Server(self.handle, request_factory=self._request, access_log=None)
+        # Its keep-alive timer runs from a connection's start and from each answer, and closes the
+        # connection if no complete request line and headers have come by then: the header timeout.
+        # After an answer given before the body was read (a 413 on Content-Length), aiohttp reads and
+        # drops what the client still sends, so that it reads the answer rather than a reset, for
+        # up to its lingering time (10 s): no longer than the read timeout either.
+        limits = {"keepalive_timeout": read_timeout, "lingering_time": min(10.0, read_timeout)} \
+            if read_timeout > 0 else {}
+        self.server = web.Server(self.handle, request_factory=self._request, access_log=None, **limits)
 
     def _request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
         return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
@@ -275,12 +293,23 @@ class RestApi:
     async def handle(self, request: web.BaseRequest) -> web.Response:
         """Every request: dispatched, aiohttp's own HTTP errors answered as TF Serving's JSON errors."""
         try:
+            length = request.content_length
+            if length is not None and length > self.max_body_bytes:  # refused before any of it is read
+                raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=length)
             if "Expect" in request.headers:
                 await _expect(request)
             response = await self.dispatch(request)
         except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 417, ...
             response = _error(e.status, e.reason if e.status != 413 else
                               f"Request body too large (limit {self.max_body_bytes} bytes)")
+        except _SlowBody:  # the connection goes, with a 408 if the client still reads
+            response = _error(408, f"Request body not received within {self.read_timeout:g} s "
+                                   "(--rest_read_timeout_seconds)")
+            response.force_close()
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()  # the transport sends what is written, then closes
+            return response
         if self.cors:
             response.headers.update(CORS_HEADERS)
         return response
@@ -289,10 +318,10 @@ class RestApi:
         raw_path = request.raw_path.split("?", 1)[0]
         if self.metrics_path and request.path == self.metrics_path:
             if request.method != "GET":
-                return _error(405, f"Malformed request: {request.method} {request.path}")
+                return _error(405, f"Malformed request: {request.method} {quoted(request.path)}")
             return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
         if not _API_PATH.fullmatch(raw_path):
-            return _error(404, f"Not found: {request.method} {request.path}")
+            return _error(404, f"Not found: {quoted(request.method)} {quoted(request.path)}")
         t0 = time.perf_counter()
         started = time.time_ns(), time.perf_counter_ns()
         name, api, status = "", "unknown", "OK"
@@ -303,11 +332,11 @@ class RestApi:
                 return web.Response(status=200, content_type="application/json")
             parsed = parse_path(request.method, raw_path)
             if parsed is None:
-                raise invalid(f"Malformed request: {request.method} {raw_path}")
+                raise invalid(f"Malformed request: {quoted(request.method)} {quoted(raw_path)}")
             name, version, label, api = parsed
             spec = (name, version, label)
             if api in ("predict", "classify", "regress"):
-                body = parse_json(await request.read())
+                body = parse_json(await self._body(request))
                 work = getattr(self, api)(spec, body, started)
                 if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
                     response = await self.deadlines.run(work)
@@ -333,6 +362,9 @@ class RestApi:
         except web.HTTPException as e:  # 413 from the body reader: answered by the middleware
             self.metrics.request(name, api, f"HTTP_{e.status}", time.perf_counter() - t0)
             raise
+        except _SlowBody:
+            self.metrics.request(name, api, "HTTP_408", time.perf_counter() - t0)
+            raise
         except TimeoutError:
             status = "DEADLINE_EXCEEDED"
             response = _error(504, "Request timed out (--rest_api_timeout_in_ms)")
@@ -342,12 +374,22 @@ class RestApi:
         self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
 
+    async def _body(self, request: web.BaseRequest) -> bytes:
+        """The request's body, within the read timeout (no timer when it has all come already)."""
+        if self.read_timeout <= 0 or request.content.is_eof():
+            return await request.read()
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                return await request.read()
+        except TimeoutError:
+            raise _SlowBody from None
+
     async def predict(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
         servable = self.inference.manager.resolve(*spec)
         key = signature_name or DEFAULT_SIGNATURE
         if key not in servable.signature_defs:
-            raise invalid(f'Serving signature name: "{key}" not found in signature def')
+            raise invalid(f'Serving signature name: "{quoted(key)}" not found in signature def')
         sig = servable.signature(key)
         inputs, rows = json_inputs(body, sig.input_dtypes)
         _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)

@@ -27,13 +27,14 @@ from tensorflow.python.framework import ops
 from tensorflow_serving.apis import prediction_log_pb2
 
 from tfpipe.prediction_logs import WARMUP_FILE
-from tfpipe.serve.errors import invalid, precondition
+from tfpipe.serve.errors import invalid, precondition, quoted, with_code
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
                               "tensorflow/serving/regress")
 BATCHING_PARAMS_FILE = "batching_params.pbtxt"  # --enable_per_model_batching_parameters
 MAX_WARMUP_RECORDS = 1000  # what TF Serving reads at most
+MAX_RANK = 64  # numpy's limit on dimensions, so the most any request's tensor can have
 
 _uids = itertools.count(1)
 LIVE: weakref.WeakSet = weakref.WeakSet()  # every Servable not yet freed (the metrics report its size)
@@ -60,6 +61,8 @@ class Signature:
     outputs: dict[str, tf.DType] = field(default_factory=dict)
     numpy_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     dims: dict[str, list[int | None] | None] = field(default_factory=dict)
+    max_ranks: dict[str, int] = field(default_factory=dict)  # the most dimensions each input may have
+    ranks_known: bool = True  # every input's shape has a rank in the signature
     defaults: dict[str, np.ndarray] = field(default_factory=dict)
     call: Any = None  # inputs whose shapes match the signature -> outputs (see _flat_caller)
     call_any: Any = None  # inputs of any shape -> outputs (the public call)
@@ -188,6 +191,8 @@ class Servable:
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
                               for k, (d, _) in s.inputs.items()}
             s.dims = {k: shape.as_list() if shape.rank is not None else None for k, (_, shape) in s.inputs.items()}
+            s.max_ranks = {k: MAX_RANK if dims is None else len(dims) + 1 for k, dims in s.dims.items()}
+            s.ranks_known = all(dims is not None for dims in s.dims.values())
             s.defaults = {k: tf.make_ndarray(v) for k, v in getattr(sig_def, "defaults", {}).items()}
             s.call_any = _keyword_caller(s.function, s.inputs)
             s.call = _flat_caller(s.function, s.inputs) or s.call_any
@@ -215,23 +220,31 @@ class Servable:
         if key in self.broken:
             raise precondition(f'Serving signature "{key}" could not be loaded: {self.broken[key]}')
         if key not in self.signatures:
-            raise precondition(f'Serving signature key "{key}" not found.')
+            raise precondition(f'Serving signature key "{quoted(key)}" not found.')
         return self.signatures[key]
 
     def check_inputs(self, sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Names against the signature (missing ones filled from its defaults) and dtypes, with
-        TF Serving's wording. Shapes are the model's to judge."""
+        TF Serving's wording, and ranks: an input may have at most one dimension more than the
+        signature gives it (a client's `[[x], [y]]` for `[None]`, which TF Serving's session takes);
+        more is INVALID_ARGUMENT here, before TensorFlow (whose kernels refuse broadcasts over more
+        than a few dimensions with UnimplementedError). Fewer dimensions, and the sizes of the
+        dimensions, are the model's ops' to judge, as in TF Serving."""
         sent, wanted = set(inputs), set(sig.inputs)
         if sent != wanted:
             missing = wanted - sent
             if sent - wanted or not missing <= set(sig.defaults):
                 raise invalid(f"input size does not match signature: {len(sent)}!={len(wanted)} "
-                              f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(wanted))}}}). "
-                              f"Sent extra: {{{','.join(sorted(sent - wanted))}}}. "
+                              f"len({{{quoted(','.join(sorted(sent)))}}}) != len({{{','.join(sorted(wanted))}}}). "
+                              f"Sent extra: {{{quoted(','.join(sorted(sent - wanted)))}}}. "
                               f"Missing but required: {{{','.join(sorted(missing - set(sig.defaults)))}}}.")
             inputs = {**inputs, **{k: sig.defaults[k] for k in missing}}
         out = {}
+        max_ranks = sig.max_ranks
         for name, value in inputs.items():
+            if value.ndim > max_ranks[name]:
+                raise invalid(f"input '{name}' has {value.ndim} dimensions; the signature's shape "
+                              f"{_shape_text(sig.dims[name])} takes at most {max_ranks[name]}")
             if value.dtype != sig.numpy_dtypes[name]:  # the common case needs no conversion
                 value = coerce(value, sig.inputs[name][0], name)
             out[name] = value
@@ -239,24 +252,39 @@ class Servable:
 
     def run(self, sig: Signature, inputs: dict[str, np.ndarray],
             output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Call the signature on checked inputs; an op that refuses them is INVALID_ARGUMENT."""
-        call = sig.call if sig.shapes_match(inputs) else sig.call_any
+        """Call the signature on checked inputs. An op that refuses them is INVALID_ARGUMENT; any
+        other error of TensorFlow's keeps its status code, as TF Serving answers with the session's,
+        except an UnimplementedError on inputs whose shapes the signature does not declare (other
+        dimensions than its shapes', or any where it gives no rank): that is the caller's shape (a
+        broadcast over more dimensions than the kernel takes), INVALID_ARGUMENT."""
+        matching = sig.shapes_match(inputs)
+        call = sig.call if matching else sig.call_any
         try:
             result = call(inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
             raise invalid(_first_line(e)) from None
+        except tf.errors.UnimplementedError as e:
+            if matching and sig.ranks_known:
+                raise with_code(e.error_code, _first_line(e)) from None
+            raise invalid(_first_line(e)) from None
+        except tf.errors.OpError as e:
+            raise with_code(e.error_code, _first_line(e)) from None
         names = output_filter or list(result)
-        return {k: result[k].numpy() for k in names}
+        out = {k: result[k].numpy() for k in names}
+        for k, v in out.items():
+            if type(v) is bytes:  # a scalar string comes out of numpy() as bytes, not as an array
+                out[k] = np.array(v, dtype=object)
+        return out
 
     def output_filter(self, sig: Signature, names) -> list[str] | None:
         names = list(names)
         seen = set()
         for n in names:
             if n not in sig.outputs:
-                raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in "
+                raise invalid(f"output tensor alias not found in signature: {quoted(n)} Outputs expected to be in "
                               f"the set {{{','.join(sorted(sig.outputs))}}}.")
             if n in seen:
-                raise invalid(f"duplicate output tensor alias: {n}")
+                raise invalid(f"duplicate output tensor alias: {quoted(n)}")
             seen.add(n)
         return names or None
 
@@ -287,7 +315,7 @@ class Servable:
         if key in self.broken:
             raise precondition(f'Serving signature "{key}" could not be loaded: {self.broken[key]}')
         if key not in self.signatures:
-            raise invalid(f"No signature was found with the name: {key}")
+            raise invalid(f"No signature was found with the name: {quoted(key)}")
         sig = self.signatures[key]
         if self.settings.method_name_check and sig.method != method:
             raise invalid(f"Expected {kind} signature method_name to be {method}. Was: {sig.method}")
@@ -331,7 +359,7 @@ class Servable:
                 if kind == "predict_log":
                     req = log.predict_log.request
                     sig = self.signature(req.model_spec.signature_name)
-                    self.run(sig, self.check_inputs(sig, predict_inputs(req)))
+                    self.run(sig, self.check_inputs(sig, predict_inputs(req, bounded=False)))
                 elif kind == "classify_log":
                     req = log.classify_log.request
                     self.classify(req.model_spec.signature_name, input_examples(req.input))
@@ -467,6 +495,11 @@ def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:
     if target.kind == "b" and kind != "b":
         raise invalid(f"input '{name}' expects booleans")
     return value.astype(target, copy=False)
+
+
+def _shape_text(dims: list[int | None] | None) -> str:
+    """A signature's shape as TF Serving's metadata gives it: -1 for a dimension of any size."""
+    return "unknown" if dims is None else "[" + ",".join("-1" if d is None else str(d) for d in dims) + "]"
 
 
 _SCAFFOLD = ("Graph execution error", "Detected at node", "<stack traces", "File ", "[[", "Cause:", "To silence")

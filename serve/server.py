@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from aiohttp import web
-from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
@@ -28,7 +27,7 @@ from tfpipe.serve.configs import channel_arguments, model_server_config, monitor
     ssl_config
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
-from tfpipe.serve.grpc_api import ModelService, PredictionService
+from tfpipe.serve.grpc_api import ModelService, PredictionService, add_services
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.manager import ManagerOptions, ModelManager
 from tfpipe.serve.metrics import Metrics
@@ -87,6 +86,7 @@ class EmbeddedServer:
         except ServingError as e:
             self.request_logs.close()
             raise ServeError(f"model config: {e.message}") from None
+        self.metrics.known_model = self.manager.serves
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         self._executors = [ThreadPoolExecutor(max(1, opts.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
@@ -152,11 +152,10 @@ class EmbeddedServer:
         options = dict([("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *self.channel_args])
         self.grpc = grpc.aio.server(options=list(options.items()))
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.inference, self.metrics, self._executors[0],
-                              o.enable_serialization_as_tensor_content, self.request_logs), self.grpc)
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log), self.grpc)
+        add_services(self.grpc, self.metrics,
+                     PredictionService(self.inference, self.metrics, self._executors[0],
+                                       o.enable_serialization_as_tensor_content, self.request_logs),
+                     ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log))
         if o.enable_grpc_healthcheck_service:
             from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -199,7 +198,7 @@ class EmbeddedServer:
         scrape = self.metrics_text if self.group is None else self.group.scrape  # a group's scrape shows all
         rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
                        self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
-                       render_metrics=scrape)
+                       render_metrics=scrape, read_timeout=o.rest_read_timeout_seconds)
         self._runner = web.ServerRunner(rest.server, handle_signals=False, shutdown_timeout=o.drain_seconds)
         await self._runner.setup()
         # A worker of --workers N shares the port with the others (grpcio sets SO_REUSEPORT itself).

@@ -428,6 +428,238 @@ def test_fuzzed_json_bodies_get_4xx_and_the_server_keeps_serving(server):
     assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
 
 
+# ---- a hostile client (issue #37): a request's cost bounded by its size -------------------------
+
+READ_TIMEOUT_S = 1.0  # the hostile server's --rest_read_timeout_seconds
+BODY_LIMIT = 256 * 1024  # and its --max_request_bytes
+
+
+@pytest.fixture(scope="session")
+def hostile_server(models):
+    """`tfpipe serve` in a process of its own, so that its memory is its own to measure, on the
+    models above, with a REST read timeout of READ_TIMEOUT_S and a body limit of BODY_LIMIT."""
+    proc, grpc_port, rest_port = start_cli_server(
+        f"--model_config_file={models / 'models.config'}", "--file_system_poll_wait_seconds=0",
+        f"--monitoring_config_file={models / 'monitoring.config'}", f"--rest_read_timeout_seconds={READ_TIMEOUT_S}",
+        f"--max_request_bytes={BODY_LIMIT}")
+    yield proc, grpc_port, rest_port
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def _penguin_predict(**shapes):
+    """A one-row Predict to penguins; `shapes` gives inputs another shape (their one value kept)."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest(model_spec={"name": "penguins"})
+    row = {"island": (types_pb2.DT_STRING, "string_val", b"Biscoe"),
+           "sex": (types_pb2.DT_STRING, "string_val", b"male"),
+           "bill_length_mm": (types_pb2.DT_FLOAT, "float_val", 48.0),
+           "bill_depth_mm": (types_pb2.DT_FLOAT, "float_val", 15.0),
+           "flipper_length_mm": (types_pb2.DT_DOUBLE, "double_val", 220.0),
+           "body_mass_g": (types_pb2.DT_DOUBLE, "double_val", 5400.0), "year": (types_pb2.DT_INT64, "int64_val", 2008)}
+    for name, (dtype, field, value) in row.items():
+        tensor = request.inputs[name]
+        tensor.dtype = dtype
+        for d in shapes.get(name, [1]):
+            tensor.tensor_shape.dim.add(size=d)
+        getattr(tensor, field).append(value)
+    return request
+
+
+def _status(call, request):
+    """(code name, details) of a call that fails, with the client's default limits."""
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=60)
+    return e.value.code().name, e.value.details()
+
+
+def test_grpc_requests_beyond_their_values_or_undecodable_are_refused_as_the_clients_error(hostile_server):
+    """Issue #37's requests: a 231-byte Predict declaring 250,000,000 floats, one of 1e12, dims whose
+    product overflows int64, a rank-40 input, bytes that are no request (to every method), a model name
+    of 10,000 characters and one of 1 MB. Each is INVALID_ARGUMENT (naming the input) or NOT_FOUND with
+    the name cut, before anything the size of the declared shape is allocated; the unknown names stay
+    out of the metrics' labels, and the server answers a good request afterwards."""
+    from grpc_fuzz import channel, reset_peak_rss, rss_bytes
+    from tensorflow_serving.apis import (
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        prediction_service_pb2_grpc,
+    )
+
+    proc, port, rest_port = hostile_server
+    with channel(f"127.0.0.1:{port}") as ch:
+        predict = prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict
+        assert predict(_penguin_predict(), timeout=60).outputs["classes"].string_val == [b"Gentoo"]
+        start = rss_bytes(proc.pid)
+        reset_peak_rss(proc.pid)
+        big = _penguin_predict(bill_length_mm=[250_000_000])
+        assert big.ByteSize() < 300
+        code, details = _status(predict, big)
+        assert code == "INVALID_ARGUMENT" and "input 'bill_length_mm'" in details and "250,000,000" in details
+        assert _status(predict, _penguin_predict(bill_length_mm=[10**12]))[0] == "INVALID_ARGUMENT"
+        code, details = _status(predict, _penguin_predict(body_mass_g=[2**40, 2**40, 2**40]))
+        assert code == "INVALID_ARGUMENT" and "input 'body_mass_g'" in details and "too large" in details
+        code, details = _status(predict, _penguin_predict(island=[1] * 40))
+        assert (code, details) == ("INVALID_ARGUMENT", "input 'island' has 40 dimensions; the signature's shape [-1] "
+                                                       "takes at most 2")
+        assert rss_bytes(proc.pid, "VmHWM") - start < 50 * 2**20  # 250,000,000 floats would be 1 GB
+
+        for method in ["/tensorflow.serving.PredictionService/" + m for m in
+                       ("Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata")] + [
+                "/tensorflow.serving.ModelService/GetModelStatus",
+                "/tensorflow.serving.ModelService/HandleReloadConfigRequest"]:
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            for raw in (b"\xff" * 50, _penguin_predict().SerializeToString()[:37]):
+                code, details = _status(call, raw)
+                assert code == "INVALID_ARGUMENT" and details.startswith("Error parsing message with type "
+                                                                         "'tensorflow.serving."), (method, details)
+
+        for size in (10_000, 1_000_000):
+            request = _penguin_predict()
+            request.model_spec.name = "m" * size
+            code, details = _status(predict, request)
+            assert (code, details) == ("NOT_FOUND", f"Servable not found for request: Latest({'m' * 256}...)")
+            status = get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m" * size})
+            code, details = _status(model_service_pb2_grpc.ModelServiceStub(ch).GetModelStatus, status)
+            assert (code, details) == ("NOT_FOUND", f"Could not find any versions of model {'m' * 256}...")
+        assert predict(_penguin_predict(), timeout=60).outputs["classes"].string_val == [b"Gentoo"]
+    page = requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30).text
+    assert 'model="",api="predict",status="NOT_FOUND"' in page and "mmmm" not in page
+    assert 'model="",api="predict",status="INVALID_ARGUMENT"' in page  # the undecodable Predicts
+
+
+def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server):
+    """tests/grpc_fuzz.py's hostile requests, a seeded round of 400 in the suite: undecodable bytes,
+    shapes beyond their values, overflowing dims, wrong dtypes and ranks, huge names, missing inputs,
+    to every model. Every answer is one its kind allows (never UNKNOWN or INTERNAL), the server's peak
+    RSS stays within 100 MB of where it started, and it answers good requests afterwards. The long
+    run: `python tests/grpc_fuzz.py` (docs/benchmarks.md, gRPC fuzzing)."""
+    import grpc_fuzz
+
+    proc, port, _ = hostile_server
+    target = f"127.0.0.1:{port}"
+    with grpc_fuzz.channel(target) as ch:
+        sigs = grpc_fuzz.signatures(ch, ["half", "multi", "penguins"])
+    assert grpc_fuzz.answers_good_requests(target, sigs)
+    start = grpc_fuzz.rss_bytes(proc.pid)
+    grpc_fuzz.reset_peak_rss(proc.pid)
+    result = grpc_fuzz.run(target, sigs, cases=400, seed=37, max_name=200_000)
+    growth = grpc_fuzz.rss_bytes(proc.pid, "VmHWM") - start
+    assert not result.failures, result.failures[:10]
+    assert result.total == 400 and {kind for kind, _ in result.counts} == set(grpc_fuzz.KINDS), result.counts
+    assert "UNKNOWN" not in result.by_code() and "INTERNAL" not in result.by_code()
+    assert growth <= 100 * 2**20, growth / 2**20
+    assert grpc_fuzz.answers_good_requests(target, sigs)
+
+    # what the fuzzing found: a scalar string in, a scalar string out (numpy() gives it as bytes) was a 500
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    scalar = grpc_fuzz.good_predict(next(s for s in sigs if s.model == "multi"))
+    del scalar.inputs["tag"].tensor_shape.dim[:]
+    with grpc_fuzz.channel(target) as ch:
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(scalar, timeout=30)
+    assert answer.outputs["upper"].string_val == [b"A"] and not answer.outputs["upper"].tensor_shape.dim
+
+
+def _until_closed(sock) -> bytes:
+    """Everything the server sends until it closes the connection (the socket's timeout fails a
+    server that never does)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_rest_refuses_a_content_length_over_the_limit_before_reading_the_body(hostile_server):
+    """A Content-Length over --max_request_bytes is a 413 at once, with none of the body sent (with
+    `Expect: 100-continue`, instead of the interim answer); the connection then closes, since the body
+    never comes."""
+    import socket
+
+    _, _, rest_port = hostile_server
+    for expect in ("", "Expect: 100-continue\r\n"):
+        with socket.create_connection(("127.0.0.1", rest_port), timeout=30) as s:
+            s.sendall(f"POST /v1/models/half:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {10**12}\r\n"
+                      f"Content-Type: application/json\r\n{expect}\r\n".encode())
+            answer = _until_closed(s)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert json.loads(body) == {"error": f"Request body too large (limit {BODY_LIMIT} bytes)"}
+
+
+def test_rest_closes_connections_slower_than_the_read_timeout(hostile_server):
+    """--rest_read_timeout_seconds: a connection that sends nothing, or only part of its headers, is
+    closed without an answer once the timeout has passed; one whose body is slower gets a 408 and is
+    closed. A client that keeps to it is answered on the same server."""
+    import socket
+
+    _, _, rest_port = hostile_server
+    head = "POST /v1/models/half/versions/1:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    for sent, answer in [(b"", b""), (head.encode(), b""),
+                         ((head + "Content-Length: 100\r\n\r\n" + '{"instances": [').encode(), b"HTTP/1.1 408 ")]:
+        with socket.create_connection(("127.0.0.1", rest_port), timeout=30) as s:
+            started = time.monotonic()
+            s.sendall(sent)
+            got = _until_closed(s)
+            waited = time.monotonic() - started
+        assert got.startswith(answer) and (answer or not got), got[:200]
+        assert READ_TIMEOUT_S * 0.9 <= waited < 15, waited  # closed by the timeout, not at once
+    r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/half/versions/1:predict", json={"instances": [2.0]},
+                      timeout=30)
+    assert r.status_code == 200 and r.json() == {"predictions": [3.0]}
+
+    # tfpipe loadtest's keep-alive client sees the idle connection closed and opens another
+    import select
+
+    from tfpipe.loadtest.http_client import TimedConnection, build_request
+
+    address = f"http://127.0.0.1:{rest_port}"
+    raw = build_request(address, "POST", "/v1/models/half/versions/1:predict", b'{"instances": [2.0]}')
+    conn = TimedConnection(address)
+    try:
+        assert conn.request(raw)[0] == 200
+        first = conn.sock
+        assert select.select([first], [], [], 30)[0]  # the server closes it after READ_TIMEOUT_S
+        assert conn.request(raw)[0] == 200 and conn.sock is not first
+    finally:
+        conn.close()
+
+
+def test_a_shape_the_signature_cannot_take_is_the_callers_error(tmp_path):
+    """More dimensions than the signature's shape plus one is INVALID_ARGUMENT before TensorFlow
+    runs; one more is left to the model (as TF Serving leaves it). Where the signature gives no
+    rank, what TensorFlow's kernels refuse about the caller's shape (tf.where over nine
+    dimensions: UnimplementedError) is INVALID_ARGUMENT too, not INTERNAL."""
+    import tensorflow as tf
+
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.servable import Servable
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": tf.where(x > 0.0, x, 0.0)}, autograph=False,
+                           input_signature=[tf.TensorSpec([None], tf.float32)])
+    module.g = tf.function(lambda x: {"y": tf.where(x > 0.0, x, 0.0)}, autograph=False,
+                           input_signature=[tf.TensorSpec(None, tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": module.f, "any_rank": module.g})
+    servable = Servable("m", 1, str(tmp_path / "1"))
+    known, unknown = servable.signature(""), servable.signature("any_rank")
+    two = {"x": np.full((3, 1), -1.0, np.float32)}
+    assert servable.run(known, servable.check_inputs(known, two))["y"].tolist() == [[0.0]] * 3
+    with pytest.raises(ServingError) as e:
+        servable.check_inputs(known, {"x": np.ones([1] * 3, np.float32)})
+    assert (e.value.code.name, e.value.message) == (
+        "INVALID_ARGUMENT", "input 'x' has 3 dimensions; the signature's shape [-1] takes at most 2")
+    nine = servable.check_inputs(unknown, {"x": np.ones([1] * 9, np.float32)})
+    with pytest.raises(ServingError) as e:
+        servable.run(unknown, nine)
+    assert e.value.code.name == "INVALID_ARGUMENT" and "not supported" in e.value.message, e.value.message
+    assert servable.run(unknown, servable.check_inputs(unknown, {"x": np.ones([1] * 8, np.float32)}))["y"].ndim == 8
+
+
 @pytest.mark.parametrize("batching", [False, True])
 def test_a_rest_call_over_its_timeout_is_a_504_and_the_server_goes_on(tmp_path, batching):
     """--rest_api_timeout_in_ms: a call to a model slower than it answers 504 (DEADLINE_EXCEEDED

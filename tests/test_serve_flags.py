@@ -339,6 +339,107 @@ def test_json_examples_refused_with_tf_servings_words(body, message):
     assert message in e.value.message
 
 
+# ---- a TensorProto's cost bounded by its size (issue #37) ----------------------------------------
+
+def _proto(dtype: str, dims: list[int], field: str = "", values=(), content: bytes = b""):
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+
+    proto = tensor_pb2.TensorProto(dtype=getattr(types_pb2, dtype))
+    for d in dims:
+        proto.tensor_shape.dim.add(size=d)
+    if field:
+        getattr(proto, field).extend(values)
+    if content:
+        proto.tensor_content = content
+    return proto
+
+
+@pytest.mark.parametrize("proto, shape, values", [
+    (("DT_FLOAT", [4], "float_val", [1.0, 2.0]), (4,), [1.0, 2.0, 2.0, 2.0]),  # TF's rule: the last one repeated
+    (("DT_FLOAT", [1024, 1024], "float_val", [7.0]), (1024, 1024), None),  # exactly MAX_FILL_ELEMENTS
+    (("DT_INT64", [3]), (3,), [0, 0, 0]),  # no values: zeros
+    (("DT_STRING", [2, 2], "string_val", [b"a"]), (2, 2), [[b"a", b"a"], [b"a", b"a"]]),
+    (("DT_HALF", [3], "half_val", [15360]), (3,), [1.0, 1.0, 1.0]),  # a dtype make_ndarray reads
+    (("DT_FLOAT", [0, 2**40]), (0, 2**40), None),  # no elements at all
+    (("DT_DOUBLE", [2], "", (), np.array([1.5, 2.5]).tobytes()), (2,), [1.5, 2.5]),
+])
+def test_tensor_protos_are_filled_out_as_tensorflow_does_within_the_bound(proto, shape, values):
+    from tfpipe.serve.requests import tensor_to_numpy
+
+    got = tensor_to_numpy(_proto(*proto), "x")
+    assert got.shape == shape
+    if values is not None:
+        assert got.tolist() == values
+    else:
+        assert got.size == 0 or (got == got.flat[0]).all()
+
+
+@pytest.mark.parametrize("proto, message", [
+    (("DT_FLOAT", [250_000_000], "float_val", [1.0]), "has 250,000,000 elements and the request carries 1 values"),
+    (("DT_FLOAT", [1024 * 1024 + 1]), "only up to 1,048,576 elements"),
+    (("DT_STRING", [2**20], "string_val", [b"x" * 17]), "and 16 MiB of strings"),
+    (("DT_HALF", [10**12], "half_val", [15360]), "only up to 1,048,576 elements"),
+    (("DT_COMPLEX64", [10**9], "scomplex_val", [1.0, 2.0]), "only up to 1,048,576 elements"),
+    (("DT_FLOAT", [2**40, 2**40, 2**40], "float_val", [1.0]), "is too large (more than 2**59 elements)"),
+    (("DT_FLOAT", [0, 2**62, 2**62]), "is too large"),
+    (("DT_INT64", [2**63 - 1, 2]), "is too large"),
+    (("DT_FLOAT", [-1]), "needs a fully defined shape"),
+    (("DT_FLOAT", [1] * 65, "float_val", [1.0]), "has 65 dimensions: a tensor here has at most 64"),
+    (("DT_FLOAT", [2], "float_val", [1.0, 2.0, 3.0]), "3 values for shape [2]"),
+    (("DT_UINT16", [1], "int_val", [70000]), "a value out of range for uint16"),
+    (("DT_FLOAT", [10**9], "", (), b"\0" * 4), "tensor_content holds 4 bytes"),
+])
+def test_tensor_protos_beyond_their_values_are_refused_before_any_allocation(proto, message):
+    """What a request declares but does not carry is INVALID_ARGUMENT naming the input (cut, as any
+    client text in an error), found before anything is allocated: the call's peak traced memory
+    (numpy's arrays included) stays under 1 MB."""
+    import tracemalloc
+
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.requests import tensor_to_numpy
+
+    built = _proto(*proto)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ServingError) as e:
+            tensor_to_numpy(built, "n" * 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.code.name == "INVALID_ARGUMENT" and message in e.value.message, e.value.message
+    assert e.value.message.startswith(f"input '{'n' * 256}...'")
+    assert peak < 2**20, peak
+
+
+def test_a_models_own_warmup_records_are_filled_out_without_the_bound():
+    """Warmup records come with the model, as trusted as it is: filled out as TF Serving fills them."""
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.serve.requests import predict_inputs
+
+    request = predict_pb2.PredictRequest()
+    request.inputs["x"].CopyFrom(_proto("DT_FLOAT", [2, 1024 * 1024], "float_val", [0.5]))
+    got = predict_inputs(request, bounded=False)["x"]
+    assert got.shape == (2, 1024 * 1024) and float(got.min()) == float(got.max()) == 0.5
+
+
+def test_error_messages_cut_a_clients_text_and_stay_within_grpcs_header_limit():
+    """A quoted name is cut at QUOTED_CHARS with an ellipsis; a whole message at MAX_MESSAGE_BYTES of
+    UTF-8 (gRPC percent-encodes it into a header that clients refuse over 8 KiB)."""
+    import grpc
+
+    from tfpipe.serve.errors import MAX_MESSAGE_BYTES, QUOTED_CHARS, ServingError, quoted
+
+    assert quoted("penguins") == "penguins" and quoted(7) == "7"
+    assert quoted("m" * 10_000) == "m" * QUOTED_CHARS + "..."
+    assert ServingError(grpc.StatusCode.NOT_FOUND, "short").message == "short"
+    for text in ("x" * 100_000, "\U0001f600" * 5_000, "\u00e9" * 2_000):
+        message = ServingError(grpc.StatusCode.NOT_FOUND, "Servable not found: " + text).message
+        assert message.startswith("Servable not found: ") and message.endswith("...")
+        assert MAX_MESSAGE_BYTES - 4 <= len(message.encode("utf-8")) <= MAX_MESSAGE_BYTES
+        assert 3 * len(message.encode("utf-8")) < 8192  # percent-encoded, every byte as %XX at worst
+
+
 def test_json_examples_merge_context_with_the_example_winning():
     from tensorflow.core.example import example_pb2
 
