@@ -18,8 +18,8 @@ MIN_BATCH, MAX_BATCH = 16, 256
 DEFAULT_EPOCHS, MAX_EPOCHS, MIN_STEPS = 30, 200, 1000
 DEFAULT_PATIENCE = 5
 # Early stopping judges no epoch before the first WARMUP_STEPS steps are done (at most half the
-# epochs): a small net's eval loss in its first epochs (a CNN's BatchNorm statistics still
-# settling) can be a low that later epochs, though far better, do not beat within the patience.
+# epochs): a small net's eval loss in its first epochs can be a low that later epochs, though far
+# better, do not beat within the patience.
 WARMUP_STEPS = 300
 
 
