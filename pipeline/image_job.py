@@ -44,8 +44,7 @@ from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, p
                                     write_outputs)
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
-                                        split_bounds, write_split_stats, assign_splits, row_hashes,
-                                        strata_bounds)
+                                        assign_splits, row_hashes, split_bounds, strata_bounds, write_split_stats)
 
 STATS = "stats"  # the reader's tagged output: (split, ImageStats) per work unit
 _RECORDS_PER_ELEMENT = 32  # records handed to the writer at a time
@@ -196,10 +195,10 @@ class ReadAndCheckImages(beam.DoFn):
     the unit's statistics per split tagged STATS; a UnitEnd ends the unit on both writers."""
 
     def __init__(self, split: dict[str, int], classes: list[str], min_size: tuple[int, int],
-                 resize: tuple[int, int] | None, strata: dict[str, list[int]] | None = None):
+                 resize: tuple[int, int] | None, strata: dict[str, np.ndarray] | None = None):
         self.names, self.bounds = list(split), split_bounds(split)
         self.classes, self.min_size, self.resize = classes, min_size, resize
-        self.strata = {c: np.array(b, dtype=np.uint64) for c, b in (strata or {}).items()}
+        self.strata = strata or {}
 
     def setup(self) -> None:
         self.label_ids = {c: i for i, c in enumerate(self.classes)}
@@ -288,7 +287,7 @@ def build_image_pipeline(p: beam.Pipeline, units: list[ImageUnit], config: DataC
     )
 
 
-def image_strata(units: list[ImageUnit], config: DataConfig) -> dict[str, list[int]] | None:
+def image_strata(units: list[ImageUnit], config: DataConfig) -> dict[str, np.ndarray] | None:
     """Each class's own split bounds (`transforms.strata_bounds`) from every listed file, so that
     every split holds its share of each class; None with --stratify off."""
     if config.stratify == "off":

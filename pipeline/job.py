@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
+import numpy as np
 
 from tfpipe import __version__
 from tfpipe.files import digest
@@ -53,7 +54,7 @@ class Plan:
     runner: str
     workers: int
     started: float  # time.time()
-    strata: dict[str, list[int]] | None = None  # class -> row-hash bounds per split (stratified splits)
+    strata: dict[str, np.ndarray] | None = None  # class -> row-hash bounds per split (stratified splits)
 
 
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
@@ -132,7 +133,7 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
                        lambda tmp: _finish(plan, tmp, out, log), log)
 
 
-def _strata(plan: Plan, total: int, log: Callable[[str], None]) -> dict[str, list[int]] | None:
+def _strata(plan: Plan, total: int, log: Callable[[str], None]) -> dict[str, np.ndarray] | None:
     """Stratified splits for a classification label: read every row's label and split hash once,
     and give each class its own hash bounds, so that every split holds the split weights' share
     of each class (a hash split leaves small classes and small tables unbalanced by chance). None

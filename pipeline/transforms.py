@@ -51,11 +51,6 @@ def row_hashes(texts: list[str]) -> np.ndarray:
     return np.frombuffer(digests, dtype="<u8")
 
 
-def split_by_hash(texts: list[str], bounds: np.ndarray) -> np.ndarray:
-    """Split index of each text: a stable hash bucket looked up in cumulative split bounds."""
-    return np.searchsorted(bounds, row_hashes(texts) % HASH_BUCKETS, side="right")
-
-
 def split_bounds(split: dict[str, int]) -> np.ndarray:
     weights = np.array(list(split.values()), dtype=np.float64)
     return np.round(np.cumsum(weights) / weights.sum() * HASH_BUCKETS).astype(np.int64)
@@ -73,7 +68,7 @@ def class_key(value) -> str:
     return str(value)
 
 
-def strata_bounds(hashes: dict[str, np.ndarray], split: dict[str, int]) -> dict[str, list[int]]:
+def strata_bounds(hashes: dict[str, np.ndarray], split: dict[str, int]) -> dict[str, np.ndarray]:
     """Per class, bounds on the 64-bit row hash that give each split its weight's share of the
     class's rows: the class's hashes sorted, the first round(n * 0.8) go to train (for 80/10/10),
     and so on. Rows with equal hashes (equal rows) stay together. A row of a class not counted
@@ -84,12 +79,13 @@ def strata_bounds(hashes: dict[str, np.ndarray], split: dict[str, int]) -> dict[
     for cls, h in hashes.items():
         h = np.sort(np.asarray(h, dtype=np.uint64))
         ranks = np.floor(len(h) * cuts + 0.5).astype(np.int64)
-        out[cls] = [int(h[r]) if r < len(h) else (1 << 64) - 1 for r in ranks]
+        out[cls] = np.array([h[r] if r < len(h) else (1 << 64) - 1 for r in ranks], dtype=np.uint64)
     return out
 
 
 def assign_splits(texts: list[str], labels, bounds: np.ndarray, strata: dict[str, np.ndarray] | None) -> np.ndarray:
-    """Split index of each row: by its class's stratum bounds when given, else its hash bucket."""
+    """Split index of each row: by its class's stratum bounds (`strata_bounds`) when given, else
+    by its hash bucket in the cumulative split bounds (`split_bounds`)."""
     hashes = row_hashes(texts)
     which = np.searchsorted(bounds, hashes % HASH_BUCKETS, side="right")
     if strata:
@@ -203,11 +199,11 @@ class AssignSplits(beam.DoFn):
     """Cuts a batch into one SplitBatch per split, by a stable hash of the key or raw row; with
     `strata` (class -> hash bounds, from `strata_bounds`), by the row's class's own bounds."""
 
-    def __init__(self, split: dict[str, int], label: str | None = None, strata: dict[str, list[int]] | None = None):
+    def __init__(self, split: dict[str, int], label: str | None = None, strata: dict[str, np.ndarray] | None = None):
         self.names = list(split)
         self.bounds = split_bounds(split)
         self.label = label
-        self.strata = {c: np.array(b, dtype=np.uint64) for c, b in (strata or {}).items()}
+        self.strata = strata or {}
 
     def process(self, element: UnitBatch | UnitEnd):
         if isinstance(element, UnitEnd):
@@ -347,7 +343,7 @@ class TFRecordsFromUnits(beam.PTransform):
 
     def __init__(self, schema: Schema, split: dict[str, int], shards: int, owned: dict[int, tuple[int, ...]],
                  out_dir: str, level: int, na_values: list[str], top_k: int,
-                 strata: dict[str, list[int]] | None = None):
+                 strata: dict[str, np.ndarray] | None = None):
         super().__init__()
         self.label_name, self.strata = schema.label.name, strata
         self.schema_json, self.enforced = schema.to_json(), schema.enforced

@@ -348,7 +348,7 @@ def test_each_class_gets_its_share_of_every_split(sizes, split, want):
     hashes: dict[str, list] = {}
     for cls, h in zip(labels, row_hashes(texts)):
         hashes.setdefault(cls, []).append(h)
-    strata = {c: np.array(b, dtype=np.uint64) for c, b in strata_bounds(hashes, split).items()}
+    strata = strata_bounds(hashes, split)
     which = assign_splits(texts, labels, split_bounds(split), strata)
     got = {cls: [int(((np.array(labels) == cls) & (which == s)).sum()) for s in range(len(split))] for cls in sizes}
     assert got == want
