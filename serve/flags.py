@@ -279,3 +279,19 @@ def ignored_flag_notes(opts: ServeOptions) -> list[str]:
     """One line per TF Serving flag on the command line that this server does not act on."""
     return [f"--{f.name} is accepted and ignored: {f.ignored}" for f in TF_SERVING_FLAGS
             if f.ignored and f.name in opts.given]
+
+
+def version_text() -> str:
+    """What `--version` prints, as tensorflow_model_server words it; TensorFlow's version is read
+    from its installed metadata, so the answer comes without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from tfpipe import __version__
+
+    try:
+        library = version("tensorflow")
+    except PackageNotFoundError:  # a build installed under another distribution name
+        import tensorflow as tf
+
+        library = tf.__version__
+    return f"TensorFlow ModelServer: tfpipe {__version__} (embedded)\nTensorFlow Library: {library}"

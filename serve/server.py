@@ -255,14 +255,6 @@ class EmbeddedServer:
             ex.shutdown(wait=False, cancel_futures=True)
 
 
-def version_text() -> str:
-    import tensorflow as tf
-
-    from tfpipe import __version__
-
-    return f"TensorFlow ModelServer: tfpipe {__version__} (embedded)\nTensorFlow Library: {tf.__version__}"
-
-
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
 
 
@@ -284,9 +276,6 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     """Serve until SIGTERM or SIGINT, then drain and exit 0."""
     from tfpipe.serve import runtime
 
-    if opts.version:
-        print(version_text())
-        return 0
     tune_malloc()
 
     async def main() -> None:

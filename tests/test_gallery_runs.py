@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 from test_gallery import gallery
 
-SHORT = ("--set", "loadtest.duration=2s", "--set", "loadtest.warmup=0.5s", "--set", "loadtest.users=2")
+SHORT = ("--set", "loadtest.duration=1s", "--set", "loadtest.warmup=0s", "--set", "loadtest.users=2")
 
 
 def _load(path: str) -> dict:

@@ -944,12 +944,15 @@ def test_emit_k8s_writes_deployment_service_and_autoscaler(tmp_path):
 
 
 PACE_S = 0.005  # each reload-test client's pause between requests
+# A leak of anything per version (a servable, its queue, its graph) grows RSS by about one model
+# per reload: eleven of them are ten times the bound the test allows.
+RELOADS = 12
 
 
-def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
-    """20 versions published one after another while clients call REST and gRPC, batching on,
+def test_twelve_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
+    """12 versions published one after another while clients call REST and gRPC, batching on,
     two malloc arenas (MALLOC_ARENA_MAX=2, as docs/benchmarks.md advises for flat memory): no request fails; after each reload one version is left in memory and the old version's
-    batch queue is gone; resident memory after the 20th reload is within one model's size (the
+    batch queue is gone; resident memory after the 12th reload is within one model's size (the
     growth the server measured while a version loaded) of what it was after the first."""
     import grpc
     import tensorflow as tf
@@ -1002,7 +1005,7 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
         t.start()
     samples = []  # per reload: (RSS, live servables, batch queues, load sizes)
     try:
-        for version in range(2, 22):
+        for version in range(2, 2 + RELOADS):
             publish_and_wait(str(source), str(base), version, url, "penguins")
             texts = metrics_readings(url)
             samples.append((min(metric(t, "process_resident_memory_bytes")[0] for t in texts),
@@ -1016,14 +1019,14 @@ def test_twenty_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert len(outcomes) > 200 and all(outcomes), f"{outcomes.count(False)} of {len(outcomes)} requests failed"
-    assert [s[1] for s in samples] == [1.0] * 20  # one version in memory after every reload
+    assert [s[1] for s in samples] == [1.0] * RELOADS  # one version in memory after every reload
     assert all(s[2] <= 1 for s in samples)  # only the serving version's queue (one signature, one shape)
     model_size = float(np.median([b for s in samples for b in s[3]]))
     rss = [s[0] for s in samples]
     assert model_size > 0
     print(f"RSS after each reload (MiB): {[round(r / 2**20, 1) for r in rss]}; one model: {model_size / 2**20:.1f} MiB")
     assert rss[-1] - rss[0] <= model_size, (
-        f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over 19 reloads; one model is {model_size / 2**20:.1f} MiB; "
+        f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over {RELOADS - 1} reloads; one model is {model_size / 2**20:.1f} MiB; "
         f"RSS per reload (MiB): {[round(r / 2**20) for r in rss]}")
 
 

@@ -138,6 +138,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     opts = options_from_args(args)
     log = lambda line: print(line, flush=True)  # noqa: E731
+    if opts.version and opts.backend == "embedded":
+        from tfpipe.serve.flags import version_text
+
+        print(version_text())
+        return 0
     for arg in extra:  # as tensorflow_model_server: named, then ignored
         print(f"unknown argument: {arg} (ignored; 'tfpipe serve --help' lists the flags)", file=sys.stderr)
     if opts.backend == "embedded" and not (opts.emit_k8s or opts.version):

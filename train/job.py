@@ -233,6 +233,13 @@ def _runtime(config: TrainConfig, log: Callable[[str], None]) -> _Runtime:
     return rt
 
 
+def _cached_rows(data: DataDir) -> int:
+    """Rows kept in memory when the features fit: the training split and the split evaluated
+    after every epoch (read again each time, a small split's parsing and preprocessing would
+    cost more than its epoch's training)."""
+    return data.count("train") + data.count("eval")
+
+
 def _image_model(config: TrainConfig, data: DataDir, rt: _Runtime, log: Callable[[str], None]) -> _Model:
     """A CNN or keras.applications network on uint8 pixels, read from the image TFRecords."""
     from tfpipe.pipeline.schema import parse_size
@@ -246,7 +253,7 @@ def _image_model(config: TrainConfig, data: DataDir, rt: _Runtime, log: Callable
                               dropout=config.dropout, augment=config.augmentations, seed=config.seed)
     log(f"model {config.model}: {size[0]}x{size[1]}x3 uint8 pixels -> {len(classes)} classes, "
         f"{model.count_params():,} parameters; augmentation: {', '.join(config.augmentations) or 'none'}")
-    feature_mb = data.count("train") * size[0] * size[1] * 3 / 2**20  # decoded uint8 pixels
+    feature_mb = _cached_rows(data) * size[0] * size[1] * 3 / 2**20  # decoded uint8 pixels
     cache = feature_mb <= config.cache_mb
 
     def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
@@ -264,14 +271,14 @@ def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
     stats = data.train_stats()
     preprocessor, trainer, model = build_models(data.schema, stats, config.hidden, config.dropout, config.seed,
                                                 config.scaling, config.target)
-    feature_mb = data.count("train") * preprocessor.output.shape[-1] * 4 / 2**20
+    feature_mb = _cached_rows(data) * preprocessor.output.shape[-1] * 4 / 2**20
     cache = feature_mb <= config.cache_mb
     scale = label_scale(stats, config.target) if data.schema.label.task == "regression" else None
 
     def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
         return make_dataset(data.files(split), data.schema, rt.global_batch, shuffle=shuffle, seed=config.seed,
                             shuffle_buffer=config.shuffle_buffer, deterministic=config.deterministic or not shuffle,
-                            shard=rt.shard, preprocess=preprocessor, cache=cache and shuffle, label_scale=scale)
+                            shard=rt.shard, preprocess=preprocessor, cache=cache, label_scale=scale)
     return _Model(model, trainer, dataset, feature_mb, cache, label_scale=scale)
 
 
