@@ -1026,7 +1026,8 @@ def test_twelve_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     assert model_size > 0
     print(f"RSS after each reload (MiB): {[round(r / 2**20, 1) for r in rss]}; one model: {model_size / 2**20:.1f} MiB")
     assert rss[-1] - rss[0] <= model_size, (
-        f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over {RELOADS - 1} reloads; one model is {model_size / 2**20:.1f} MiB; "
+        f"RSS grew {(rss[-1] - rss[0]) / 2**20:.1f} MiB over {RELOADS - 1} reloads; "
+        f"one model is {model_size / 2**20:.1f} MiB; "
         f"RSS per reload (MiB): {[round(r / 2**20) for r in rss]}")
 
 

@@ -69,7 +69,8 @@ class TrainConfig(BaseModel):
     deterministic: bool = Field(False, description="deterministic ops and input order (bit-identical reruns)")
     shuffle_buffer: int = Field(10000, ge=1, description="examples in the training shuffle buffer")
     cache_mb: int = Field(
-        512, ge=0, description="keep the preprocessed training and eval features in memory when they fit in this many MB (0: never)")
+        512, ge=0,
+        description="keep the preprocessed training and eval features in memory when they fit in this many MB (0: never)")
     patience: int | None = Field(None, ge=1, description="epochs without eval-loss improvement before stopping "
                                  f"(default: {DEFAULT_PATIENCE}, or a tenth of the epochs when that is more)")
     min_epochs: int | None = Field(None, ge=0, description="epochs before early stopping may stop or keep a best "
