@@ -151,7 +151,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if sized:
         log(sized + " (set --batch-size, --epochs, --patience, --min-epochs to choose)")
     rt = _runtime(config, log)
-    work = _work_dir(out, config, data, rt.worker)
+    work = _work_dir(out, config, data, rt.worker, log)
     with rt.strategy.scope():
         built = _image_model(config, data, rt, log) if data.images else _row_model(config, data, rt)
         compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla,
@@ -297,7 +297,9 @@ def _gpu_sampler(gpus: list[dict], work: str, log: Callable[[str], None]):
 
 def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> list[keras.callbacks.Callback]:
     callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(work, "backup")),
+        # double_checkpoint: the backup before the last is kept beside it (.bkp), for a run
+        # killed while it wrote the last one (repair_backup)
+        keras.callbacks.BackupAndRestore(os.path.join(work, "backup"), double_checkpoint=True),
         KeepLearningRate(config.learning_rate),
         StopOnNonFiniteLoss(),
         epoch_log,
@@ -402,7 +404,7 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, scale=Non
             "input_wait_fraction": round(max(0.0, 1 - compute / step_time), 4)}
 
 
-def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int) -> str:
+def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int, log: Callable[[str], None]) -> str:
     parent, name = os.path.split(out)
     os.makedirs(parent, exist_ok=True)
     work = os.path.join(parent, f".{name}.partial" + (f"-worker{worker}" if worker else ""))
@@ -413,9 +415,45 @@ def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int) -> str:
         os.makedirs(os.path.join(work, "checkpoints"))
         with open(marker, "w") as f:
             json.dump({"key": key}, f)
-    elif os.path.exists(os.path.join(work, "metrics.jsonl")):
-        _trim_metrics(work)
+    else:
+        repair_backup(os.path.join(work, "backup"), log)
+        if os.path.exists(os.path.join(work, "metrics.jsonl")):
+            _trim_metrics(work)
     return work
+
+
+BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndRestore's names
+
+
+def repair_backup(backup: str, log: Callable[[str], None]) -> None:
+    """A backup a killed run left half-written gives way to the one before it (`NAME.bkp`, kept
+    by double_checkpoint), so that the resume and metrics.jsonl's trim agree on the epoch; with
+    no earlier one, the backup goes and training starts over. Both cases are said."""
+    weights, meta = (os.path.join(backup, f) for f in BACKUP_FILES)
+    if not os.path.exists(meta) or _readable(weights, meta):
+        return
+    if _readable(weights + ".bkp", meta + ".bkp"):
+        for path in (weights, meta):
+            shutil.copyfile(path + ".bkp", path)
+        log(f"the last backup in {backup} was cut short (the run was killed while writing it): "
+            "resuming from the one before")
+    else:
+        shutil.rmtree(backup, ignore_errors=True)
+        log(f"the backup in {backup} was cut short and no earlier one is kept: training starts over")
+
+
+def _readable(weights: str, meta: str) -> bool:
+    """Whether a weights file opens as HDF5 and its metadata parses as JSON."""
+    import h5py
+
+    try:
+        with h5py.File(weights, "r"):
+            pass
+        with open(meta) as f:
+            int(json.load(f)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _trim_metrics(work: str) -> None:

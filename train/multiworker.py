@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable
 
@@ -159,6 +160,9 @@ def _resume(strategy: tf.distribute.Strategy, trainer: keras.Model, backup: str)
 def _checkpoint(trainer: keras.Model, work: str, backup: str, epoch: int, writer, logs: dict[str, float]) -> None:
     """After `epoch` (1-based): its weights, the backup a resume starts from, and TensorBoard's scalars."""
     trainer.save_weights(os.path.join(work, "checkpoints", f"epoch-{epoch:03d}.weights.h5"))
+    for name in (BACKUP_WEIGHTS, BACKUP_META):  # the one before, as double_checkpoint keeps it
+        if os.path.exists(os.path.join(backup, name)):
+            shutil.copyfile(os.path.join(backup, name), os.path.join(backup, name + ".bkp"))
     trainer.save_weights(os.path.join(backup, BACKUP_WEIGHTS))
     with open(os.path.join(backup, BACKUP_META), "w") as f:
         json.dump({"epoch": epoch, "batch": 0}, f)
