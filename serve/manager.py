@@ -162,9 +162,9 @@ def release_memory(alive: Callable[[], bool] | None = None, wait: float = 30.0) 
         time.sleep(0.05)
         gc.collect()
     if alive is None or not alive():
-        from tensorflow.python.eager import context
+        from tfpipe.serve.tf_internals import clear_kernel_cache
 
-        context.context().clear_kernel_cache()
+        clear_kernel_cache()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc

@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
-from tensorflow.python.eager import context
-from tensorflow.python.framework import ops
 from tensorflow_serving.apis import prediction_log_pb2
 
 from tfpipe.prediction_logs import WARMUP_FILE
+from tfpipe.serve import tf_internals
 from tfpipe.serve.errors import invalid, precondition, quoted, with_code
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -109,14 +108,12 @@ def load_saved_model(path: str, tags: tuple[str, ...], proto: saved_model_pb2.Sa
     need their old meaning kept: a signature tensor without a shape, and a Placeholder whose shape
     is empty, are of unknown shape there; newer TensorFlow reads both as scalars, and then cannot
     feed a scalar to ParseExample."""
-    from tensorflow.python.saved_model import load_v1_in_v2
-
     tags = list(tags)
     if len(proto.meta_graphs) == 1 and proto.meta_graphs[0].HasField("object_graph_def"):
         return tf.saved_model.load(path, tags=tags), {}
     broken: dict[str, str] = {}
 
-    class PerSignatureLoader(load_v1_in_v2._EagerSavedModelLoader):  # TF <2.22 is pinned (pyproject)
+    class PerSignatureLoader(tf_internals.v1_loader_base()):
         def get_meta_graph_def_from_tags(self, tags):
             graph = meta_graph_pb2.MetaGraphDef()
             graph.CopyFrom(super().get_meta_graph_def_from_tags(tags))
@@ -456,15 +453,15 @@ def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
         concrete = tf.function(graph, autograph=False).get_concrete_function(*in_specs)
         if len(in_specs) + len(concrete.captured_inputs) != len(concrete.inputs):
             return None
-        call_preflattened = concrete._inference_function.call_preflattened
+        call_preflattened = tf_internals.preflattened_call(concrete)
     except Exception:  # noqa: BLE001 (any reason this path cannot be built: the public call stays)
         return None
-    eager_tensor, stack = ops.EagerTensor, np.stack
+    eager_tensor, device_name, stack = tf_internals.EagerTensor, tf_internals.device_name, np.stack
     packs = [(ks, d.as_datatype_enum) for d, ks in packed]
     singles = [(k, specs[k][0].as_datatype_enum) for k in single]
 
     def call(inputs: dict[str, np.ndarray]):
-        device = context.context().device_name
+        device = device_name()
         try:
             flat = [eager_tensor(stack([inputs[k] for k in ks], axis=1), device, e) for ks, e in packs]
         except ValueError:
