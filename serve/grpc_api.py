@@ -32,7 +32,7 @@ from tensorflow_serving.apis import (
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
-from tfpipe.serve.model_info import metadata_response, spec_of, status_response
+from tfpipe.serve.model_info import spec_of
 from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
@@ -96,29 +96,27 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         started = time.time_ns(), time.perf_counter_ns()
 
         async def run():
-            name, version, label = spec_of(request.model_spec)
-            servable = self.inference.manager.resolve(name, version, label)
-            _, sig, outputs = await self.inference.predict_async(
-                servable, request.model_spec.signature_name, predict_inputs(request), request.output_filter,
-                self.executor)
+            spec = spec_of(request.model_spec)
+            p = await self.inference.predict(spec, request.model_spec.signature_name,
+                                             lambda _: predict_inputs(request), request.output_filter, self.executor)
             response = predict_pb2.PredictResponse()
-            model_spec(response.model_spec, name, servable.version, sig.name)
-            for k, v in outputs.items():
+            model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
+            for k, v in p.outputs.items():
                 tensor_proto(v, self.tensor_content, into=response.outputs[k])
-            self._log(started, name, servable.version, sig.name, "predict", request, response)
+            self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
             return response
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
     async def Classify(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
-        def run():
-            name, version, label = spec_of(request.model_spec)
+        def run():  # on a --grpc_max_threads thread: the examples' decoding too
+            spec = spec_of(request.model_spec)
             servable, sig, classes, scores = self.inference.classify(
-                name, version, label, request.model_spec.signature_name, input_examples(request.input))
+                *spec, request.model_spec.signature_name, input_examples(request.input))
             response = classification_pb2.ClassificationResponse(result=classification_result(classes, scores))
-            model_spec(response.model_spec, name, servable.version, sig.name)
-            self._log(started, name, servable.version, sig.name, "classify", request, response)
+            model_spec(response.model_spec, spec[0], servable.version, sig.name)
+            self._log(started, spec[0], servable.version, sig.name, "classify", request, response)
             return response
         return await _answer(self.metrics, "classify", request.model_spec.name, context,
                              _blocking(self.executor, run))
@@ -127,12 +125,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         started = time.time_ns(), time.perf_counter_ns()
 
         def run():
-            name, version, label = spec_of(request.model_spec)
+            spec = spec_of(request.model_spec)
             servable, sig, values = self.inference.regress(
-                name, version, label, request.model_spec.signature_name, input_examples(request.input))
+                *spec, request.model_spec.signature_name, input_examples(request.input))
             response = regression_pb2.RegressionResponse(result=regression_result(values))
-            model_spec(response.model_spec, name, servable.version, sig.name)
-            self._log(started, name, servable.version, sig.name, "regress", request, response)
+            model_spec(response.model_spec, spec[0], servable.version, sig.name)
+            self._log(started, spec[0], servable.version, sig.name, "regress", request, response)
             return response
         return await _answer(self.metrics, "regress", request.model_spec.name, context,
                              _blocking(self.executor, run))
@@ -162,7 +160,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def GetModelMetadata(self, request, context):
         async def run():  # no model call: answered on the loop
-            return metadata_response(self.inference, request)
+            return self.inference.metadata(request)
         return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
 
 
@@ -174,7 +172,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     async def GetModelStatus(self, request, context):
         async def run():
-            return status_response(self.inference, request)
+            return self.inference.status(request)
         return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
 
     async def HandleReloadConfigRequest(self, request, context):

@@ -1,25 +1,42 @@
-"""What both APIs call: find the servable, check the request, run it, batched or not.
+"""The serving core: what both transports call, each call resolving its servable once.
 
-Both APIs live on the server's asyncio loop. Predict calls `predict_async`, which never
-runs TensorFlow on the loop: a model call goes to a worker thread (`--rest_api_num_threads`
-for REST, `--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the
-loop waits without holding a thread. Classify, Regress and MultiInference call the blocking
-methods on a worker thread.
+REST (rest_api.py) and gRPC (grpc_api.py) only translate: they decode a request into a model
+spec, a signature name and inputs (codecs: requests.py), call one method here, and encode
+what it returns. Here a request meets the manager (which version), the servable (which
+signature, checked inputs, the model call) and the batcher, as TF Serving's two transports
+both call one predictor, classifier, regressor and metadata/status implementation.
+
+Both transports live on the server's asyncio loop. `predict` never runs TensorFlow on the
+loop: a model call goes to a worker thread (`--rest_api_num_threads` for REST,
+`--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the loop waits
+without holding a thread. `classify`, `regress` and `multi_inference` run on a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from operator import itemgetter
 
 import numpy as np
 
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
-from tfpipe.serve.errors import invalid, quoted, unimplemented
+from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 from tfpipe.serve.manager import ModelManager
 from tfpipe.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
+
+Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
+
+
+@dataclasses.dataclass
+class Prediction:
+    """A Predict's answer with what the transports log and echo: the version and signature used."""
+    servable: Servable
+    signature: Signature
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
 
 
 class Inference:
@@ -78,27 +95,52 @@ class Inference:
                 results.append(("regress", servable.regress(signature_name, examples, run)[1]))
         return servable, results
 
-    # ---- asyncio: both APIs' Predict, REST's Classify and Regress -----------------------
+    # ---- what the transports call ---------------------------------------------------------
 
-    async def predict_async(self, servable: Servable, signature_name: str, inputs: dict[str, np.ndarray],
-                            output_filter=(), executor: Executor | None = None) -> tuple[Servable, Signature, dict]:
-        """`executor`: where an unbatched model call runs (the REST threads when None)."""
-        sig, checked, keep = _prepare(servable, signature_name, inputs, output_filter)
+    async def predict(self, spec: Spec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
+                      output_filter=(), executor: Executor | None = None,
+                      unknown_signature: Callable[[str], ServingError] | None = None) -> Prediction:
+        """The one Predict: the servable resolved, its signature found, `decode(signature)` (the
+        transport's codec; REST's JSON needs the signature's dtypes) giving the inputs, checked,
+        run batched or on `executor` (the REST threads when None). `unknown_signature(key)`: the
+        error for a key the SavedModel lacks, for a transport whose wording differs from
+        FAILED_PRECONDITION's (REST's INVALID_ARGUMENT, as TF Serving's JSON decoding words it)."""
+        servable = self.manager.resolve(*spec)
+        key = signature_name or DEFAULT_SIGNATURE
+        if unknown_signature is not None and key not in servable.signature_defs:
+            raise unknown_signature(key)
+        sig = servable.signature(key)
+        inputs = decode(sig)
+        checked, keep = servable.check_inputs(sig, inputs), servable.output_filter(sig, output_filter)
         loop = asyncio.get_running_loop()
         future = self._submit(servable, sig, checked, loop)
         if future is None:
             outputs = await loop.run_in_executor(executor or self.executor, servable.run, sig, checked, keep)
         else:  # waits without holding a thread
             outputs = _keep(await future, keep)
-        return servable, sig, outputs
+        return Prediction(servable, sig, inputs, outputs)
 
-    async def classify_async(self, name, version, label, signature_name: str, examples: list[bytes]):
+    async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes]):
+        """`classify` on a REST thread, awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.classify, name, version, label, signature_name, examples)
+            self.executor, self.classify, *spec, signature_name, examples)
 
-    async def regress_async(self, name, version, label, signature_name: str, examples: list[bytes]):
+    async def regress_async(self, spec: Spec, signature_name: str, examples: list[bytes]):
+        """`regress` on a REST thread, awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.regress, name, version, label, signature_name, examples)
+            self.executor, self.regress, *spec, signature_name, examples)
+
+    def metadata(self, request):
+        """GetModelMetadataResponse for a GetModelMetadataRequest (REST builds one from its URL)."""
+        from tfpipe.serve.model_info import metadata_response
+
+        return metadata_response(self, request)
+
+    def status(self, request):
+        """GetModelStatusResponse for a GetModelStatusRequest (REST builds one from its URL)."""
+        from tfpipe.serve.model_info import status_response
+
+        return status_response(self, request)
 
     # ---- batching ----------------------------------------------------------------------
 
@@ -139,11 +181,6 @@ class Inference:
             future = self._submit(servable, sig, inputs)
             return servable.run(sig, inputs) if future is None else future.result()
         return run
-
-
-def _prepare(servable: Servable, signature_name: str, inputs: dict[str, np.ndarray], output_filter):
-    sig = servable.signature(signature_name)
-    return sig, servable.check_inputs(sig, inputs), servable.output_filter(sig, output_filter)
 
 
 def _keep(outputs: dict[str, np.ndarray], keep: list[str] | None) -> dict[str, np.ndarray]:

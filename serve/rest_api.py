@@ -27,7 +27,6 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
-from tfpipe.serve.model_info import metadata_response, status_response
 from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.requests import (
     classification_result,
@@ -39,7 +38,6 @@ from tfpipe.serve.requests import (
     regression_result,
     tensor_proto,
 )
-from tfpipe.serve.servable import DEFAULT_SIGNATURE
 
 _PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
                               r"(classify|regress|predict)", re.IGNORECASE)
@@ -347,7 +345,7 @@ class RestApi:
             elif api == "metadata":
                 req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
                 _fill_spec(req.model_spec, *spec)
-                resp = metadata_response(self.inference, req)
+                resp = self.inference.metadata(req)
                 sig_map = get_model_metadata_pb2.SignatureDefMap()
                 resp.metadata["signature_def"].Unpack(sig_map)
                 response = _json({"model_spec": _proto_json(resp.model_spec),
@@ -355,7 +353,7 @@ class RestApi:
             else:
                 req = get_model_status_pb2.GetModelStatusRequest()
                 _fill_spec(req.model_spec, *spec)
-                response = _json(_proto_json(status_response(self.inference, req)))
+                response = _json(_proto_json(self.inference.status(req)))
         except ServingError as e:
             status = e.code.name
             response = _error(e.http_status, e.message)
@@ -386,23 +384,25 @@ class RestApi:
 
     async def predict(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
-        servable = self.inference.manager.resolve(*spec)
-        key = signature_name or DEFAULT_SIGNATURE
-        if key not in servable.signature_defs:
-            raise invalid(f'Serving signature name: "{quoted(key)}" not found in signature def')
-        sig = servable.signature(key)
-        inputs, rows = json_inputs(body, sig.input_dtypes)
-        _, _, outputs = await self.inference.predict_async(servable, sig.name, inputs)
-        answer = _json(json_outputs(outputs, rows))
-        self._log("predict", spec[0], servable.version, sig.name, started,
-                  lambda: _predict_protos(spec, signature_name, inputs, servable.version, sig.name, outputs),
+        rows = False
+
+        def decode(sig):  # the JSON's numbers are read as the signature's dtypes
+            nonlocal rows
+            inputs, rows = json_inputs(body, sig.input_dtypes)
+            return inputs
+
+        p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature)
+        answer = _json(json_outputs(p.outputs, rows))
+        self._log("predict", spec[0], p.servable.version, p.signature.name, started,
+                  lambda: _predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
+                                          p.outputs),
                   rest_format="instances" if rows else "inputs")
         return answer
 
     async def classify(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
         examples = json_examples(body)
-        servable, sig, classes, scores = await self.inference.classify_async(*spec, signature_name, examples)
+        servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples)
         result = classification_result(classes, scores)
         answer = _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
         self._log("classify", spec[0], servable.version, sig.name, started,
@@ -413,7 +413,7 @@ class RestApi:
     async def regress(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
         signature_name = _signature_name(body)
         examples = json_examples(body)
-        servable, sig, values = await self.inference.regress_async(*spec, signature_name, examples)
+        servable, sig, values = await self.inference.regress_async(spec, signature_name, examples)
         result = regression_result(values)
         answer = _json({"results": [r.value for r in result.regressions]})
         self._log("regress", spec[0], servable.version, sig.name, started,
@@ -460,6 +460,11 @@ def _example_protos(api: str, spec, signature_name: str, examples: list[bytes], 
     response.result.CopyFrom(result)
     model_spec(response.model_spec, spec[0], version, used)
     return request, response
+
+
+def _unknown_signature(key: str) -> ServingError:
+    """A signature the SavedModel lacks, as TF Serving's JSON decoding words it."""
+    return invalid(f'Serving signature name: "{quoted(key)}" not found in signature def')
 
 
 def _fill_spec(spec, name: str, version: int | None, label: str | None) -> None:
