@@ -27,64 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tfpipe.serve.batching import BatchOptions
 from tfpipe.serve.errors import invalid, precondition, unavailable
 
-
-@dataclass(frozen=True)
-class BatchOptions:
-    """TF Serving's BatchingParameters, the one type for them: what the server batches by, what
-    `tfpipe run` writes from its [serve] section (`ServeConfig.batch_options`) and what `tfpipe
-    tune` tries (its `Candidate` adds the worker count)."""
-
-    max_batch_size: int = 1000
-    batch_timeout_micros: int = 0
-    num_batch_threads: int = os.cpu_count() or 1
-    max_enqueued_batches: int = 10
-    allowed_batch_sizes: tuple[int, ...] = ()
-    enable_large_batch_splitting: bool = False
-    max_execution_batch_size: int = 0  # 0: max_batch_size
-
-    @classmethod
-    def from_proto(cls, p) -> BatchOptions:
-        given: dict = {name: int(getattr(p, name).value) for name in (
-            "max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
-            "max_execution_batch_size") if p.HasField(name)}
-        if p.HasField("enable_large_batch_splitting"):
-            given["enable_large_batch_splitting"] = bool(p.enable_large_batch_splitting.value)
-        o = cls(**given, allowed_batch_sizes=tuple(sorted(int(x) for x in p.allowed_batch_sizes)))
-        o.check()
-        return o
-
-    def to_proto(self):
-        """tensorflow.serving.BatchingParameters (batching.config) with these settings."""
-        from tfpipe.serve.protos import BatchingParameters
-
-        p = BatchingParameters()
-        p.max_batch_size.value = self.max_batch_size
-        p.batch_timeout_micros.value = self.batch_timeout_micros
-        p.max_enqueued_batches.value = self.max_enqueued_batches
-        p.num_batch_threads.value = self.num_batch_threads
-        p.allowed_batch_sizes.extend(self.allowed_batch_sizes)
-        if self.enable_large_batch_splitting:
-            p.enable_large_batch_splitting.value = True
-        if self.max_execution_batch_size:
-            p.max_execution_batch_size.value = self.max_execution_batch_size
-        return p
-
-    @property
-    def execution_size(self) -> int:
-        """The most rows one model call takes."""
-        if self.enable_large_batch_splitting and self.max_execution_batch_size > 0:
-            return self.max_execution_batch_size
-        return self.max_batch_size
-
-    def check(self) -> None:
-        if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
-            raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be >= 1")
-        if self.allowed_batch_sizes and self.allowed_batch_sizes[-1] != self.execution_size:
-            # TF Serving's own rule: the last allowed size must equal the largest batch.
-            raise ValueError(f"the last entry of allowed_batch_sizes ({self.allowed_batch_sizes[-1]}) must "
-                             f"equal max_batch_size ({self.execution_size})")
+__all__ = ["BatchOptions", "BatchScheduler"]
 
 
 @dataclass

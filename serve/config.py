@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-if TYPE_CHECKING:  # the batcher imports numpy: not at the CLI's start
-    from tfpipe.serve.batcher import BatchOptions
+from tfpipe.serve.batching import RUN_BATCHING, BatchOptions
 
 
 class ServeConfig(BaseModel):
@@ -22,9 +21,12 @@ class ServeConfig(BaseModel):
     rest_api_port: int = Field(-1, ge=-1, le=65535, description="REST port (-1: a free port)")
     protocol: Literal["rest", "grpc"] = Field("rest", description="the API the load test calls")
     enable_batching: bool = Field(False, description="batch concurrent requests (TF Serving's --enable_batching)")
-    max_batch_size: int = Field(32, ge=1, description="batching: most rows in one model call")
-    batch_timeout_micros: int = Field(1000, ge=0, description="batching: longest wait to fill a batch")
-    max_enqueued_batches: int = Field(100, ge=1, description="batching: queue length before 503/UNAVAILABLE")
+    max_batch_size: int = Field(RUN_BATCHING.max_batch_size, ge=1,
+                                description="batching: most rows in one model call")
+    batch_timeout_micros: int = Field(RUN_BATCHING.batch_timeout_micros, ge=0,
+                                      description="batching: longest wait to fill a batch")
+    max_enqueued_batches: int = Field(RUN_BATCHING.max_enqueued_batches, ge=1,
+                                      description="batching: queue length before 503/UNAVAILABLE")
     num_batch_threads: int = Field(0, ge=0, description="batching: model calls in parallel (0: one per core)")
     allowed_batch_sizes: list[int] = Field(default_factory=list, description="batching: sizes a batch is padded up "
                                            "to, the last equal to max_batch_size (empty: no padding)")
@@ -37,24 +39,13 @@ class ServeConfig(BaseModel):
     def batching_on(self) -> bool:
         return self.enable_batching or self.batching == "tune"
 
-    @field_validator("allowed_batch_sizes")
-    @classmethod
-    def _sizes_rise(cls, v: list[int]) -> list[int]:
-        if any(b <= a for a, b in zip(v, v[1:])) or any(x < 1 for x in v):
-            raise ValueError("allowed_batch_sizes must be positive and rising, e.g. [8, 16, 32]")
-        return v
-
     @model_validator(mode="after")
-    def _padding_ends_at_the_batch_size(self):
-        if self.allowed_batch_sizes and self.allowed_batch_sizes[-1] != self.max_batch_size:
-            raise ValueError(f"the last of allowed_batch_sizes ({self.allowed_batch_sizes[-1]}) must equal "
-                             f"max_batch_size ({self.max_batch_size}), as TF Serving requires")
+    def _valid_batching(self):
+        self.batch_options().check()  # TF Serving's rules, checked where every batching setting is
         return self
 
     def batch_options(self) -> BatchOptions:
         """The batching parameters of this section (num_batch_threads 0: one per core)."""
-        from tfpipe.serve.batcher import BatchOptions
-
         return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
                             num_batch_threads=self.num_batch_threads or (os.cpu_count() or 1),
                             max_enqueued_batches=self.max_enqueued_batches,

@@ -1,0 +1,78 @@
+"""Batching parameters: TF Serving's BatchingParameters as one type (BatchOptions), and the
+starting point `tfpipe run` serves with. No numpy here: the CLI and the [serve] section's
+validation import this at start; the batcher that uses it is serve/batcher.py."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """TF Serving's BatchingParameters, the one type for them: what the server batches by, what
+    `tfpipe run` writes from its [serve] section (`ServeConfig.batch_options`) and what `tfpipe
+    tune` tries (its `Candidate` adds the worker count)."""
+
+    max_batch_size: int = 1000
+    batch_timeout_micros: int = 0
+    num_batch_threads: int = os.cpu_count() or 1
+    max_enqueued_batches: int = 10
+    allowed_batch_sizes: tuple[int, ...] = ()
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int = 0  # 0: max_batch_size
+
+    @classmethod
+    def from_proto(cls, p) -> BatchOptions:
+        given: dict = {name: int(getattr(p, name).value) for name in (
+            "max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads",
+            "max_execution_batch_size") if p.HasField(name)}
+        if p.HasField("enable_large_batch_splitting"):
+            given["enable_large_batch_splitting"] = bool(p.enable_large_batch_splitting.value)
+        o = cls(**given, allowed_batch_sizes=tuple(sorted(int(x) for x in p.allowed_batch_sizes)))
+        o.check()
+        return o
+
+    def to_proto(self):
+        """tensorflow.serving.BatchingParameters (batching.config) with these settings."""
+        from tfpipe.serve.protos import BatchingParameters
+
+        p = BatchingParameters()
+        p.max_batch_size.value = self.max_batch_size
+        p.batch_timeout_micros.value = self.batch_timeout_micros
+        p.max_enqueued_batches.value = self.max_enqueued_batches
+        p.num_batch_threads.value = self.num_batch_threads
+        p.allowed_batch_sizes.extend(self.allowed_batch_sizes)
+        if self.enable_large_batch_splitting:
+            p.enable_large_batch_splitting.value = True
+        if self.max_execution_batch_size:
+            p.max_execution_batch_size.value = self.max_execution_batch_size
+        return p
+
+    @property
+    def execution_size(self) -> int:
+        """The most rows one model call takes."""
+        if self.enable_large_batch_splitting and self.max_execution_batch_size > 0:
+            return self.max_execution_batch_size
+        return self.max_batch_size
+
+    def check(self) -> None:
+        """ValueError naming what TF Serving would refuse in these parameters; the one place the
+        rules are checked (batching.config as read, tfpipe run's [serve] section, tune's candidates)."""
+        if self.max_batch_size < 1 or self.num_batch_threads < 1 or self.max_enqueued_batches < 1:
+            raise ValueError("max_batch_size, num_batch_threads and max_enqueued_batches must be >= 1")
+        sizes = self.allowed_batch_sizes
+        if any(b <= a for a, b in zip(sizes, sizes[1:])) or any(x < 1 for x in sizes):
+            raise ValueError(f"allowed_batch_sizes must be positive and rising, e.g. [8, 16, 32]; got {list(sizes)}")
+        if sizes and sizes[-1] != self.execution_size:
+            # TF Serving's own rule: the last allowed size must equal the largest batch.
+            raise ValueError(f"the last entry of allowed_batch_sizes ({self.allowed_batch_sizes[-1]}) must "
+                             f"equal max_batch_size ({self.execution_size})")
+
+
+# What `tfpipe run` batches with when [serve] enable_batching is on and no key is given. TF
+# Serving's own defaults (BatchOptions' field defaults, for a batching.config that leaves a
+# field out) batch up to 1000 rows with no wait and 10 queued batches; for one model answering
+# a load test on a few cores, 32 rows waiting at most 1 ms with 100 queued batches is the
+# usual starting point, and `tfpipe tune` measures better ones.
+RUN_BATCHING = BatchOptions(max_batch_size=32, batch_timeout_micros=1000, max_enqueued_batches=100)
