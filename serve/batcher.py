@@ -18,7 +18,6 @@ an unloaded model alive.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections import deque

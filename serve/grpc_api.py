@@ -29,12 +29,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfpipe.serve.errors import ServingError, capped, invalid
-from tfpipe.serve.inference import Inference
-from tfpipe.serve.metrics import Metrics
-from tfpipe.serve.model_info import spec_of
-from tfpipe.serve.request_log import RequestLogs
-from tfpipe.serve.requests import (
+from tfpipe.serve.codecs.tensor_proto import (
     classification_result,
     input_examples,
     model_spec,
@@ -42,6 +37,11 @@ from tfpipe.serve.requests import (
     regression_result,
     tensor_proto,
 )
+from tfpipe.serve.errors import ServingError, capped, invalid
+from tfpipe.serve.inference import Inference
+from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.model_info import spec_of
+from tfpipe.serve.request_log import RequestLogs
 
 
 def _fail(context, code: grpc.StatusCode, message: str) -> None:

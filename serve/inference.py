@@ -1,7 +1,7 @@
 """The serving core: what both transports call, each call resolving its servable once.
 
 REST (rest_api.py) and gRPC (grpc_api.py) only translate: they decode a request into a model
-spec, a signature name and inputs (codecs: requests.py), call one method here, and encode
+spec, a signature name and inputs (serve/codecs/), call one method here, and encode
 what it returns. Here a request meets the manager (which version), the servable (which
 signature, checked inputs, the model call) and the batcher, as TF Serving's two transports
 both call one predictor, classifier, regressor and metadata/status implementation.
@@ -25,6 +25,7 @@ import numpy as np
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 from tfpipe.serve.manager import ModelManager
+from tfpipe.serve.model_info import metadata_response, status_response
 from tfpipe.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 
 Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
@@ -132,15 +133,11 @@ class Inference:
 
     def metadata(self, request):
         """GetModelMetadataResponse for a GetModelMetadataRequest (REST builds one from its URL)."""
-        from tfpipe.serve.model_info import metadata_response
-
-        return metadata_response(self, request)
+        return metadata_response(self.manager, request)
 
     def status(self, request):
         """GetModelStatusResponse for a GetModelStatusRequest (REST builds one from its URL)."""
-        from tfpipe.serve.model_info import status_response
-
-        return status_response(self, request)
+        return status_response(self.manager, request)
 
     # ---- batching ----------------------------------------------------------------------
 

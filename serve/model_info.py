@@ -7,9 +7,9 @@ from __future__ import annotations
 from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
+from tfpipe.serve.codecs.tensor_proto import model_spec
 from tfpipe.serve.errors import invalid, quoted
-from tfpipe.serve.inference import Inference
-from tfpipe.serve.requests import model_spec
+from tfpipe.serve.manager import ModelManager
 
 
 def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
@@ -21,7 +21,7 @@ def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
             spec.version_label if choice == "version_label" else None)
 
 
-def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
+def metadata_response(manager: ModelManager, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
     name, version, label = spec_of(request.model_spec)
     fields = list(request.metadata_field)
     if not fields:
@@ -29,7 +29,7 @@ def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.G
     for f in fields:
         if f != "signature_def":
             raise invalid(f"Metadata field {quoted(f)} is not supported")
-    servable = inference.manager.resolve(name, version, label)
+    servable = manager.resolve(name, version, label)
     response = get_model_metadata_pb2.GetModelMetadataResponse()
     model_spec(response.model_spec, name, servable.version, "")
     sig_map = get_model_metadata_pb2.SignatureDefMap()
@@ -39,10 +39,10 @@ def metadata_response(inference: Inference, request) -> get_model_metadata_pb2.G
     return response
 
 
-def status_response(inference: Inference, request) -> get_model_status_pb2.GetModelStatusResponse:
+def status_response(manager: ModelManager, request) -> get_model_status_pb2.GetModelStatusResponse:
     name, version, label = spec_of(request.model_spec)
     response = get_model_status_pb2.GetModelStatusResponse()
-    for s in inference.manager.status(name, version, label):
+    for s in manager.status(name, version, label):
         st = response.model_version_status.add(version=s.version)
         st.state = get_model_status_pb2.ModelVersionStatus.State.Value(s.state)
         st.status.error_code = error_codes_pb2.Code.Value(s.error_code)

@@ -343,7 +343,7 @@ class Servable:
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
         times); any failure fails the load. Returns the number of records."""
-        from tfpipe.serve.requests import input_examples, predict_inputs
+        from tfpipe.serve.codecs.tensor_proto import input_examples, predict_inputs
 
         path = os.path.join(self.path, WARMUP_FILE)
         if not os.path.exists(path):

@@ -191,7 +191,7 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
 
     from tensorflow.core.framework import types_pb2
 
-    from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import tensor_proto, tensor_to_numpy
 
     fn = tf.saved_model.load(model_path).signatures["serving_default"]
     # The inputs as a client names them: the SignatureDef's keys (tf.function's structured

@@ -60,7 +60,7 @@ def test_quantile_sketches_merge_as_if_fed_one_stream():
 ])
 @pytest.mark.parametrize("content", [False, True])
 def test_tensor_proto_round_trips(value, content):
-    from tfpipe.serve.requests import tensor_proto, tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import tensor_proto, tensor_to_numpy
 
     from tensorflow.core.framework import tensor_pb2
 
@@ -78,7 +78,7 @@ def test_tensor_protos_follow_tfs_rules_for_short_values_and_open_shapes():
     from tensorflow.core.framework import tensor_pb2, types_pb2
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import tensor_to_numpy
 
     short = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[1.0, 2.0])
     short.tensor_shape.dim.add(size=4)
@@ -117,7 +117,7 @@ def test_one_value_grpc_inputs_read_in_one_pass_as_tensor_to_numpy_reads_them(dt
                                                                                 content, taken):
     from tensorflow_serving.apis import predict_pb2
 
-    from tfpipe.serve.requests import _one_value_tensors, predict_inputs, tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import _one_value_tensors, predict_inputs, tensor_to_numpy
 
     request = predict_pb2.PredictRequest()
     request.inputs["a"].CopyFrom(_one_input("DT_FLOAT", "float_val", [0.5], [1]))

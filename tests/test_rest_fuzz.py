@@ -30,7 +30,7 @@ def test_any_body_becomes_tensors_or_a_4xx(request):
     import tensorflow as tf
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import json_examples, json_inputs
+    from tfpipe.serve.codecs.rest_json import json_examples, json_inputs
     from tfpipe.serve.rest_api import parse_json
 
     body, mutation, rng = request
@@ -56,7 +56,7 @@ def test_deep_nesting_is_a_400_naming_the_depth(depth):
     import tensorflow as tf
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import json_inputs
+    from tfpipe.serve.codecs.rest_json import json_inputs
     from tfpipe.serve.rest_api import parse_json
 
     raw = ('{"instances": ' + "[" * depth + "1.0" + "]" * depth + "}").encode()
@@ -100,7 +100,7 @@ def test_the_one_pass_row_reader_gives_the_exact_readers_tensors_or_leaves_the_b
     Both cases must come up (derandomized: the same bodies on every run)."""
     import tensorflow as tf
 
-    from tfpipe.serve.requests import _exact_instances, _scalar_rows
+    from tfpipe.serve.codecs.rest_json import _exact_instances, _scalar_rows
 
     taken: list[bool] = []
 
@@ -155,7 +155,7 @@ def test_the_one_pass_row_reader_takes_rows_of_plain_scalars_only(row, taken):
     import tensorflow as tf
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import _exact_instances, _scalar_rows, json_inputs
+    from tfpipe.serve.codecs.rest_json import _exact_instances, _scalar_rows, json_inputs
 
     inputs = {k: tf.as_dtype(v) for k, v in ROW_SIGNATURE.items() if k != "small"}
     instances = [row, row]

@@ -685,7 +685,12 @@ def test_a_rest_call_over_its_timeout_is_a_504_and_the_server_goes_on(tmp_path, 
         url = f"http://127.0.0.1:{s.rest_port}"
         slow = requests.post(f"{url}/v1/models/slow:predict", json={"instances": [1.0]}, timeout=30)
         assert slow.status_code == 504 and "timed out" in slow.json()["error"]
-        ok = requests.post(f"{url}/v1/models/half:predict", json={"instances": [2.0]}, timeout=30)
+        # The fast model's first call (no warmup records) instantiates its function, which on a
+        # busy machine can itself pass 100 ms: the server goes on when a call soon comes back.
+        for _ in range(20):
+            ok = requests.post(f"{url}/v1/models/half:predict", json={"instances": [2.0]}, timeout=30)
+            if ok.status_code != 504:
+                break
         assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
         metrics = requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text
         assert re.search(r'tfpipe_serving_requests_total\{model="slow",api="predict",status="DEADLINE_EXCEEDED"\} 1',

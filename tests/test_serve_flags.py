@@ -285,7 +285,7 @@ def test_rest_paths(method, path, expected):
 def test_json_inputs(body, dtypes, expected):
     import tensorflow as tf
 
-    from tfpipe.serve.requests import json_inputs
+    from tfpipe.serve.codecs.rest_json import json_inputs
 
     got, _ = json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
     assert set(got) == set(expected)
@@ -315,7 +315,7 @@ def test_json_inputs_refused_with_tf_servings_words(body, dtypes, message):
     import tensorflow as tf
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import json_inputs
+    from tfpipe.serve.codecs.rest_json import json_inputs
 
     with pytest.raises(ServingError) as e:
         json_inputs(body, {k: tf.as_dtype(v) for k, v in dtypes.items()})
@@ -332,7 +332,7 @@ def test_json_inputs_refused_with_tf_servings_words(body, dtypes, message):
 ])
 def test_json_examples_refused_with_tf_servings_words(body, message):
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import json_examples
+    from tfpipe.serve.codecs.rest_json import json_examples
 
     with pytest.raises(ServingError) as e:
         json_examples(body)
@@ -364,7 +364,7 @@ def _proto(dtype: str, dims: list[int], field: str = "", values=(), content: byt
     (("DT_DOUBLE", [2], "", (), np.array([1.5, 2.5]).tobytes()), (2,), [1.5, 2.5]),
 ])
 def test_tensor_protos_are_filled_out_as_tensorflow_does_within_the_bound(proto, shape, values):
-    from tfpipe.serve.requests import tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import tensor_to_numpy
 
     got = tensor_to_numpy(_proto(*proto), "x")
     assert got.shape == shape
@@ -396,7 +396,7 @@ def test_tensor_protos_beyond_their_values_are_refused_before_any_allocation(pro
     import tracemalloc
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.requests import tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import tensor_to_numpy
 
     built = _proto(*proto)
     tracemalloc.start()
@@ -415,7 +415,7 @@ def test_a_models_own_warmup_records_are_filled_out_without_the_bound():
     """Warmup records come with the model, as trusted as it is: filled out as TF Serving fills them."""
     from tensorflow_serving.apis import predict_pb2
 
-    from tfpipe.serve.requests import predict_inputs
+    from tfpipe.serve.codecs.tensor_proto import predict_inputs
 
     request = predict_pb2.PredictRequest()
     request.inputs["x"].CopyFrom(_proto("DT_FLOAT", [2, 1024 * 1024], "float_val", [0.5]))
@@ -443,7 +443,7 @@ def test_error_messages_cut_a_clients_text_and_stay_within_grpcs_header_limit():
 def test_json_examples_merge_context_with_the_example_winning():
     from tensorflow.core.example import example_pb2
 
-    from tfpipe.serve.requests import json_examples
+    from tfpipe.serve.codecs.rest_json import json_examples
 
     (raw,) = json_examples({"context": {"c": "ctx", "x": 1.0}, "examples": [{"x": 2.0, "flag": True}]})
     ex = example_pb2.Example.FromString(raw)
