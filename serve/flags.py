@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 CPUS = os.cpu_count() or 1
@@ -29,11 +29,18 @@ def _bool(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Flag:
+    """One flag: the parser's argument, ServeOptions' field and its --help line are all made
+    from this (the tables below), so a default is written once."""
     name: str
     kind: Any  # int, float, str or _bool
     default: Any
     help: str
     ignored: str = ""  # why this server accepts the flag but does nothing with it
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    switch: bool = False  # tfpipe's on/off flags: present is on (TF Serving's booleans take a value)
+    shown_default: str | None = None  # the default as --help says it, where repr() reads badly
 
 
 _TFLITE = ("TF Serving's experimental TFLite runtime; tfpipe serve runs every version's SavedModel with "
@@ -119,80 +126,73 @@ FLAGS_BY_NAME = {f.name: f for f in TF_SERVING_FLAGS}
 BOOL_FLAGS = {f.name for f in TF_SERVING_FLAGS if f.kind is _bool}
 
 
-@dataclass
-class ServeOptions:
-    # tensorflow_model_server's (defaults as in TF Serving)
-    port: int = 8500
-    grpc_socket_path: str = ""
-    rest_api_port: int = 0
-    rest_api_num_threads: int = 4 * CPUS
-    rest_api_timeout_in_ms: int = 30000
-    rest_api_enable_cors_support: bool = False
-    enable_batching: bool = False
-    allow_version_labels_for_unavailable_models: bool = False
-    batching_parameters_file: str = ""
-    enable_per_model_batching_parameters: bool = False
-    model_config_file: str = ""
-    model_config_file_poll_wait_seconds: int = 0
-    model_name: str = "default"
-    model_base_path: str = ""
-    num_load_threads: int = 0
-    num_unload_threads: int = 0
-    max_num_load_retries: int = 5
-    load_retry_interval_micros: int = 60_000_000
-    file_system_poll_wait_seconds: int = 1
-    flush_filesystem_caches: bool = True
-    tensorflow_session_parallelism: int = 0
-    tensorflow_session_config_file: str = ""
-    tensorflow_intra_op_parallelism: int = 0
-    tensorflow_inter_op_parallelism: int = 0
-    use_alts_credentials: bool = False
-    ssl_config_file: str = ""
-    platform_config_file: str = ""
-    per_process_gpu_memory_fraction: float = 0.0
-    saved_model_tags: str = "serve"
-    grpc_channel_arguments: str = ""
-    grpc_max_threads: int = 4 * CPUS
-    enable_model_warmup: bool = True
-    num_request_iterations_for_warmup: int = 0
-    version: bool = False
-    monitoring_config_file: str = ""
-    remove_unused_fields_from_bundle_metagraph: bool = True
-    prefer_tflite_model: bool = False
-    num_tflite_pools: int = CPUS
-    num_tflite_interpreters_per_pool: int = 1
-    enable_signature_method_name_check: bool = False
-    xla_cpu_compilation_enabled: bool = False
-    xla_gpu_compilation_enabled: bool = False
-    enable_profiler: bool = True
-    thread_pool_factory_config_file: str = ""
-    mixed_precision: str = ""
-    skip_initialize_tpu: bool = False
-    enable_grpc_healthcheck_service: bool = False
-    enable_serialization_as_tensor_content: bool = False
-    # tfpipe's own
-    backend: str = "embedded"
-    host: str = "0.0.0.0"
-    max_request_bytes: int = 64 * 1024 * 1024
-    rest_read_timeout_seconds: float = 30.0
-    drain_seconds: float = 30.0
-    workers: int = 1  # the command line's default, 0, means auto (tfpipe.serve.workers.worker_count)
-    gpu: bool = False
-    docker_image: str = ""
-    config_dir: str = "serve-config"
-    emit_k8s: str = ""
-    dry_run: bool = False
-    request_log_prefix: str = ""
-    request_log_sampling_rate: float = 1.0
-    request_log_queue_size: int = 10_000
-    request_log_max_file_bytes: int = 64 * 1024 * 1024
-    request_log_max_file_seconds: float = 3600.0
-    request_log_max_files: int = 0
-    # which TF Serving flags the command line named (the ignored-flag notes name only those)
-    given: frozenset[str] = field(default_factory=frozenset)
+# tfpipe's own, after TF Serving's.
+TFPIPE_FLAGS: list[Flag] = [
+    Flag("backend", str, "embedded", "embedded: tfpipe's TF-Serving-compatible server; tfserving: run "
+         "tensorflow_model_server from PATH; docker: run the tensorflow/serving image",
+         choices=("embedded", "tfserving", "docker")),
+    Flag("host", str, "0.0.0.0", "Address the embedded server binds", metavar="ADDRESS"),
+    Flag("max_request_bytes", int, 64 * 1024 * 1024, "Largest REST body accepted; 413 over it, before any of the "
+         "body is read when Content-Length says so", metavar="BYTES", shown_default="64 MiB"),
+    Flag("rest_read_timeout_seconds", float, 30.0, "REST: a connection that has not sent a whole request line and "
+         "headers within S seconds (of opening, or of its previous answer, so idle connections too), or then its "
+         "whole body within S more, is closed; 0: no such limit", metavar="S", shown_default="30"),
+    Flag("drain_seconds", float, 30.0, "On SIGTERM, wait this long for in-flight requests", metavar="S",
+         shown_default="30"),
+    Flag("workers", int, 0, "Embedded server: N processes serving the same ports (SO_REUSEPORT), each with its own "
+         "copy of the models and a share of TensorFlow's threads, so that requests use N cores; Prometheus shows "
+         "their totals. 0: one per core, but one process with --enable_batching (batches fill per process: "
+         "tfpipe tune finds N with the batch size split) or --grpc_socket_path (a Unix socket is not shared)",
+         metavar="N"),
+    Flag("gpu", _bool, False, "docker/k8s: the GPU image (tensorflow/serving:latest-gpu)", switch=True),
+    Flag("docker_image", str, "", "docker/k8s: image to run (default tensorflow/serving:latest[-gpu])",
+         metavar="IMAGE", shown_default=""),
+    Flag("config_dir", str, "serve-config",
+         "tfserving/docker: where models.config, batching.config, monitoring.config are written", metavar="DIR"),
+    Flag("emit_k8s", str, "", "Write Kubernetes manifests (Deployment, Service, HPA) for TF Serving to DIR and exit",
+         metavar="DIR", aliases=("--emit-k8s",), shown_default=""),
+    Flag("dry_run", _bool, False, "tfserving/docker: write the configs and print the command instead of running it",
+         switch=True),
+]
 
-    def tags(self) -> list[str]:
-        return [t for t in self.saved_model_tags.split(",") if t] or ["serve"]
+REQUEST_LOG_HELP = (
+    "A model's logging_config in --model_config_file, e.g.\n"
+    "  logging_config { log_collector_config { type: \"tfrecord\" filename_prefix: \"/logs/m\" }\n"
+    "                   sampling_config { sampling_rate: 0.1 } }\n"
+    "writes sampled requests of every API as tensorflow.serving.PredictionLog records to rotated\n"
+    "TFRecord files. These flags do the same for models without one, and bound what a log may hold.")
+REQUEST_LOG_FLAGS: list[Flag] = [
+    Flag("request_log_prefix", str, "", "Log requests of every model without its own logging_config to "
+         "PREFIX-*.tfrecord (a local path or any TensorFlow filesystem)", metavar="PREFIX", shown_default=""),
+    Flag("request_log_sampling_rate", float, 1.0, "With --request_log_prefix: the share of requests logged, 0 to 1",
+         metavar="RATE"),
+    Flag("request_log_queue_size", int, 10_000, "Records waiting for the writer; past that, records are dropped "
+         "(and counted), never the request", metavar="N", shown_default="10000"),
+    Flag("request_log_max_file_bytes", int, 64 * 1024 * 1024, "Start a new log file before one passes this size",
+         metavar="BYTES", shown_default="64 MiB"),
+    Flag("request_log_max_file_seconds", float, 3600.0, "Start a new log file once one is this old", metavar="S",
+         shown_default="3600"),
+    Flag("request_log_max_files", int, 0, "Keep at most N files per prefix, deleting the oldest; 0 keeps all",
+         metavar="N"),
+]
+
+ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS
+_TYPES = {int: int, float: float, str: str, _bool: bool}
+
+
+def _tags(self) -> list[str]:
+    return [t for t in self.saved_model_tags.split(",") if t] or ["serve"]
+
+
+# Every flag's value, by its name, with the tables' defaults; `given`: which TF Serving flags the
+# command line named (the ignored-flag notes name only those). Made from the tables, so the
+# options, the parser and --help cannot disagree on a default.
+ServeOptions = make_dataclass(
+    "ServeOptions",
+    [(f.name, _TYPES[f.kind], field(default=f.default)) for f in ALL_FLAGS]
+    + [("given", frozenset, field(default_factory=frozenset))],
+    namespace={"tags": _tags, "__module__": __name__,
+               "__doc__": "`tfpipe serve`'s options: tensorflow_model_server's flags, then tfpipe's."})
 
 
 class _Given(argparse.Action):
@@ -205,69 +205,43 @@ class _Given(argparse.Action):
         namespace._given = given
 
 
+def _help(f: Flag, tf_serving: bool) -> str:
+    """The flag's --help text with its default: TF Serving's as main.cc's help prints them."""
+    if f.shown_default is not None:
+        shown = f.shown_default
+    elif f.kind is _bool:
+        shown = "" if f.switch else str(f.default).lower()
+    else:
+        shown = repr(f.default) if tf_serving else str(f.default)
+    text = f.help.rstrip(".") + (f" (default {shown})" if shown != "" else "")
+    if f.ignored:
+        text += f". Accepted, ignored: {f.ignored}."
+    return text.replace("%", "%%")
+
+
+def _add(group, f: Flag, tf_serving: bool = False) -> None:
+    names = [f"--{f.name}", *f.aliases]
+    if f.switch:
+        group.add_argument(*names, dest=f.name, action="store_true", help=_help(f, tf_serving))
+    elif f.kind is _bool:
+        group.add_argument(*names, dest=f.name, type=_bool, nargs="?", const=True, default=f.default,
+                           action=_Given, metavar="true|false", help=_help(f, tf_serving))
+    else:
+        group.add_argument(*names, dest=f.name, type=f.kind, default=f.default, action=_Given, choices=f.choices,
+                           metavar=f.metavar or (None if f.choices else f.kind.__name__.upper()), help=_help(f, tf_serving))
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     tf = parser.add_argument_group(
         f"tensorflow_model_server flags (all {len(TF_SERVING_FLAGS)}; TF Serving's defaults)")
     for f in TF_SERVING_FLAGS:
-        text = f"{f.help.rstrip('.')} (default {str(f.default).lower() if f.kind is _bool else repr(f.default)})"
-        if f.ignored:
-            text += f". Accepted, ignored: {f.ignored}."
-        text = text.replace("%", "%%")
-        if f.kind is _bool:
-            tf.add_argument(f"--{f.name}", type=_bool, nargs="?", const=True, default=f.default,
-                            action=_Given, metavar="true|false", help=text)
-        else:
-            tf.add_argument(f"--{f.name}", type=f.kind, default=f.default, action=_Given, metavar=f.kind.__name__.upper(),
-                            help=text)
+        _add(tf, f, tf_serving=True)
     own = parser.add_argument_group("tfpipe flags")
-    own.add_argument("--backend", choices=["embedded", "tfserving", "docker"], default="embedded",
-                     help="embedded: tfpipe's TF-Serving-compatible server (default); tfserving: run "
-                          "tensorflow_model_server from PATH; docker: run the tensorflow/serving image")
-    own.add_argument("--host", default="0.0.0.0", help="Address the embedded server binds (default 0.0.0.0)")
-    own.add_argument("--max_request_bytes", type=int, default=64 * 1024 * 1024,
-                     help="Largest REST body accepted; 413 over it, before any of the body is read when "
-                          "Content-Length says so (default 64 MiB)")
-    own.add_argument("--rest_read_timeout_seconds", type=float, default=30.0, metavar="S",
-                     help="REST: a connection that has not sent a whole request line and headers within S seconds "
-                          "(of opening, or of its previous answer, so idle connections too), or then its whole body "
-                          "within S more, is closed; 0: no such limit (default 30)")
-    own.add_argument("--drain_seconds", type=float, default=30.0,
-                     help="On SIGTERM, wait this long for in-flight requests (default 30)")
-    own.add_argument("--workers", type=int, default=0, metavar="N",
-                     help="Embedded server: N processes serving the same ports (SO_REUSEPORT), each with its own "
-                          "copy of the models and a share of TensorFlow's threads, so that requests use N cores; "
-                          "Prometheus shows their totals. Default: one per core, but one process with "
-                          "--enable_batching (batches fill per process: tfpipe tune finds N with the batch size "
-                          "split) or --grpc_socket_path (a Unix socket is not shared). 1: one process")
-    own.add_argument("--gpu", action="store_true", help="docker/k8s: the GPU image (tensorflow/serving:latest-gpu)")
-    own.add_argument("--docker_image", default="", help="docker/k8s: image to run (default tensorflow/serving:latest[-gpu])")
-    own.add_argument("--config_dir", default="serve-config",
-                     help="tfserving/docker: where models.config, batching.config, monitoring.config are written")
-    own.add_argument("--emit-k8s", "--emit_k8s", dest="emit_k8s", default="", metavar="DIR",
-                     help="Write Kubernetes manifests (Deployment, Service, HPA) for TF Serving to DIR and exit")
-    own.add_argument("--dry_run", action="store_true",
-                     help="tfserving/docker: write the configs and print the command instead of running it")
-    logs = parser.add_argument_group(
-        "request logging (embedded server)",
-        "A model's logging_config in --model_config_file, e.g.\n"
-        "  logging_config { log_collector_config { type: \"tfrecord\" filename_prefix: \"/logs/m\" }\n"
-        "                   sampling_config { sampling_rate: 0.1 } }\n"
-        "writes sampled requests of every API as tensorflow.serving.PredictionLog records to rotated\n"
-        "TFRecord files. These flags do the same for models without one, and bound what a log may hold.")
-    logs.add_argument("--request_log_prefix", default="", metavar="PREFIX",
-                      help="Log requests of every model without its own logging_config to PREFIX-*.tfrecord "
-                           "(a local path or any TensorFlow filesystem)")
-    logs.add_argument("--request_log_sampling_rate", type=float, default=1.0, metavar="RATE",
-                      help="With --request_log_prefix: the share of requests logged, 0 to 1 (default 1.0)")
-    logs.add_argument("--request_log_queue_size", type=int, default=10_000, metavar="N",
-                      help="Records waiting for the writer; past that, records are dropped (and counted), "
-                           "never the request (default 10000)")
-    logs.add_argument("--request_log_max_file_bytes", type=int, default=64 * 1024 * 1024, metavar="BYTES",
-                      help="Start a new log file before one passes this size (default 64 MiB)")
-    logs.add_argument("--request_log_max_file_seconds", type=float, default=3600.0, metavar="S",
-                      help="Start a new log file once one is this old (default 3600)")
-    logs.add_argument("--request_log_max_files", type=int, default=0, metavar="N",
-                      help="Keep at most N files per prefix, deleting the oldest; 0 keeps all (default)")
+    for f in TFPIPE_FLAGS:
+        _add(own, f)
+    logs = parser.add_argument_group("request logging (embedded server)", REQUEST_LOG_HELP)
+    for f in REQUEST_LOG_FLAGS:
+        _add(logs, f)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

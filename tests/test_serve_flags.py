@@ -55,6 +55,19 @@ def _parse(*argv: str):
 
 # ---- the flag table ------------------------------------------------------------------------
 
+def test_the_parser_and_the_options_have_the_same_defaults():
+    """One table makes both: a command line with no flag gives ServeOptions() field by field,
+    and every flag the parser takes is an option (no parser-only or option-only flag)."""
+    import dataclasses
+
+    from tfpipe.serve.flags import ALL_FLAGS, ServeOptions
+
+    opts, extra = _parse()
+    assert extra == [] and opts == ServeOptions()
+    assert [f.name for f in dataclasses.fields(ServeOptions)] == [f.name for f in ALL_FLAGS] + ["given"]
+    assert opts.workers == 0  # auto: one per core (tfpipe.serve.workers.worker_count)
+
+
 def test_every_tensorflow_model_server_flag_is_taken_and_listed_in_help():
     from tfpipe.serve.flags import TF_SERVING_FLAGS, _bool
 
