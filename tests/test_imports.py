@@ -25,10 +25,14 @@ def modules() -> dict[str, str]:
     """Installed module name -> source file, for every module of the package."""
     found = {}
     for folder, package in FOLDERS.items():
-        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
-            if name.endswith(".py"):
-                stem = name[:-3]
-                found[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(ROOT, folder, name)
+        for sub, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = sorted(d for d in dirs if os.path.exists(os.path.join(sub, d, "__init__.py")))
+            rel = os.path.relpath(sub, os.path.join(ROOT, folder))
+            pkg = package if rel == "." else f"{package}.{rel.replace(os.sep, '.')}"
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    stem = name[:-3]
+                    found[pkg if stem == "__init__" else f"{pkg}.{stem}"] = os.path.join(sub, name)
     return found
 
 
