@@ -297,12 +297,15 @@ def _gpu_sampler(gpus: list[dict], work: str, log: Callable[[str], None]):
 
 def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> list[keras.callbacks.Callback]:
     callbacks = [
+        # Keras calls these in order. The epoch's metrics.jsonl line is written before its backup,
+        # so a run killed between the two resumes from the epoch before and writes the line again
+        # (the resume trims lines past the backup's epoch); the other way round, it lost a line.
+        epoch_log,
         # double_checkpoint: the backup before the last is kept beside it (.bkp), for a run
         # killed while it wrote the last one (repair_backup)
         keras.callbacks.BackupAndRestore(os.path.join(work, "backup"), double_checkpoint=True),
-        KeepLearningRate(config.learning_rate),
+        KeepLearningRate(config.learning_rate),  # after the restore, which brings the old rate back
         StopOnNonFiniteLoss(),
-        epoch_log,
         keras.callbacks.ModelCheckpoint(os.path.join(work, "checkpoints", "epoch-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
         keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True,

@@ -98,9 +98,10 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
         logs = {m.name: float(m.result()) for m in train_metrics}
         logs.update({f"val_{k}": v for k, v in validate(dist_eval).items()})
         seconds = time.perf_counter() - t0
-        _checkpoint(trainer, work, backup, epoch + 1, writer, logs)
+        # the epoch's metrics line before its backup: a backup of epoch N implies its line (see job._callbacks)
         on_epoch({"epoch": epoch + 1, **logs, "seconds": round(seconds, 4), "steps": steps,
                   "step_seconds": round(step_seconds, 4), "examples_per_s": round(examples / step_seconds, 1)})
+        _checkpoint(trainer, work, backup, epoch + 1, writer, logs)
         if epoch + 1 <= min_epochs:
             pass  # as Keras's EarlyStopping(start_from_epoch): no epoch is judged before min_epochs
         elif logs["val_loss"] < best:
