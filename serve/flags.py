@@ -168,12 +168,15 @@ REQUEST_LOG_FLAGS: list[Flag] = [
          metavar="RATE"),
     Flag("request_log_queue_size", int, 10_000, "Records waiting for the writer; past that, records are dropped "
          "(and counted), never the request", metavar="N", shown_default="10000"),
-    Flag("request_log_max_file_bytes", int, 64 * 1024 * 1024, "Start a new log file before one passes this size",
-         metavar="BYTES", shown_default="64 MiB"),
+    Flag("request_log_max_file_bytes", int, 64 * 1024 * 1024, "Start a new log file before one passes this size; "
+         "only a single larger record makes one larger", metavar="BYTES", shown_default="64 MiB"),
     Flag("request_log_max_file_seconds", float, 3600.0, "Start a new log file once one is this old", metavar="S",
          shown_default="3600"),
-    Flag("request_log_max_files", int, 0, "Keep at most N files per prefix, deleting the oldest; 0 keeps all",
-         metavar="N"),
+    # A log left on must not fill the disk: 16 files of the default 64 MiB are 1 GiB per prefix and process.
+    Flag("request_log_max_files", int, 16, "Each server process keeps the newest N of the files it wrote per "
+         "prefix, deleting older ones: N x --request_log_max_file_bytes bounds the disk a prefix's log takes per "
+         "worker process. Files of earlier runs are left alone. 0 keeps every file", metavar="N",
+         shown_default="16: 1 GiB with the default file size"),
 ]
 
 ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS
