@@ -69,7 +69,8 @@ TF_SERVING_FLAGS: list[Flag] = [
     Flag("model_base_path", str, "", "Directory holding numbered version subdirectories (BASE/VERSION/)."),
     Flag("num_load_threads", int, 0, "Threads that load versions; 0 loads them one after another."),
     Flag("num_unload_threads", int, 0, "Threads that unload versions; 0 unloads them one after another."),
-    Flag("max_num_load_retries", int, 5, "Retries of a version whose load failed, before it is reported as failed."),
+    Flag("max_num_load_retries", int, 5, "Retries of a version whose load failed, before it is reported as failed "
+         "(END with its error); meanwhile its status is LOADING with the last attempt's error."),
     Flag("load_retry_interval_micros", int, 60_000_000, "Wait between load retries; negative: no wait."),
     Flag("file_system_poll_wait_seconds", int, 1, "Poll base paths for new versions this often; 0: once; "
          "negative: never (no model loads)."),
