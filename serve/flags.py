@@ -69,7 +69,8 @@ TF_SERVING_FLAGS: list[Flag] = [
     Flag("model_base_path", str, "", "Directory holding numbered version subdirectories (BASE/VERSION/)."),
     Flag("num_load_threads", int, 0, "Threads that load versions; 0 loads them one after another."),
     Flag("num_unload_threads", int, 0, "Threads that unload versions; 0 unloads them one after another."),
-    Flag("max_num_load_retries", int, 5, "Retries of a version whose load failed, before it is reported as failed."),
+    Flag("max_num_load_retries", int, 5, "Retries of a version whose load failed, before it is reported as failed "
+         "(END with its error); meanwhile its status is LOADING with the last attempt's error."),
     Flag("load_retry_interval_micros", int, 60_000_000, "Wait between load retries; negative: no wait."),
     Flag("file_system_poll_wait_seconds", int, 1, "Poll base paths for new versions this often; 0: once; "
          "negative: never (no model loads)."),
@@ -168,12 +169,15 @@ REQUEST_LOG_FLAGS: list[Flag] = [
          metavar="RATE"),
     Flag("request_log_queue_size", int, 10_000, "Records waiting for the writer; past that, records are dropped "
          "(and counted), never the request", metavar="N", shown_default="10000"),
-    Flag("request_log_max_file_bytes", int, 64 * 1024 * 1024, "Start a new log file before one passes this size",
-         metavar="BYTES", shown_default="64 MiB"),
+    Flag("request_log_max_file_bytes", int, 64 * 1024 * 1024, "Start a new log file before one passes this size; "
+         "only a single larger record makes one larger", metavar="BYTES", shown_default="64 MiB"),
     Flag("request_log_max_file_seconds", float, 3600.0, "Start a new log file once one is this old", metavar="S",
          shown_default="3600"),
-    Flag("request_log_max_files", int, 0, "Keep at most N files per prefix, deleting the oldest; 0 keeps all",
-         metavar="N"),
+    # A log left on must not fill the disk: 16 files of the default 64 MiB are 1 GiB per prefix and process.
+    Flag("request_log_max_files", int, 16, "Each server process keeps the newest N of the files it wrote per "
+         "prefix, deleting older ones: N x --request_log_max_file_bytes bounds the disk a prefix's log takes per "
+         "worker process. Files of earlier runs are left alone. 0 keeps every file", metavar="N",
+         shown_default="16: 1 GiB with the default file size"),
 ]
 
 ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS

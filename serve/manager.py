@@ -6,8 +6,9 @@ Follows TF Serving's ServerCore with the AvailabilityPreservingPolicy:
   * a new version loads (and runs its warmup) beside the old one; requests move to it once
     it is AVAILABLE, and only then is the old one unloaded;
   * a failed load is retried --max_num_load_retries times, --load_retry_interval_micros
-    apart, while the version is still wanted; then it is reported in status with its error
-    and never takes traffic (a later change of its directory tries again);
+    apart, while the version is still wanted, its status LOADING with the last attempt's
+    error meanwhile; then it is reported in status (END) with its error and never takes
+    traffic (a later change of its directory tries again);
   * at start, and for models a config reload adds, the caller waits until each model has a
     version AVAILABLE; a model whose versions all failed is an error; a base path that does
     not exist, or holds no version, is reported and polled until one appears;
@@ -426,6 +427,10 @@ class ModelManager:
             except Exception as e:  # noqa: BLE001 (any load failure is reported in status)
                 msg = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]
                 error, servable = f"Failed to load {path}: {msg}", None
+                with self._lock:  # status shows the error while the load is retried, not only after
+                    if s.state == LOADING:
+                        s.error_code, s.error_message = FAILED, error
+                        self._changed.notify_all()
                 if attempt < attempts:
                     wait = max(0.0, self.options.retry_interval_seconds)
                     self.log(f"loading {model.name} version {s.version} failed (attempt {attempt} of {attempts}); "

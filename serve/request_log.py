@@ -10,8 +10,14 @@ prefix (the format: `tfpipe/prediction_logs.py`).
 Logging never slows or fails a request. The request thread draws the sample and puts a
 small entry on a bounded queue; one writer thread per prefix builds the protos, serializes
 and writes them. When the queue is full the entry is dropped and counted
-(`tfpipe_serving_request_log_records_total{status="dropped"}`), and a write error is
-counted as `failed`; neither reaches the client.
+(`tfpipe_serving_request_log_records_total{status="dropped"}`); no error of the log reaches
+the client.
+
+A record is counted `written` once it is known to be on disk (after the flush that follows
+each burst of writes), and `failed` when a write, flush, open, rotation or close fails
+(a full disk): the file is given up, the records it holds in full stay readable, and the
+writer tries a new file after RETRY_SECONDS, counting what comes meanwhile as failed. The
+log says once when writing stops and once when it goes on again.
 
 As in TF Serving's ServerRequestLogger, models with the same logging config share one
 logger, a reload keeps the loggers whose config did not change, and a config that cannot
@@ -34,22 +40,27 @@ from tensorflow_serving.config import logging_config_pb2, model_server_config_pb
 
 from tfpipe.prediction_logs import LOG_FIELDS, SUFFIX, timing_bytes
 from tfpipe.serve.errors import invalid, not_found
+from tfpipe.serve.flags import ServeOptions
 from tfpipe.serve.metrics import Metrics
 
 COLLECTOR_TYPE = "tfrecord"
 GATHER_SECONDS = 0.02
+# While writes fail, how long the writer waits before it tries a file again: a full disk is
+# not hammered with a new file every burst, and logging goes on within this after space returns.
+RETRY_SECONDS = 1.0
 _STOP = object()
+_FLAGS = ServeOptions()  # LogBounds' defaults are the --request_log_* flags' (serve/flags.py's table)
 
 
 @dataclass(frozen=True)
 class LogBounds:
     """How much a collector may hold: entries waiting in memory, and the size and age of a
-    file before the next record starts a new one; `max_files` > 0 deletes a prefix's
-    oldest files past that many."""
-    queue_size: int = 10_000
-    max_file_bytes: int = 64 * 1024 * 1024
-    max_file_seconds: float = 3600.0
-    max_files: int = 0
+    file before the next record starts a new one; `max_files` > 0 deletes the oldest of the
+    files this process wrote for a prefix past that many (0 keeps them all)."""
+    queue_size: int = _FLAGS.request_log_queue_size
+    max_file_bytes: int = _FLAGS.request_log_max_file_bytes
+    max_file_seconds: float = _FLAGS.request_log_max_file_seconds
+    max_files: int = _FLAGS.request_log_max_files
 
 
 @dataclass
@@ -100,11 +111,16 @@ class TFRecordCollector:
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, bounds.queue_size))
         self._writer = None
         self._path = ""
-        self._bytes = 0
+        self._bytes = 0  # how far the open file's records reach
+        self._durable = 0  # how much of it is known to be on disk
+        self._pending: list[tuple[str, int]] = []  # (model, end offset) of records written since then
         self._opened = 0.0
         self._seq = 0
         self._files: list[str] = []
-        self._error_said = False
+        self._failing = False  # writes fail: records are counted as failed until one succeeds
+        self._failed = 0  # records failed since writes last succeeded
+        self._retry_at = 0.0
+        self._encode_error_said = False
         self._thread = threading.Thread(target=self._run, name=f"tfpipe-request-log:{prefix}", daemon=True)
         self._thread.start()
 
@@ -154,33 +170,112 @@ class TFRecordCollector:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            flushed = []
-            for item in batch:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    flushed.append(item)
-                else:
-                    self._write(item)
-            if self._writer is not None:
-                self._writer.flush()
-            for event in flushed:
-                event.set()
-        self._close_file()
-
-    def _write(self, entry: Entry) -> None:
+            stop = any(item is _STOP for item in batch)
+            try:
+                self._write_batch([item for item in batch if isinstance(item, Entry)])
+            except Exception as e:  # the writer thread outlives anything a burst raises
+                self._give_up_file(e, [])
+            finally:
+                for item in batch:
+                    if isinstance(item, threading.Event):
+                        item.set()
         try:
-            record = encode(entry)
-            self._rotate(len(record))
-            self._writer.write(record)
+            self._close_file()
+        except Exception as e:
+            self._give_up_file(e, [])
+
+    def _write_batch(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        if self._failing and time.monotonic() < self._retry_at:
+            for entry in entries:
+                self._count_failed(entry.model)
+            return
+        for i, entry in enumerate(entries):
+            try:
+                record = encode(entry)
+            except Exception as e:  # a request the log cannot represent: that record alone is lost
+                self.metrics.request_log(entry.model, "failed")
+                if not self._encode_error_said:
+                    self._encode_error_said = True
+                    self.log(f"request log {self.prefix}: a {entry.api} record of {entry.model} could not be made "
+                             f"({_one_line(e)}); such records are counted in "
+                             "tfpipe_serving_request_log_records_total{status=\"failed\"}")
+                continue
+            try:
+                self._rotate(len(record))
+                self._writer.write(record)
+            except Exception as e:  # a full disk, a bad prefix: counted, never raised to a request
+                self._give_up_file(e, entries[i:])
+                return
             self._bytes += len(record) + 16  # TFRecord framing: length, two CRCs
-            self.metrics.request_log(entry.model, "written")
-        except Exception as e:  # a full disk, a bad prefix: counted, never raised to a request
-            self.metrics.request_log(entry.model, "failed")
-            if not self._error_said:
-                self._error_said = True
-                self.log(f"request log {self.prefix}: cannot write ({type(e).__name__}: {e}); failed records are "
-                         "counted in tfpipe_serving_request_log_records_total{status=\"failed\"}")
+            self._pending.append((entry.model, self._bytes))
+        if self._writer is None:
+            return
+        try:
+            self._writer.flush()
+        except Exception as e:
+            self._give_up_file(e, [])
+            return
+        self._on_disk()
+
+    def _on_disk(self) -> None:
+        """The records written so far are on disk: count them, and say so if writes had failed."""
+        for model, _ in self._pending:
+            self.metrics.request_log(model, "written")
+        self._pending, self._durable = [], self._bytes
+        if self._failing:
+            self._failing = False
+            self.log(f"request log {self.prefix}: writing again; {self._failed} records failed while it could not")
+            self._failed = 0
+
+    def _count_failed(self, model: str) -> None:
+        self.metrics.request_log(model, "failed")
+        self._failed += 1
+
+    def _give_up_file(self, error: Exception, unwritten: list[Entry]) -> None:
+        """A write, flush, open, rotation or close failed. The file is closed as it is: the
+        records it holds in full are counted written (its size on disk says which), the others
+        and `unwritten` failed; a file that holds no whole record is removed. The next record
+        starts a new file, RETRY_SECONDS from now."""
+        import tensorflow as tf
+
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 (the failure is the one being handled)
+                pass
+        size = 0
+        if self._path:
+            try:
+                size = tf.io.gfile.stat(self._path).length
+            except Exception:  # noqa: BLE001 (a file that cannot be read back holds nothing we count)
+                size = 0
+        lost = [e.model for e in unwritten]
+        held = self._durable > 0
+        for model, end in self._pending:
+            if end <= size:
+                self.metrics.request_log(model, "written")
+                held = True
+            else:
+                lost.append(model)
+        if self._path and not held:
+            try:
+                tf.io.gfile.remove(self._path)
+            except Exception:  # noqa: BLE001 (never created, or already gone)
+                pass
+            if self._files and self._files[-1] == self._path:
+                self._files.pop()
+        self._pending, self._path, self._bytes, self._durable = [], "", 0, 0
+        for model in lost:
+            self._count_failed(model)
+        if not self._failing:
+            self._failing = True
+            self.log(f"request log {self.prefix}: cannot write ({_one_line(error)}); records are counted in "
+                     "tfpipe_serving_request_log_records_total{status=\"failed\"} and a new file is tried every "
+                     f"{RETRY_SECONDS:g}s")
+        self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def _rotate(self, incoming: int) -> None:
         b = self.bounds
@@ -197,11 +292,12 @@ class TFRecordCollector:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         sep = "" if self.prefix.endswith(("/", os.sep)) else "-"
         self._path = f"{self.prefix}{sep}{stamp}-{os.getpid()}-{self._seq:05d}{SUFFIX}"
+        self._bytes = self._durable = 0
         parent = os.path.dirname(self._path)
         if parent:
             tf.io.gfile.makedirs(parent)
         self._writer = tf.io.TFRecordWriter(self._path)
-        self._bytes, self._opened = 0, time.monotonic()
+        self._opened = time.monotonic()
         self._files.append(self._path)
         if self.bounds.max_files > 0:
             while len(self._files) > self.bounds.max_files:
@@ -212,9 +308,17 @@ class TFRecordCollector:
                     pass
 
     def _close_file(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Close the file; raises what closing raises, with the file still named for
+        `_give_up_file`."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            self._on_disk()
+
+
+def _one_line(error: Exception) -> str:
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def encode(entry: Entry) -> bytes:

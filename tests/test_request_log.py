@@ -4,7 +4,10 @@ official tensorflow.serving.PredictionLog."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -183,13 +186,13 @@ def test_a_full_log_queue_drops_records_and_no_request_waits_or_fails(tmp_path):
                  request_log_prefix=str(tmp_path / "logs" / "half"), request_log_queue_size=4,
                  monitoring_config_file=str(tmp_path / "monitoring.config"))
     gate = threading.Event()
-    real_write = request_log.TFRecordCollector._write
+    real_write = request_log.TFRecordCollector._write_batch
 
-    def stalled_write(self, entry):
+    def stalled_write(self, entries):
         gate.wait(30)
-        real_write(self, entry)
+        real_write(self, entries)
 
-    request_log.TFRecordCollector._write = stalled_write
+    request_log.TFRecordCollector._write_batch = stalled_write
     try:
         with ServerThread(opts) as s:
             url = f"http://127.0.0.1:{s.rest_port}"
@@ -211,7 +214,7 @@ def test_a_full_log_queue_drops_records_and_no_request_waits_or_fails(tmp_path):
             assert written + dropped == 40
             assert len(_records(tmp_path / "logs" / "half")) == written
     finally:
-        request_log.TFRecordCollector._write = real_write
+        request_log.TFRecordCollector._write_batch = real_write
 
 
 def _x(log) -> float:
@@ -230,32 +233,243 @@ def _send_flushed(server, n: int) -> None:
 
 
 def test_log_files_rotate_by_size_and_the_oldest_go_past_max_files(tmp_path):
+    """Files rotate before they pass --request_log_max_file_bytes (two records of about 200
+    bytes each here). By default a process keeps the newest 16 files per prefix, a bound --help
+    states; 0 keeps every file."""
     from serving_models import save_half
 
+    from tfpipe.cli import build_parser
     from tfpipe.prediction_logs import log_files
+    from tfpipe.serve.flags import ServeOptions, options_from_args
+    from tfpipe.serve.request_log import LogBounds
     from tfpipe.serve.server import ServerThread
 
+    parser = build_parser()
+    cli = options_from_args(parser.parse_known_args(["serve"])[0])
+    assert cli.request_log_max_files == ServeOptions().request_log_max_files == LogBounds().max_files == 16
+    assert cli.request_log_max_file_bytes == LogBounds().max_file_bytes == 64 * 2**20
+    serve_help = " ".join(parser._subparsers._group_actions[0].choices["serve"].format_help().split())
+    assert "(default 16: 1 GiB with the default file size)" in serve_help
+
     save_half(str(tmp_path / "half" / "1"))
-    prefix = tmp_path / "logs" / "half"
-    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(prefix),
-                 request_log_max_file_bytes=1500)
+    every = tmp_path / "logs" / "every"
+    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(every),
+                 request_log_max_file_bytes=500, request_log_max_files=0)
     with ServerThread(opts) as s:
-        _send_flushed(s, 30)
-    files = log_files(str(prefix))
-    assert len(files) >= 3
-    assert all(os.path.getsize(f) <= 1500 for f in files)
-    assert len(_records(prefix)) == 30
-    sent = sorted(_x(log) for log, _ in _records(prefix))
-    assert sent == [float(i) for i in range(30)]
+        _send_flushed(s, 36)
+    files = log_files(str(every))
+    assert len(files) > 16
+    assert all(os.path.getsize(f) <= 500 for f in files)
+    assert [_x(log) for log, _ in _records(every)] == [float(i) for i in range(36)]
 
     kept = tmp_path / "logs" / "kept"
     opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(kept),
-                 request_log_max_file_bytes=1500, request_log_max_files=2)
+                 request_log_max_file_bytes=500)
     with ServerThread(opts) as s:
-        _send_flushed(s, 30)
-    assert len(log_files(str(kept))) == 2
+        _send_flushed(s, 36)
+    assert len(log_files(str(kept))) == 16
     newest = [_x(log) for log, _ in _records(kept)]
-    assert newest[-1] == 29.0 and len(newest) < 30
+    assert 16 <= len(newest) < 36 and newest == [float(i) for i in range(36 - len(newest), 36)]
+
+
+@contextlib.contextmanager
+def _small_disk(path, options: str):
+    """A tmpfs mounted at `path` (`options`: its size, inodes) for the block; skips where this
+    process may not mount one (not root, no CAP_SYS_ADMIN, no mount command)."""
+    path.mkdir()
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
+                           text=True, timeout=30)
+    except OSError as e:
+        pytest.skip(f"a small disk to fill is a tmpfs, and this machine cannot mount one: {e}")
+    if r.returncode:
+        pytest.skip(f"a small disk to fill is a tmpfs, and this process cannot mount one (it needs root or "
+                    f"CAP_SYS_ADMIN): {(r.stderr or r.stdout).strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=30).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def _fill(path) -> None:
+    """Write a file at `path` until its disk has no room left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_fails_log_records_not_requests_and_logging_resumes_when_space_returns(tmp_path, monkeypatch):
+    """The log's directory is a 1 MiB tmpfs that a filler file fills while the server runs.
+    REST and gRPC requests keep answering; the records that could not be written are counted
+    as failed, the server's log says so in one line however often the writer tries again, and
+    once the filler is gone new records are written: every record counted as written is read
+    back, and none counted as failed is there."""
+    import tensorflow as tf
+    from serving_models import save_half
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve import request_log
+    from tfpipe.serve.server import ServerThread
+
+    monkeypatch.setattr(request_log, "RETRY_SECONDS", 0.2)  # the outage below spans several tries
+    save_half(str(tmp_path / "half" / "1"))
+    (tmp_path / "monitoring.config").write_text('prometheus_config { enable: true path: "/metrics" }')
+    with _small_disk(tmp_path / "disk", "size=1m") as disk:
+        prefix = disk / "logs" / "half"
+        lines: list[str] = []
+        opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), request_log_prefix=str(prefix),
+                     monitoring_config_file=str(tmp_path / "monitoring.config"))
+        with ServerThread(opts, log=lines.append) as s, grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            url = f"http://127.0.0.1:{s.rest_port}"
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            sent = []
+
+            def ask(x: float) -> None:
+                """x over REST and x + 0.5 over gRPC, each answered right; then the log is flushed."""
+                r = requests.post(f"{url}/v1/models/half:predict", json={"instances": [x]}, timeout=10)
+                assert r.status_code == 200 and r.json()["predictions"] == [x / 2 + 2], r.text
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = "half"
+                request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([x + 0.5], np.float32)))
+                y = tf.make_ndarray(stub.Predict(request, 10).outputs["y"])
+                assert y.tolist() == [(x + 0.5) / 2 + 2]
+                sent.extend([x, x + 0.5])
+                s.request_logs.flush()
+
+            def count(status: str) -> float:
+                return _counter(url, "/metrics", "half", status)
+
+            for i in range(5):
+                ask(float(i))
+            assert count("written") == 10 and count("failed") == 0
+
+            _fill(disk / "filler")
+            x, deadline = 100.0, time.monotonic() + 30
+            while count("failed") == 0:  # the open file's last page may still take a few records
+                assert time.monotonic() < deadline, "no record failed on a full disk"
+                ask(x)
+                x += 1
+            written_when_full = count("written")
+            until = time.monotonic() + 1.0  # five tries of the writer, with requests all along
+            while time.monotonic() < until:
+                ask(x)
+                x += 1
+            assert count("written") == written_when_full
+            said = [line for line in lines if "cannot write" in line]
+            assert len(said) == 1, said
+            assert said[0].startswith(f"request log {prefix}: cannot write (") and "No space left on device" in said[0]
+            assert "\n" not in said[0] and not any("writing again" in line for line in lines)
+
+            os.remove(disk / "filler")
+            x, deadline = 1000.0, time.monotonic() + 30
+            while count("written") == written_when_full:
+                assert time.monotonic() < deadline, "logging did not resume once the disk had room"
+                ask(x)
+                x += 1
+            ask(x)
+            failed = count("failed")
+            resumed = [line for line in lines if "writing again" in line]
+            assert resumed == [f"request log {prefix}: writing again; {int(failed)} records failed while it could not"]
+            assert count("dropped") == 0 and count("written") + failed == len(sent)
+        written = s.metrics.request_logs[("half", "written")]  # after the server closed its files
+        logs = _records(prefix)
+    got = sorted(_x(log) for log, _ in logs)
+    assert len(got) == written == len(sent) - failed
+    assert got[:10] == [i + h for i in range(5) for h in (0.0, 0.5)]
+    assert got[-2:] == [x, x + 0.5]  # the last requests, after space came back
+    assert set(got) <= set(sent) and len(set(got)) == len(got)
+
+
+def _entry(model: str, x: float, build=None):
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.serve.request_log import Entry
+
+    def made():
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([x], np.float32)))
+        return request, predict_pb2.PredictResponse()
+
+    return Entry(model, 1, "serving_default", "predict", "grpc", time.time_ns(), 1000, build or made)
+
+
+def test_a_log_file_that_cannot_be_opened_or_rotated_is_counted_and_leaves_no_empty_file(tmp_path, monkeypatch):
+    """A collector on a tmpfs whose inodes, then blocks, run out. No inode: the new file cannot
+    be opened. No block, with every record in a file of its own: the second record of a burst
+    closes the first's file, and that close fails. Each time the records are counted as failed,
+    no empty file is left, and writing goes on once there is room."""
+    from tfpipe.prediction_logs import log_files
+    from tfpipe.serve import request_log
+    from tfpipe.serve.metrics import Metrics
+
+    monkeypatch.setattr(request_log, "RETRY_SECONDS", 0.05)
+    with _small_disk(tmp_path / "disk", "size=256k,nr_inodes=16") as disk:
+        prefix = str(disk / "logs" / "m")
+        (disk / "logs").mkdir()
+        metrics, lines = Metrics(), []
+        collector = request_log.TFRecordCollector(prefix, request_log.LogBounds(max_file_bytes=1), metrics,
+                                                  lines.append)
+        try:
+            names = []
+            with pytest.raises(OSError) as e:
+                while True:
+                    (disk / f"inode{len(names)}").touch()
+                    names.append(disk / f"inode{len(names)}")
+            assert e.value.errno == errno.ENOSPC
+            collector.offer(_entry("m", 1.0))
+            collector.flush()
+            assert metrics.request_logs == {("m", "failed"): 1} and log_files(prefix) == []
+            assert len(lines) == 1 and "cannot write (" in lines[0] and "No space left on device" in lines[0]
+            names.pop().unlink()  # room for one file
+            deadline = time.monotonic() + 10
+            while metrics.request_logs[("m", "written")] == 0:
+                assert time.monotonic() < deadline, "writing did not go on once a file could be opened"
+                collector.offer(_entry("m", 2.0))
+                collector.flush()
+            assert lines[1:] == [f"request log {prefix}: writing again; "
+                                 f"{metrics.request_logs[('m', 'failed')]} records failed while it could not"]
+            for n in names:
+                n.unlink()
+
+            # Blocks run out. A first entry whose build waits holds the writer, so that the next three
+            # arrive together: the first of them opens a file, the second's rotation closes it.
+            _fill(disk / "filler")
+            gate = threading.Event()
+
+            def held():
+                gate.wait(10)
+                raise ValueError("a request the log cannot represent")
+
+            failed = metrics.request_logs[("m", "failed")]
+            collector.offer(_entry("m", 3.0, held))
+            for x in (4.0, 5.0, 6.0):
+                collector.offer(_entry("m", x))
+            gate.set()
+            collector.flush()
+            assert metrics.request_logs[("m", "failed")] == failed + 4
+            assert any("a predict record of m could not be made (ValueError: a request the log cannot represent)"
+                       in line for line in lines)
+            assert sum("cannot write" in line for line in lines) == 2
+            files = log_files(prefix)
+            assert all(os.path.getsize(f) > 0 for f in files)  # the closed file that failed was removed
+            os.remove(disk / "filler")
+            written = metrics.request_logs[("m", "written")]
+            deadline = time.monotonic() + 10
+            while metrics.request_logs[("m", "written")] == written:
+                assert time.monotonic() < deadline, "writing did not go on once there was room"
+                collector.offer(_entry("m", 7.0))
+                collector.flush()
+        finally:
+            collector.close()
+        assert len(_records(prefix)) == metrics.request_logs[("m", "written")]
 
 
 def test_a_reload_with_an_unknown_collector_is_refused_and_logging_goes_on(logged):

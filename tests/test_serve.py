@@ -817,6 +817,61 @@ def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     assert states["2"]["state"] == "AVAILABLE" and states["1"]["state"] == "END"
 
 
+def test_a_corrupt_new_version_shows_its_load_error_in_status_while_retried_and_when_given_up(tmp_path):
+    """A new version whose saved_model.pb is cut short: GetModelStatus, over gRPC and REST, shows
+    it LOADING with its failed attempt's error as soon as that attempt fails, while it waits to
+    be tried again (--max_num_load_retries=1, --load_retry_interval_micros=1 s), then END with
+    the error once it is given up, as TF Serving reports a failed version; version 1 serves
+    throughout."""
+    from serving_models import save_half
+    from tensorflow.core.protobuf import error_codes_pb2
+    from tensorflow_serving.apis import get_model_status_pb2
+
+    from tfpipe.serve.server import ServerThread
+
+    base = tmp_path / "half"
+    save_half(str(base / "1"), b=2.0)
+    staging = tmp_path / "staging2"
+    save_half(str(staging), b=3.0)
+    pb = (staging / "saved_model.pb").read_bytes()
+    (staging / "saved_model.pb").write_bytes(pb[:len(pb) // 2])
+    opts = _opts(model_name="half", model_base_path=str(base), file_system_poll_wait_seconds=1,
+                 max_num_load_retries=1, load_retry_interval_micros=1_000_000)
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/half"
+        _, model_stub = _stubs(s.grpc_port)
+        request = get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "half"})
+        Status = get_model_status_pb2.ModelVersionStatus
+
+        def version_2(state: str) -> tuple[dict, object]:
+            """Version 2's status over REST and gRPC, once REST shows it in `state` with an error."""
+            deadline = time.monotonic() + 30
+            while True:
+                rest = {v["version"]: v for v in requests.get(url, timeout=10).json()["model_version_status"]}
+                if "2" in rest and rest["2"]["state"] == state and rest["2"]["status"]["error_message"]:
+                    grpc_status = {v.version: v for v in model_stub.GetModelStatus(request, 10).model_version_status}
+                    return rest, grpc_status
+                assert time.monotonic() < deadline, f"version 2 never showed {state} with an error: {rest}"
+                time.sleep(0.02)
+
+        os.rename(staging, base / "2")
+        rest, grpc_status = version_2("LOADING")
+        error = rest["2"]["status"]
+        assert error["error_code"] == "UNKNOWN" and error["error_message"].startswith(f"Failed to load {base / '2'}: ")
+        assert "SavedModel" in error["error_message"] and "\n" not in error["error_message"]
+        assert rest["1"] == {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        assert grpc_status[2].state == Status.LOADING
+        assert (grpc_status[2].status.error_code, grpc_status[2].status.error_message) == \
+            (error_codes_pb2.UNKNOWN, error["error_message"])
+
+        rest, grpc_status = version_2("END")
+        assert rest["2"]["status"] == error
+        assert grpc_status[2].state == Status.END and grpc_status[2].status.error_message == error["error_message"]
+        assert rest["1"]["state"] == "AVAILABLE" and grpc_status[1].state == Status.AVAILABLE
+        r = requests.post(f"{url}:predict", json={"instances": [2.0]}, timeout=10)
+        assert r.json() == {"predictions": [3.0]}  # version 1 (0.5 * 2 + 2)
+
+
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     from serving_models import save_slow
 
