@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import pytest
 import requests
@@ -812,23 +813,56 @@ def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     assert states["2"]["state"] == "AVAILABLE" and states["1"]["state"] == "END"
 
 
+def _follow(stream, into: list) -> None:
+    """A gRPC response stream's messages' statuses, then the code it ended with, into `into`."""
+    try:
+        for response in stream:
+            into.append(response.status)
+        into.append("OK")
+    except grpc.RpcError as e:
+        into.append(e.code().name)
+
+
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
+    """SIGTERM with requests in flight on both APIs (slow batched calls, REST bodies still coming in,
+    large requests the server is reading, keep-alive connections, the health service watched): every
+    request sent before the signal is answered OK, the health watch is told NOT_SERVING and ended,
+    then the server exits 0 and no longer answers."""
+    from draining import BATCHING, DrainLoad
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
     from serving_models import save_slow
 
     save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    (tmp_path / "batching.config").write_text(BATCHING)
     proc, grpc_port, rest_port = start_cli_server(
         "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}", "--file_system_poll_wait_seconds=0",
-        "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000")
+        "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000", "--enable_grpc_healthcheck_service",
+        "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
+        f"--request_log_prefix={tmp_path / 'logs' / 'slow'}")
     try:
         url = f"http://127.0.0.1:{rest_port}/v1/models/slow:predict"
         assert requests.post(url, data='{"instances": [1.0]}', timeout=30).json() == {"predictions": [2.0]}
-        in_flight = ThreadPoolExecutor(1).submit(
-            lambda: requests.post(url, data='{"instances": [5.0]}', timeout=30))
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        answer = in_flight.result(timeout=30)
-        assert answer.status_code == 200 and answer.json() == {"predictions": [6.0]}
-        assert proc.wait(timeout=30) == 0
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=90)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watched: list = []  # the statuses the watch is sent after SERVING, then how it ended
+        watcher = threading.Thread(target=_follow, args=(watch, watched))
+        watcher.start()
+        load = DrainLoad(grpc_port, rest_port, "slow")
+        load.start()
+        mark = proc.output.mark()
+        load.signal(proc)
+        proc.output.wait_for("shutting down", after=mark)
+        load.release.set()  # the uploads' last bytes come while the server drains
+        code = load.finish(proc)
+        watcher.join(timeout=30)
+        channel.close()
+        assert load.lost() == []
+        assert code == 0
+        assert watched == [health_pb2.HealthCheckResponse.NOT_SERVING, "OK"]  # told, then the stream ended
+        kinds = {kind: sum(k == kind and o == "OK" for k, _, _, o in load.results) for kind in ("upload", "large")}
+        assert kinds == {"upload": 3, "large": 3} and load.in_flight().get("grpc", 0) >= 1, (kinds, load.in_flight())
+        assert not [line for line in proc.output.lines if "cut off" in line]
         with pytest.raises(requests.ConnectionError):
             requests.post(url, data='{"instances": [1.0]}', timeout=5)
     finally:
