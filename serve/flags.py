@@ -111,7 +111,9 @@ TF_SERVING_FLAGS: list[Flag] = [
     Flag("mixed_precision", str, "", "'bfloat16': run float32 models with bfloat16 auto mixed precision."),
     Flag("skip_initialize_tpu", _bool, False, "Skip TPU system initialisation.",
          ignored="TPU initialisation; this server runs on CPU and GPU"),
-    Flag("enable_grpc_healthcheck_service", _bool, False, "Serve the standard grpc.health.v1.Health service."),
+    Flag("enable_grpc_healthcheck_service", _bool, False,
+         "Serve the standard grpc.health.v1.Health service: \"\", ModelService and PredictionService SERVING "
+         "until a drain; with --workers N, \"\" only while every worker is ready, tfpipe.worker.<i> each one."),
     Flag("enable_serialization_as_tensor_content", _bool, False,
          "Predict responses carry tensor_content bytes instead of typed value fields."),
 ]
@@ -231,14 +233,18 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                      help="REST: a connection that has not sent a whole request line and headers within S seconds "
                           "(of opening, or of its previous answer, so idle connections too), or then its whole body "
                           "within S more, is closed; 0: no such limit (default 30)")
-    own.add_argument("--drain_seconds", type=float, default=30.0,
-                     help="On SIGTERM, wait this long for in-flight requests (default 30)")
+    own.add_argument("--drain_seconds", type=float, default=30.0, metavar="S",
+                     help="On SIGTERM or Ctrl-C: stop accepting, and answer every request already received (REST "
+                          "bodies still coming in, gRPC calls queued) for up to this long; what is still open then "
+                          "is cut off, and one log line counts it (default 30)")
     own.add_argument("--workers", type=int, default=0, metavar="N",
                      help="Embedded server: N processes serving the same ports (SO_REUSEPORT), each with its own "
                           "copy of the models and a share of TensorFlow's threads, so that requests use N cores; "
                           "Prometheus shows their totals. Default: one per core, but one process with "
                           "--enable_batching (batches fill per process: tfpipe tune finds N with the batch size "
-                          "split) or --grpc_socket_path (a Unix socket is not shared). 1: one process")
+                          "split) or --grpc_socket_path (a Unix socket is not shared). 1: one process. A worker "
+                          "that exits is started again; one that exits 4 times in a row without serving 60 s is "
+                          "given up on (the others serve on; the server exits when none is left)")
     own.add_argument("--gpu", action="store_true", help="docker/k8s: the GPU image (tensorflow/serving:latest-gpu)")
     own.add_argument("--docker_image", default="", help="docker/k8s: image to run (default tensorflow/serving:latest[-gpu])")
     own.add_argument("--config_dir", default="serve-config",

@@ -21,8 +21,8 @@ import os
 import select
 import shutil
 import signal
-import tempfile
 import sys
+import tempfile
 import termios
 import threading
 from collections.abc import Callable
@@ -112,6 +112,7 @@ class EmbeddedServer:
         self._listener: asyncio.Server | None = None  # the REST port's
         self._probe_dir = self._probe = None  # the drain's probe: a Unix socket only this user can open
         self._grpc_stopping: asyncio.Future | None = None
+        self._stopped = False
         self._tasks: list[asyncio.Task] = []
 
     def _unloaded(self, servable: Servable) -> None:
@@ -288,6 +289,9 @@ class EmbeddedServer:
         had come in on an open connection, a gRPC call grpc core held, whether or not this code had
         taken it yet. What is still open `grace` seconds (--drain_seconds) after the start is cut off,
         and one log line says how many requests that was."""
+        if self._stopped:
+            return
+        self._stopped = True
         grace = self.opts.drain_seconds if grace is None else grace
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace

@@ -379,6 +379,13 @@ class Worker:
     start_at: float | None = None  # monotonic time to start it again (after its backoff)
 
 
+def restart_delay(exits_in_a_row: int) -> float | None:
+    """Seconds before a worker is started again after its n-th exit in a row; None: give up on it."""
+    if exits_in_a_row > MAX_RESTARTS:
+        return None
+    return 0.0 if exits_in_a_row <= 1 else RESTART_BACKOFF_S * 2 ** (exits_in_a_row - 2)
+
+
 def _exit_text(code: int | None) -> str:
     if code is not None and code < 0:
         try:
@@ -528,14 +535,14 @@ class Supervisor:
         if w.ready_at is not None and now - w.ready_at >= STABLE_S:
             w.exits = 0  # it had served long enough: not a crash loop
         w.exits += 1
-        if w.exits > MAX_RESTARTS:
+        delay = restart_delay(w.exits)
+        if delay is None:
             w.state = "failed"
             self.write_states()
             left = sum(x.state != "failed" for x in self.workers)
             self.log(f"worker {w.index} (pid {pid}) exited with {_exit_text(code)}, its {_nth(w.exits)} exit in a "
                      f"row without serving {STABLE_S:.0f} s: giving up on it; {left} of {self.n} workers left")
             return left > 0
-        delay = 0.0 if w.exits == 1 else RESTART_BACKOFF_S * 2 ** (w.exits - 2)
         w.state, w.start_at, w.restarts = "starting", now + delay, w.restarts + 1
         self.write_states()
         self.log(f"worker {w.index} (pid {pid}) exited with {_exit_text(code)}: starting it again"

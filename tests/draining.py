@@ -3,7 +3,8 @@
 
 The load, against a model whose answer is x + 1 (serving_models.Slow):
 - gRPC callers, each on a connection of its own, one Predict after another;
-- REST callers on keep-alive connections, one small predict after another;
+- REST callers on keep-alive connections, one small predict after another (and, if asked, callers
+  that open a new connection for each);
 - large REST requests whose whole body but its last KiB is sent before the signal, and the rest
   once the server says it is shutting down: bodies still coming in while the drain runs;
 - large REST requests sent whole just before the signal, so the server is busy with them as it
@@ -30,8 +31,8 @@ BATCHING = "max_batch_size { value: 65536 }\nbatch_timeout_micros { value: 2000 
 
 class DrainLoad:
     def __init__(self, grpc_port: int, rest_port: int, model: str, grpc_callers: int = 6, rest_callers: int = 3,
-                 uploads: int = 3, large: int = 3):
-        self.grpc_port, self.rest_port, self.model = grpc_port, rest_port, model
+                 uploads: int = 3, large: int = 3, fresh_callers: int = 0, rows: int = BIG_ROWS):
+        self.grpc_port, self.rest_port, self.model, self.rows = grpc_port, rest_port, model, rows
         self.signalled_at: float | None = None
         self.release = threading.Event()  # the uploads may send the rest of their bodies
         self.stop = threading.Event()  # the callers stop (the server has exited)
@@ -41,10 +42,12 @@ class DrainLoad:
         self._partial_sent = threading.Semaphore(0)
         self._large_sent = threading.Semaphore(0)
         self.threads = ([threading.Thread(target=self._grpc_caller, args=(f"g{i}",)) for i in range(grpc_callers)]
-                        + [threading.Thread(target=self._rest_caller, args=(f"r{i}",)) for i in range(rest_callers)]
+                        + [threading.Thread(target=self._rest_caller, args=(f"r{i}", False)) for i in range(rest_callers)]
+                        + [threading.Thread(target=self._rest_caller, args=(f"f{i}", True))
+                           for i in range(fresh_callers)]
                         + [threading.Thread(target=self._upload, args=(True,)) for _ in range(uploads)])
         self._large = [threading.Thread(target=self._upload, args=(False,)) for _ in range(large)]
-        self._callers = grpc_callers + rest_callers
+        self._callers = grpc_callers + rest_callers + fresh_callers
         self._uploads = uploads
 
     # ---- the clients ---------------------------------------------------------------------------
@@ -79,13 +82,15 @@ class DrainLoad:
                 if outcome != "OK" and self.signalled_at is not None:
                     return  # refused after the signal: the server stops taking calls
 
-    def _rest_caller(self, who: str) -> None:
+    def _rest_caller(self, who: str, fresh: bool) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.rest_port, timeout=90)
         x = 0.0
         try:
             while not self.stop.is_set():
                 x += 1.0
                 sent = None
+                if fresh:
+                    conn.close()  # http.client opens a new one for the request
                 try:
                     conn.request("POST", f"/v1/models/{self.model}:predict", json.dumps({"instances": [x]}),
                                  {"Content-Type": "application/json"})
@@ -97,7 +102,8 @@ class DrainLoad:
                 except (OSError, http.client.HTTPException) as e:
                     outcome = f"{type(e).__name__}: {e}"
                     conn.close()
-                self._record("rest", who, sent if sent is not None else time.monotonic(), outcome)
+                sent = sent if sent is not None else time.monotonic()
+                self._record("rest-new" if fresh else "rest", who, sent, outcome)
                 if outcome != "OK" and self.signalled_at is not None:
                     return
         finally:
@@ -105,7 +111,7 @@ class DrainLoad:
 
     def _upload(self, in_two_parts: bool) -> None:
         """A large predict. `in_two_parts`: all but the body's last KiB now, the rest once released."""
-        body = json.dumps({"instances": [float(i % 100) for i in range(BIG_ROWS)]}).encode()
+        body = json.dumps({"instances": [float(i % 100) for i in range(self.rows)]}).encode()
         conn = http.client.HTTPConnection("127.0.0.1", self.rest_port, timeout=90)
         sent = time.monotonic()
         try:
@@ -126,7 +132,7 @@ class DrainLoad:
             resp = conn.getresponse()
             answer = resp.read()
             ok = resp.status == 200 and json.loads(answer)["predictions"] == [float(i % 100) + 1.0
-                                                                              for i in range(BIG_ROWS)]
+                                                                              for i in range(self.rows)]
             outcome = "OK" if ok else f"HTTP {resp.status} {answer[:200]!r}"
         except (OSError, http.client.HTTPException) as e:
             outcome = f"{type(e).__name__}: {e}"

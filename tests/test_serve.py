@@ -4,6 +4,7 @@ one exported by tfpipe; TF Serving configs round-tripped through the official pr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -868,6 +869,43 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_path):
+    """A drain whose time is up with a REST request and a gRPC call still in the model: one log line
+    counts them, both are cut off (the clients see an error, not a hang), and the server stops."""
+    from serving_models import save_slow
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread, _idle
+
+    save_slow(str(tmp_path / "slow" / "1"), steps=400000)  # seconds per call
+    lines: list[str] = []
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="slow",
+                        model_base_path=str(tmp_path / "slow"), file_system_poll_wait_seconds=0,
+                        enable_model_warmup=False, rest_api_timeout_in_ms=60000)
+    thread = ServerThread(opts, log=lines.append)
+    with thread as server, ThreadPoolExecutor(1) as pool:
+        rest = pool.submit(requests.post, f"http://127.0.0.1:{server.rest_port}/v1/models/slow:predict",
+                           data='{"instances": [1.0]}', timeout=60)
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+            req = predict_pb2.PredictRequest()
+            req.model_spec.name = "slow"
+            req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [1.0]
+            req.inputs["x"].tensor_shape.dim.add().size = 1
+            call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.future(req, timeout=60)
+            deadline = time.time() + 30
+            while server.metrics.grpc_in_flight < 1 or all(_idle(c) for c in server._rest.server.connections):
+                assert time.time() < deadline, "the requests did not reach the model"
+                time.sleep(0.01)  # polls the server's own count of the calls in its handlers
+            asyncio.run_coroutine_threadsafe(server.stop(0.5), thread.loop).result(timeout=30)
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=30)
+        with pytest.raises(requests.ConnectionError):
+            rest.result(timeout=30)
+    assert "drain: 2 request(s) still open after --drain_seconds 0.5 (1 REST, 1 gRPC): cut off" in lines, lines
 
 
 def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):

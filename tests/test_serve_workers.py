@@ -126,6 +126,29 @@ def test_each_worker_gets_a_share_of_tensorflows_threads(flags, cores, want):
     assert (child.tensorflow_intra_op_parallelism, child.tensorflow_inter_op_parallelism, child.workers) == (*want, 1)
 
 
+@pytest.mark.parametrize("exits, delay", [(1, 0.0), (2, 1.0), (3, 2.0), (4, None), (5, None)])
+def test_a_worker_is_started_again_after_a_growing_backoff_then_given_up(exits, delay):
+    from tfpipe.serve.workers import restart_delay
+
+    assert restart_delay(exits) == delay
+
+
+def test_the_workers_states_as_prometheus_shows_them():
+    from tfpipe.serve.workers import worker_state_lines
+
+    states = [{"worker": 0, "pid": 10, "state": "ready", "restarts": 0},
+              {"worker": 1, "pid": 11, "state": "failed", "restarts": 3},
+              {"worker": 2, "pid": None, "state": "starting", "restarts": 1}]
+    samples = [line for line in worker_state_lines(states, 4) if not line.startswith("#")]
+    assert samples == [  # worker 3 not written yet: starting
+        'tfpipe_serving_workers{state="ready"} 1', 'tfpipe_serving_workers{state="starting"} 2',
+        'tfpipe_serving_workers{state="failed"} 1',
+        'tfpipe_serving_worker_ready{worker="0"} 1', 'tfpipe_serving_worker_ready{worker="1"} 0',
+        'tfpipe_serving_worker_ready{worker="2"} 0', 'tfpipe_serving_worker_ready{worker="3"} 0',
+        'tfpipe_serving_worker_restarts_total{worker="0"} 0', 'tfpipe_serving_worker_restarts_total{worker="1"} 3',
+        'tfpipe_serving_worker_restarts_total{worker="2"} 1', 'tfpipe_serving_worker_restarts_total{worker="3"} 0']
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """Two workers serving `half` (y = x / 2 + 2) and `slow` (y = x + 1, some tenths of a second a
