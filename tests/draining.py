@@ -24,7 +24,7 @@ import time
 import grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-BIG_ROWS = 40_000  # a large request's rows (~200 KB of JSON), within BATCHING's max_batch_size
+BIG_ROWS = 40_000  # a large request's rows (0.24 MB of JSON), within BATCHING's max_batch_size
 # the servers' batching config: a large request fits in a batch, two threads run batches
 BATCHING = "max_batch_size { value: 65536 }\nbatch_timeout_micros { value: 2000 }\nnum_batch_threads { value: 2 }\n"
 
@@ -41,11 +41,11 @@ class DrainLoad:
         self._answered: dict[str, int] = {}
         self._partial_sent = threading.Semaphore(0)
         self._large_sent = threading.Semaphore(0)
-        self.threads = ([threading.Thread(target=self._grpc_caller, args=(f"g{i}",)) for i in range(grpc_callers)]
-                        + [threading.Thread(target=self._rest_caller, args=(f"r{i}", False)) for i in range(rest_callers)]
-                        + [threading.Thread(target=self._rest_caller, args=(f"f{i}", True))
-                           for i in range(fresh_callers)]
-                        + [threading.Thread(target=self._upload, args=(True,)) for _ in range(uploads)])
+        callers = [(self._grpc_caller, (f"g{i}",)) for i in range(grpc_callers)]
+        callers += [(self._rest_caller, (f"r{i}", False)) for i in range(rest_callers)]
+        callers += [(self._rest_caller, (f"f{i}", True)) for i in range(fresh_callers)]
+        callers += [(self._upload, (True,)) for _ in range(uploads)]
+        self.threads = [threading.Thread(target=target, args=args) for target, args in callers]
         self._large = [threading.Thread(target=self._upload, args=(False,)) for _ in range(large)]
         self._callers = grpc_callers + rest_callers + fresh_callers
         self._uploads = uploads
