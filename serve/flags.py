@@ -119,7 +119,9 @@ TF_SERVING_FLAGS: list[Flag] = [
     Flag("mixed_precision", str, "", "'bfloat16': run float32 models with bfloat16 auto mixed precision."),
     Flag("skip_initialize_tpu", _bool, False, "Skip TPU system initialisation.",
          ignored="TPU initialisation; this server runs on CPU and GPU"),
-    Flag("enable_grpc_healthcheck_service", _bool, False, "Serve the standard grpc.health.v1.Health service."),
+    Flag("enable_grpc_healthcheck_service", _bool, False,
+         "Serve the standard grpc.health.v1.Health service: \"\", ModelService and PredictionService SERVING "
+         "until a drain; with --workers N, \"\" only while every worker is ready, tfpipe.worker.<i> each one."),
     Flag("enable_serialization_as_tensor_content", _bool, False,
          "Predict responses carry tensor_content bytes instead of typed value fields."),
 ]
@@ -138,13 +140,15 @@ TFPIPE_FLAGS: list[Flag] = [
     Flag("rest_read_timeout_seconds", float, 30.0, "REST: a connection that has not sent a whole request line and "
          "headers within S seconds (of opening, or of its previous answer, so idle connections too), or then its "
          "whole body within S more, is closed; 0: no such limit", metavar="S", shown_default="30"),
-    Flag("drain_seconds", float, 30.0, "On SIGTERM, wait this long for in-flight requests", metavar="S",
-         shown_default="30"),
+    Flag("drain_seconds", float, 30.0, "On SIGTERM or Ctrl-C: stop accepting, and answer every request already "
+         "received (REST bodies still coming in, gRPC calls queued) for up to this long; what is still open then is "
+         "cut off, and one log line counts it", metavar="S", shown_default="30"),
     Flag("workers", int, 0, "Embedded server: N processes serving the same ports (SO_REUSEPORT), each with its own "
          "copy of the models and a share of TensorFlow's threads, so that requests use N cores; Prometheus shows "
          "their totals. 0: one per core, but one process with --enable_batching (batches fill per process: "
-         "tfpipe tune finds N with the batch size split) or --grpc_socket_path (a Unix socket is not shared)",
-         metavar="N"),
+         "tfpipe tune finds N with the batch size split) or --grpc_socket_path (a Unix socket is not shared). A "
+         "worker that exits is started again; one that exits 4 times in a row without serving 60 s is given up on "
+         "(the others serve on; the server exits when none is left)", metavar="N"),
     Flag("gpu", _bool, False, "docker/k8s: the GPU image (tensorflow/serving:latest-gpu)", switch=True),
     Flag("docker_image", str, "", "docker/k8s: image to run (default tensorflow/serving:latest[-gpu])",
          metavar="IMAGE", shown_default=""),

@@ -234,5 +234,9 @@ def _parsed(method, request_type, api: str, metrics: Metrics):
             metrics.request("", api, "INVALID_ARGUMENT", 0.0)
             _fail(context, grpc.StatusCode.INVALID_ARGUMENT, refusal)
             return None
-        return await method(request, context)
+        metrics.grpc_in_flight += 1  # what a drain cut short would count
+        try:
+            return await method(request, context)
+        finally:
+            metrics.grpc_in_flight -= 1
     return handler

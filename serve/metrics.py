@@ -43,6 +43,7 @@ class Metrics:
         # whether a name is one of the server's models (set by the server): a request naming any
         # other counts under model="", so that clients' names (any number, any length) are not kept
         self.known_model = lambda name: True
+        self.grpc_in_flight = 0  # gRPC calls in a handler now (on the event loop: no lock), for the drain
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
         if not self.known_model(model):

@@ -265,6 +265,7 @@ class RestApi:
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
         self.cors = cors
+        self.draining = False  # set by the server's drain: answers say Connection: close
         # aiohttp's low-level server: every path comes to one handler, so an Application's router,
         # middleware chain and per-request bookkeeping (5-7 us a request, measured) are left out.
         # Its keep-alive timer runs from a connection's start and from each answer, and closes the
@@ -302,6 +303,8 @@ class RestApi:
             return response
         if self.cors:
             response.headers.update(CORS_HEADERS)
+        if self.draining:
+            response.force_close()
         return response
 
     async def dispatch(self, request: web.BaseRequest) -> web.Response:

@@ -5,21 +5,30 @@ swapped by the ModelManager.
 
 As tensorflow_model_server does, the server loads the configured models before it opens
 its ports, and refuses to start when a model's versions all fail to load.
+
+On SIGTERM it drains (`EmbeddedServer.stop`): it stops accepting, answers every request it has
+received, for up to --drain_seconds, then exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import gc
+import glob
 import os
+import select
+import shutil
 import signal
+import sys
+import tempfile
+import termios
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from aiohttp import web
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.batcher import BatchOptions, BatchScheduler
@@ -28,16 +37,21 @@ from tfpipe.serve.configs import channel_arguments, model_server_config, monitor
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
 from tfpipe.serve.grpc_api import ModelService, PredictionService, add_services
+from tfpipe.serve.health import NOT_SERVING, SERVING, Health, add_health
 from tfpipe.serve.inference import Inference
 from tfpipe.serve.manager import ManagerOptions, ModelManager
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.rest_api import RestApi
 from tfpipe.serve.servable import LIVE, Servable, ServableSettings
-from tfpipe.serve.workers import Group, worker_identity
+from tfpipe.serve.workers import Group, announce_ready, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
 HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving reports SERVING
+# A method no service has: the drain's probe through the server's own queue of calls (see stop)
+PROBE_METHOD = "/tfpipe.serve.Drain/Probe"
+PROBE_PREFIX = "tfpipe-drain-"  # then the server's pid
+GROUP_HEALTH_POLL_S = 0.2  # how often a worker of a group takes the workers' states into its health
 
 
 class EmbeddedServer:
@@ -94,7 +108,11 @@ class EmbeddedServer:
                                    per_model_batching=settings.per_model_batching)
         self.grpc = self.health = self.group = None
         self.grpc_port = self.rest_port = None
-        self._runner = None
+        self._rest: RestApi | None = None
+        self._listener: asyncio.Server | None = None  # the REST port's
+        self._probe_dir = self._probe = None  # the drain's probe: a Unix socket only this user can open
+        self._grpc_stopping: asyncio.Future | None = None
+        self._stopped = False
         self._tasks: list[asyncio.Task] = []
 
     def _unloaded(self, servable: Servable) -> None:
@@ -112,15 +130,22 @@ class EmbeddedServer:
         if worker_identity() is not None:  # one of --workers N: a worker started again catches up first
             self.group = Group(self.metrics_text, apply=self._apply_shared_config)
             await loop.run_in_executor(None, self.group.catch_up)
-        await self._start_grpc()
-        if o.rest_api_port:
-            if o.rest_api_port == o.port and o.port > 0:
-                self.log("server_options.http_port cannot be same as grpc_port. Please use a different port for "
-                         "HTTP/REST API. Skipped exporting HTTP/REST API.")
-            else:
-                await self._start_rest()
+        try:
+            await self._start_grpc()
+            if o.rest_api_port:
+                if o.rest_api_port == o.port and o.port > 0:
+                    self.log("server_options.http_port cannot be same as grpc_port. Please use a different port "
+                             "for HTTP/REST API. Skipped exporting HTTP/REST API.")
+                else:
+                    await self._start_rest()
+        except BaseException:
+            if self._probe_dir is not None:
+                shutil.rmtree(self._probe_dir, ignore_errors=True)
+            raise
         if o.model_config_file and o.model_config_file_poll_wait_seconds > 0:
             self._tasks.append(asyncio.create_task(self._watch_config(o.model_config_file_poll_wait_seconds)))
+        if self.group is not None and self.health is not None:
+            self._tasks.append(asyncio.create_task(self._follow_group()))
 
     def _credentials(self):
         if self.opts.use_alts_credentials:
@@ -157,12 +182,10 @@ class EmbeddedServer:
                                        o.enable_serialization_as_tensor_content, self.request_logs),
                      ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log))
         if o.enable_grpc_healthcheck_service:
-            from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-            self.health = health.aio.HealthServicer()
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-            for service in ("", *HEALTH_SERVICES):
-                await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            self.health = Health(dict.fromkeys(HEALTH_SERVICES, SERVING) | self._group_health(),
+                                 refresh=self._group_health if self.group is not None else None)
+            add_health(self.grpc, self.health)
+        self._add_probe_port()
         creds = self._credentials()
         add = (lambda address: self.grpc.add_secure_port(address, creds)) if creds else self.grpc.add_insecure_port
         if o.port:
@@ -187,6 +210,36 @@ class EmbeddedServer:
         if o.grpc_socket_path:
             self.log(f"Running gRPC ModelServer at UNIX socket {o.grpc_socket_path} ...")
 
+    def _add_probe_port(self) -> None:
+        """The drain's probe comes in on a Unix socket of its own, in a directory only this user may
+        open (mkdtemp's 0700): it works whatever credentials the TCP port asks for, and in a group
+        it reaches this worker, not whichever shares the port. A worker's is in the group's
+        directory, which the supervisor removes; a process's own, in the temporary directory, is
+        removed at its stop, or by the next server started once its process is gone."""
+        if self.group is None:
+            _remove_stale_probe_dirs()
+        parent = self.group.dir if self.group is not None else None
+        self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir=parent)
+        if len(self._probe_dir) > 90:  # a Unix socket's path has room for about 100 bytes
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
+            self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir="/tmp")
+        address = f"unix:{self._probe_dir}/probe"
+        try:
+            self._probe = address if self.grpc.add_insecure_port(address) else None
+        except RuntimeError:
+            self._probe = None
+
+    def _group_health(self) -> dict[str, int]:
+        """The health names a group adds ("" and each worker's), else "" SERVING."""
+        if self.group is None:
+            return {"": SERVING}
+        return {name: SERVING if up else NOT_SERVING for name, up in self.group.health().items()}
+
+    async def _follow_group(self) -> None:
+        while True:
+            await asyncio.sleep(GROUP_HEALTH_POLL_S)
+            self.health.set(self._group_health())
+
     def metrics_text(self) -> str:
         """This process's Prometheus page."""
         batcher, manager = self.inference.batcher, self.manager
@@ -196,20 +249,20 @@ class EmbeddedServer:
     async def _start_rest(self) -> None:
         o = self.opts
         scrape = self.metrics_text if self.group is None else self.group.scrape  # a group's scrape shows all
-        rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
-                       self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
-                       render_metrics=scrape, read_timeout=o.rest_read_timeout_seconds)
-        self._runner = web.ServerRunner(rest.server, handle_signals=False, shutdown_timeout=o.drain_seconds)
-        await self._runner.setup()
+        self._rest = RestApi(self.inference, self.metrics, o.rest_api_timeout_in_ms, o.max_request_bytes,
+                             self.metrics_path, cors=o.rest_api_enable_cors_support, logs=self.request_logs,
+                             render_metrics=scrape, read_timeout=o.rest_read_timeout_seconds)
+        # aiohttp's low-level server on asyncio's own listener (as aiohttp's TCPSite would make it), so
+        # that the drain can take what the kernel has queued for it before it closes (see stop).
         # A worker of --workers N shares the port with the others (grpcio sets SO_REUSEPORT itself).
-        site = web.TCPSite(self._runner, o.host, max(o.rest_api_port, 0),
-                           reuse_port=worker_identity() is not None or None)
         try:
-            await site.start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                self._rest.server, o.host, max(o.rest_api_port, 0), backlog=128,
+                reuse_port=worker_identity() is not None or None)
         except OSError as e:
             await self.grpc.stop(0)
             raise ServeError(f"cannot bind the REST port {o.host}:{o.rest_api_port}: {e.strerror}") from None
-        self.rest_port = self._runner.addresses[0][1]
+        self.rest_port = self._listener.sockets[0].getsockname()[1]
         self.log(f"Exporting HTTP/REST API at:{o.host}:{self.rest_port} ...")
         if self.metrics_path:
             self.log(f"Prometheus metrics at {self.metrics_path}")
@@ -230,21 +283,90 @@ class EmbeddedServer:
                 self.log(f"model config not reloaded: {getattr(e, 'message', None) or e}")
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop accepting, let in-flight requests finish (up to `grace` seconds), release everything."""
+        """Drain: stop accepting, answer every request already received, then release everything.
+
+        Received means: a REST connection the kernel had queued for accept(), a request whose bytes
+        had come in on an open connection, a gRPC call grpc core held, whether or not this code had
+        taken it yet. What is still open `grace` seconds (--drain_seconds) after the start is cut off,
+        and one log line says how many requests that was."""
+        if self._stopped:
+            return
+        self._stopped = True
         grace = self.opts.drain_seconds if grace is None else grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         for t in self._tasks:
             t.cancel()
         if self.health is not None:
-            await self.health.enter_graceful_shutdown()
-        waits = []
-        if self.grpc is not None:
-            waits.append(self.grpc.stop(grace))  # done once in-flight calls finish, or after `grace`
-        if self._runner is not None:
-            waits.append(self._runner.cleanup())
-        await asyncio.gather(*waits, return_exceptions=True)
+            self.health.drain()  # NOT_SERVING; Watch streams are sent it and end
+        if self._rest is not None:
+            self._rest.draining = True  # answers say Connection: close
+        await asyncio.gather(self._drain_rest(deadline), self._drain_grpc(deadline))
+        rest_open = len(self._rest.server.connections) if self._rest is not None else 0
+        grpc_done = self._grpc_stopping is None or self._grpc_stopping.done()
+        grpc_open = self.metrics.grpc_in_flight  # calls in a handler; 0 with answers still being sent
+        if rest_open or grpc_open or not grpc_done:
+            held = [f"{rest_open} REST", f"{grpc_open} gRPC" if grpc_open or grpc_done else "gRPC answers being sent"]
+            self.log(f"drain: {rest_open + grpc_open} request(s) still open after --drain_seconds {grace:g} "
+                     f"({', '.join(held)}): cut off")
+        if self._rest is not None:
+            await self._rest.server.shutdown(0.1)  # what is left: cancelled, its connection closed
+        if self._grpc_stopping is not None:
+            if not self._grpc_stopping.done():
+                await self.grpc.stop(0)
+            await asyncio.gather(self._grpc_stopping, return_exceptions=True)
+        elif self.grpc is not None:
+            await self.grpc.stop(0)
         self._release()
 
+    async def _drain_rest(self, deadline: float) -> None:
+        """Close the REST listener once asyncio has accepted what the kernel queued for it (closing
+        it would reset those connections), then close each connection once it is idle, until none is
+        left. A connection answering a request closes after its answer (it says Connection: close):
+        aiohttp's own close() would drop the rest of a request body still coming in, and the request
+        would never be answered. An idle one is closed once the bytes it received are read: a request
+        in them is answered, not reset."""
+        if self._listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        listening = [s.fileno() for s in self._listener.sockets]
+        for _ in range(10):  # each turn of the loop accepts up to the backlog: enough for what is queued
+            if not select.select(listening, [], [], 0)[0]:
+                break
+            await asyncio.sleep(0)
+        self._listener.close()
+        turn = 0
+        while self._rest.server.connections and loop.time() < deadline:
+            for conn in self._rest.server.connections:
+                if _idle(conn) and _unread(conn.transport) == 0:
+                    conn.force_close()
+            turn += 1
+            await asyncio.sleep(0 if turn < 10 else 0.01)
+
+    async def _drain_grpc(self, deadline: float) -> None:
+        """Stop gRPC once it has taken every call grpc core held, then wait for the calls to finish.
+        grpc core's shutdown cancels each call it received that no handler has taken yet (the client
+        sees CANCELLED); under load there can be many, queued behind a busy event loop. Core queues
+        such calls in arrival order and our services are generic handlers, as the probe's method
+        is: once the probe, sent now, is taken, so is every call that came before it."""
+        if self.grpc is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._probe is not None and loop.time() < deadline:
+            try:
+                async with grpc.aio.insecure_channel(self._probe) as channel:
+                    await channel.unary_unary(PROBE_METHOD)(b"", timeout=max(0.01, deadline - loop.time()))
+            except grpc.aio.AioRpcError:  # UNIMPLEMENTED: taken; DEADLINE_EXCEEDED: the drain's time is up
+                pass
+        # grpc's own cut-off comes after the drain's, so that stop() counts what is open before it cancels
+        self._grpc_stopping = asyncio.ensure_future(self.grpc.stop(max(0.0, deadline - loop.time()) + 5.0))
+        await asyncio.wait([self._grpc_stopping], timeout=max(0.0, deadline - loop.time()))
+
     def _release(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._probe_dir is not None:
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
         if self.group is not None:
             self.group.close()
         self.manager.stop()
@@ -253,6 +375,36 @@ class EmbeddedServer:
             self.batcher.close()
         for ex in self._executors:
             ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _remove_stale_probe_dirs() -> None:
+    """The probe directories of servers whose process is gone (killed before their stop)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PROBE_PREFIX}*-*")):
+        pid = os.path.basename(path)[len(PROBE_PREFIX):].split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, OSError):  # not a pid, or another user's live process
+            pass
+
+
+def _idle(conn) -> bool:
+    """Whether an aiohttp connection waits for its next request (aiohttp's own test for that, in
+    its keep-alive timer)."""
+    waiter = getattr(conn, "_waiter", None)
+    return waiter is not None and not waiter.done()
+
+
+def _unread(transport) -> int:
+    """Bytes a connection has received that nobody has read yet (0 for a closed one)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
+    except OSError:
+        return 0
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
@@ -302,8 +454,10 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
             return
         stopping.cancel()
         starting.result()  # a start-up error propagates
+        announce_ready(server.grpc_port, server.rest_port)  # to the supervisor, in a worker of a group
         await stop.wait()
-        log("shutting down: no new connections; finishing in-flight requests")
+        log(f"shutting down: no new connections; answering the requests in flight (up to --drain_seconds "
+            f"{opts.drain_seconds:g})")
         await server.stop()
         log("stopped")
 

@@ -22,8 +22,18 @@ What is shared, and how:
 
 The supervisor (this module's `run_workers`) picks free ports for -1, starts the workers as fresh
 interpreters (`python -m tfpipe.serve.worker_main`: TensorFlow is not fork-safe), forwards their
-output, restarts one that dies, and on SIGTERM or SIGINT passes the signal on and waits for every
-worker to drain.
+output, and on SIGTERM or SIGINT passes the signal on and waits for every worker to drain.
+
+A worker's states, as the supervisor keeps them in the group's `workers.json` (read by the workers
+for their health service and metrics):
+- starting: started (or waiting to be started again), not serving yet;
+- ready: it said so on its readiness pipe (`announce_ready`: a JSON line written once its ports are
+  bound and its models AVAILABLE). Its output is no readiness signal: the supervisor never parses it;
+- failed: given up on after MAX_RESTARTS + 1 exits in a row without STABLE_S of serving in between.
+A worker that exits is started again after a backoff (none for its first exit in a row, then
+RESTART_BACKOFF_S doubling). The others serve meanwhile; the supervisor exits (1) only when no
+worker is left. Before the group has first served, a worker's exit stops the start, as a model
+that does not load stops tensorflow_model_server's.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import base64
 import dataclasses
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -49,11 +60,18 @@ from tfpipe.serve.flags import ServeOptions
 WORKER_ENV = "TFPIPE_SERVE_WORKER"  # "i/N" in a worker's environment
 GROUP_ENV = "TFPIPE_SERVE_WORKERS_DIR"  # the group's shared directory
 DEBUG_ENV = "TFPIPE_SERVE_DEBUG"  # "1": the workers keep TensorFlow's native stderr lines (--debug)
+READY_FD_ENV = "TFPIPE_SERVE_READY_FD"  # the write end of the worker's readiness pipe
 SNAPSHOT_SECONDS = 0.5
 CONFIG_POLL_S = 0.1  # how often a worker looks for a model config another worker received
 CONFIG_WAIT_S = 600.0  # how long a reload waits for the other workers to load the new models
-MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0  # more worker exits than this within the window: give up
-READY = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")
+# A worker is given up on at its (MAX_RESTARTS + 1)th exit in a row, exits in a row being those
+# with less than STABLE_S of serving between them; it is started again after 0, then
+# RESTART_BACKOFF_S, 2 * RESTART_BACKOFF_S, ... seconds.
+MAX_RESTARTS, STABLE_S, RESTART_BACKOFF_S = 3, 60.0, 1.0
+STOP_MARGIN_S = 30.0  # past --drain_seconds, how long a worker has to finish its drain before it is killed
+STATES = ("ready", "starting", "failed")
+STATE_FILE = "workers.json"
+PORT_LINE = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")  # printed once, for all
 
 # Samples a scrape sums over the workers; every other sample (a model's versions, a version's
 # load size) is the same in every worker once they have all moved, and the largest is shown.
@@ -208,16 +226,62 @@ class Group:
                 continue
             pages.append(page)
             rss[i] = _rss_of(page)
-        lines = ["# HELP tfpipe_serving_workers Worker processes serving these ports (tfpipe serve --workers).",
-                 "# TYPE tfpipe_serving_workers gauge", f"tfpipe_serving_workers {self.count}",
-                 "# HELP tfpipe_serving_worker_resident_memory_bytes Resident memory of each worker (the unlabelled "
-                 "process_resident_memory_bytes is their sum).",
-                 "# TYPE tfpipe_serving_worker_resident_memory_bytes gauge"]
+        lines = worker_state_lines(self.workers(), self.count)
+        lines += ["# HELP tfpipe_serving_worker_resident_memory_bytes Resident memory of each worker (the unlabelled "
+                  "process_resident_memory_bytes is their sum).",
+                  "# TYPE tfpipe_serving_worker_resident_memory_bytes gauge"]
         lines += [f'tfpipe_serving_worker_resident_memory_bytes{{worker="{i}"}} {n}' for i, n in sorted(rss.items())]
         return merge_prometheus(pages) + "\n".join(lines) + "\n"
 
+    # ---- the workers' states, as the supervisor writes them ----------------------------------
+
+    def workers(self) -> list[dict]:
+        """Each worker's {"worker", "pid", "state", "restarts"}; [] before the supervisor wrote any."""
+        return (read_json(os.path.join(self.dir, STATE_FILE)) or {}).get("workers", [])
+
+    def health(self) -> dict[str, bool]:
+        """Whether each health name serves (see tfpipe.serve.health): "" while every worker is ready,
+        "tfpipe.worker.<i>" while worker i is."""
+        workers = self.workers()
+        ready = {w["worker"]: w["state"] == "ready" for w in workers}
+        out = {f"tfpipe.worker.{i}": ready.get(i, False) for i in range(self.count)}
+        out[""] = len(workers) == self.count and all(ready.values())
+        return out
+
     def close(self) -> None:
         self._stop.set()
+
+
+def worker_state_lines(workers: list[dict], count: int) -> list[str]:
+    """The Prometheus lines of the workers' states: how many are in each, and each one's readiness
+    and restarts."""
+    by = {w["worker"]: w for w in workers}
+    lines = ["# HELP tfpipe_serving_workers Worker processes (tfpipe serve --workers) by state: ready (serving), "
+             "starting (started or to be started again, not serving yet), failed (given up after crashing "
+             "repeatedly).", "# TYPE tfpipe_serving_workers gauge"]
+    lines += [f'tfpipe_serving_workers{{state="{state}"}} '
+              f'{sum(by.get(i, {}).get("state", "starting") == state for i in range(count))}' for state in STATES]
+    lines += ["# HELP tfpipe_serving_worker_ready Whether each worker serves (1) or not (0).",
+              "# TYPE tfpipe_serving_worker_ready gauge"]
+    lines += [f'tfpipe_serving_worker_ready{{worker="{i}"}} {int(by.get(i, {}).get("state") == "ready")}'
+              for i in range(count)]
+    lines += ["# HELP tfpipe_serving_worker_restarts_total Times each worker was started again after it exited.",
+              "# TYPE tfpipe_serving_worker_restarts_total counter"]
+    lines += [f'tfpipe_serving_worker_restarts_total{{worker="{i}"}} {by.get(i, {}).get("restarts", 0)}'
+              for i in range(count)]
+    return lines
+
+
+def announce_ready(grpc_port: int | None, rest_port: int | None) -> None:
+    """In a worker whose ports are bound and models AVAILABLE: tell the supervisor, on the pipe it
+    gave (READY_FD_ENV). Nothing outside a group."""
+    fd = os.environ.get(READY_FD_ENV)
+    if fd:
+        message = {"event": "ready", "pid": os.getpid(), "grpc_port": grpc_port, "rest_port": rest_port}
+        try:
+            os.write(int(fd), (json.dumps(message) + "\n").encode())
+        except OSError:  # the supervisor is gone: this worker goes too (PR_SET_PDEATHSIG)
+            pass
 
 
 def _replace_file(path: str, text: str) -> None:
@@ -303,6 +367,38 @@ def worker_options(opts: ServeOptions, available: int | None = None) -> ServeOpt
     return child
 
 
+@dataclasses.dataclass
+class Worker:
+    """The supervisor's record of worker `index`: its current process and state."""
+    index: int
+    proc: subprocess.Popen | None = None
+    state: str = "starting"
+    restarts: int = 0  # times started again after an exit
+    exits: int = 0  # exits in a row (see MAX_RESTARTS)
+    ready_at: float | None = None  # monotonic time it last became ready
+    start_at: float | None = None  # monotonic time to start it again (after its backoff)
+
+
+def restart_delay(exits_in_a_row: int) -> float | None:
+    """Seconds before a worker is started again after its n-th exit in a row; None: give up on it."""
+    if exits_in_a_row > MAX_RESTARTS:
+        return None
+    return 0.0 if exits_in_a_row <= 1 else RESTART_BACKOFF_S * 2 ** (exits_in_a_row - 2)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 class Supervisor:
     def __init__(self, opts: ServeOptions, log: Callable[[str], None]):
         check(opts)
@@ -312,91 +408,169 @@ class Supervisor:
         spec = {k: v for k, v in dataclasses.asdict(self.child).items() if k != "given"}
         spec["given"] = sorted(self.child.given)
         self.spec = json.dumps(spec)
-        self.procs: list[subprocess.Popen | None] = [None] * self.n
-        self.ready = [threading.Event() for _ in range(self.n)]
+        self.workers = [Worker(i) for i in range(self.n)]
+        self.events: queue.Queue = queue.Queue()  # (kind "ready" | "exit", worker index, process)
         self.stopping = threading.Event()
 
+    # ---- processes ---------------------------------------------------------------------------
+
     def start_worker(self, i: int) -> None:
-        env = {**os.environ, WORKER_ENV: f"{i}/{self.n}", GROUP_ENV: self.dir}
-        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.serve.worker_main", self.spec], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, preexec_fn=_die_with_parent)
-        self.procs[i] = proc
+        """Start worker i. Only from the main thread: PR_SET_PDEATHSIG signals a worker when the
+        thread that started it ends."""
+        ready_read, ready_write = os.pipe()
+        env = {**os.environ, WORKER_ENV: f"{i}/{self.n}", GROUP_ENV: self.dir, READY_FD_ENV: str(ready_write)}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "tfpipe.serve.worker_main", self.spec], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    text=True, preexec_fn=_die_with_parent, pass_fds=(ready_write,))
+        finally:
+            os.close(ready_write)  # the worker holds the only write end: end of file when it exits
+        w = self.workers[i]
+        w.proc, w.state, w.ready_at, w.start_at = proc, "starting", None, None
         threading.Thread(target=self._forward, args=(i, proc), name=f"tfpipe-worker-{i}-output", daemon=True).start()
+        threading.Thread(target=self._watch, args=(i, proc, ready_read), name=f"tfpipe-worker-{i}-ready",
+                         daemon=True).start()
+        self.write_states()
 
     def _forward(self, i: int, proc: subprocess.Popen) -> None:
         """A worker's output, prefixed; its port lines are kept back: the supervisor prints them
         once, as TF Serving words them, when every worker serves (what clients and tools wait for)."""
         for line in proc.stdout:
             line = line.rstrip("\n")
-            if READY.search(line):
-                if "REST" in line or not self.child.rest_api_port:
-                    self.ready[i].set()
-                continue
-            self.log(f"[worker {i}] {line}")
+            if not PORT_LINE.search(line):
+                self.log(f"[worker {i}] {line}")
+
+    def _watch(self, i: int, proc: subprocess.Popen, ready_read: int) -> None:
+        """The worker's readiness pipe, to its end (the worker's exit): events for the main thread."""
+        with open(ready_read, encoding="utf-8", errors="replace") as pipe:
+            for line in pipe:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if message.get("event") == "ready":
+                    self.events.put(("ready", i, proc))
+        proc.wait()
+        self.events.put(("exit", i, proc))
+
+    def write_states(self) -> None:
+        _write_json(os.path.join(self.dir, STATE_FILE), {"workers": [
+            {"worker": w.index, "pid": w.proc.pid if w.proc else None, "state": w.state, "restarts": w.restarts}
+            for w in self.workers]})
+
+    # ---- running -----------------------------------------------------------------------------
 
     def run(self) -> int:
         for i in range(self.n):
             self.start_worker(i)
-        o = self.child
         try:
-            while not all(e.is_set() for e in self.ready):
-                for i, p in enumerate(self.procs):
-                    if p.poll() is not None:
-                        self.stop()
-                        self.log(f"worker {i} exited with code {p.returncode} before it served: stopping")
-                        return p.returncode if p.returncode and p.returncode > 0 else 1
-                if self.stopping.wait(0.2):
-                    break
-            if not self.stopping.is_set():
-                if o.port:
-                    self.log(f"Running gRPC ModelServer at {o.host}:{o.port} ...")
-                if o.rest_api_port:
-                    self.log(f"Exporting HTTP/REST API at:{o.host}:{o.rest_api_port} ...")
-                self.log(f"{self.n} workers (pids {', '.join(str(p.pid) for p in self.procs)}) serving "
-                         + (f"gRPC {o.host}:{o.port}" if o.port else "")
-                         + (f", REST {o.host}:{o.rest_api_port}" if o.rest_api_port else ""))
-            restarts: list[float] = []
-            while not self.stopping.wait(0.5):
-                for i, p in enumerate(self.procs):
-                    if p.poll() is None or self.stopping.is_set():
-                        continue
-                    now = time.monotonic()
-                    restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
-                    if len(restarts) > MAX_RESTARTS:
-                        self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}, the {len(restarts)}th "
-                                 f"worker exit within {RESTART_WINDOW_S:.0f} s: stopping")
-                        return 1
-                    self.log(f"worker {i} (pid {p.pid}) exited with code {p.returncode}: starting it again")
-                    self.ready[i].clear()
-                    self.start_worker(i)
+            code = self._start()
+            if code is not None or self.stopping.is_set():
+                return code or 0
+            o = self.child
+            if o.port:
+                self.log(f"Running gRPC ModelServer at {o.host}:{o.port} ...")
+            if o.rest_api_port:
+                self.log(f"Exporting HTTP/REST API at:{o.host}:{o.rest_api_port} ...")
+            self.log(f"{self.n} workers (pids {', '.join(str(w.proc.pid) for w in self.workers)}) serving "
+                     + (f"gRPC {o.host}:{o.port}" if o.port else "")
+                     + (f", REST {o.host}:{o.rest_api_port}" if o.rest_api_port else ""))
+            return self._serve()
         finally:
             self.stop()
             import shutil
 
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _next_event(self, timeout: float):
+        try:
+            kind, i, proc = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return (kind, self.workers[i]) if proc is self.workers[i].proc else None  # else: a process gone before
+
+    def _start(self) -> int | None:
+        """Until every worker is ready: None, or the exit code when one exited before (the start stops)."""
+        while not self.stopping.is_set() and not all(w.state == "ready" for w in self.workers):
+            event = self._next_event(0.2)
+            if event is None:
+                continue
+            kind, w = event
+            if kind == "ready":
+                self._ready(w)
+                continue
+            code = w.proc.returncode
+            self.log(f"worker {w.index} exited with {_exit_text(code)} before it served: stopping")
+            return code if code and code > 0 else 1
+        return None
+
+    def _ready(self, w: Worker) -> None:
+        w.state, w.ready_at = "ready", time.monotonic()
+        self.write_states()
+        self.log(f"worker {w.index} (pid {w.proc.pid}) ready")
+
+    def _serve(self) -> int:
+        """Until SIGTERM/SIGINT (0), or until no worker is left (1): workers that exit start again."""
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            for w in self.workers:
+                if w.start_at is not None and now >= w.start_at:
+                    self.start_worker(w.index)
+            waits = [w.start_at - now for w in self.workers if w.start_at is not None]
+            event = self._next_event(max(0.01, min([0.2, *waits])))
+            if event is None or self.stopping.is_set():
+                continue
+            kind, w = event
+            if kind == "ready":
+                self._ready(w)
+            elif not self._exited(w):
+                self.log("no worker left: stopping (exit code 1)")
+                return 1
         return 0
 
+    def _exited(self, w: Worker) -> bool:
+        """Worker w's process ended on its own: start it again after its backoff, or give up on it.
+        False when no worker is left."""
+        now, pid, code = time.monotonic(), w.proc.pid, w.proc.returncode
+        if w.ready_at is not None and now - w.ready_at >= STABLE_S:
+            w.exits = 0  # it had served long enough: not a crash loop
+        w.exits += 1
+        delay = restart_delay(w.exits)
+        if delay is None:
+            w.state = "failed"
+            self.write_states()
+            left = sum(x.state != "failed" for x in self.workers)
+            self.log(f"worker {w.index} (pid {pid}) exited with {_exit_text(code)}, its {_nth(w.exits)} exit in a "
+                     f"row without serving {STABLE_S:.0f} s: giving up on it; {left} of {self.n} workers left")
+            return left > 0
+        w.state, w.start_at, w.restarts = "starting", now + delay, w.restarts + 1
+        self.write_states()
+        self.log(f"worker {w.index} (pid {pid}) exited with {_exit_text(code)}: starting it again"
+                 + (f" in {delay:g} s ({_nth(w.exits)} exit in a row)" if delay else ""))
+        return True
+
     def stop(self) -> None:
-        """SIGTERM to every worker (each drains its in-flight requests), then wait for them all."""
+        """SIGTERM to every worker (each drains its in-flight requests for up to --drain_seconds),
+        then wait for them all; one still running STOP_MARGIN_S later is killed, and said so."""
         self.stopping.set()
-        for p in self.procs:
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.opts.drain_seconds + 30
-        for p in self.procs:
-            if p is None:
-                continue
+        live = [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
+        for w in live:
+            w.proc.send_signal(signal.SIGTERM)
+        limit = self.opts.drain_seconds + STOP_MARGIN_S
+        deadline = time.monotonic() + limit
+        for w in live:
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                w.proc.kill()
+                w.proc.wait()
+                self.log(f"worker {w.index} (pid {w.proc.pid}) had not stopped {limit:g} s after SIGTERM "
+                         f"(--drain_seconds {self.opts.drain_seconds:g} + {STOP_MARGIN_S:g}): killed")
 
 
 def run_workers(opts: ServeOptions, log: Callable[[str], None] = print, debug: bool = False) -> int:
-    """Serve with opts.workers processes until SIGTERM or SIGINT; 0 once every worker has drained.
-    `debug`: the workers keep TensorFlow's native stderr lines."""
+    """Serve with opts.workers processes until SIGTERM or SIGINT; 0 once every worker has drained,
+    1 when no worker is left. `debug`: the workers keep TensorFlow's native stderr lines."""
     if debug:
         os.environ[DEBUG_ENV] = "1"
     sup = Supervisor(opts, log)

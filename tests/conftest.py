@@ -126,26 +126,60 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.P
     return HostedProcess(list(args), env, stdout, stderr)
 
 
+class ServerOutput:
+    """Every line a server process prints, kept as it comes, and waits for lines it prints (the
+    signals a test waits on, rather than a fixed time)."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.closed = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def mark(self) -> int:
+        """Where the lines printed from now on start (for `after`)."""
+        with self._changed:
+            return len(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120, after: int = 0, count: int = 1) -> list[re.Match]:
+        """The first `count` lines from index `after` on that match `pattern` (re.search), once the
+        server has printed them; AssertionError with what it printed if it has not within `timeout`
+        seconds, or has exited."""
+        deadline = time.time() + timeout
+        with self._changed:
+            while True:
+                found = [m for m in map(re.compile(pattern).search, self.lines[after:]) if m]
+                if len(found) >= count:
+                    return found[:count]
+                left = deadline - time.time()
+                if self.closed or left <= 0:
+                    raise AssertionError(f"no {count} line(s) matching {pattern!r} "
+                                         f"({'the server exited' if self.closed else f'in {timeout:g} s'}); "
+                                         "it printed:\n" + "\n".join(self.lines[-60:]))
+                self._changed.wait(min(left, 1.0))
+
+
 def start_cli_server(*flags: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
-    """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does."""
+    """`tfpipe serve` in a subprocess on free ports (-1), which it prints as TF Serving does. The
+    process's `output` (a ServerOutput) holds what it prints."""
     proc = spawn_cli("serve", "--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", *flags,
                      env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    ports, seen = {}, []
-    deadline = time.time() + 120
-    while len(ports) < 2 and time.time() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        m = re.search(r"(gRPC ModelServer|HTTP/REST API) at:?\s*[\d.]+:(\d+)", line)
-        if m:
-            ports[m[1]] = int(m[2])
-    if len(ports) < 2:
+    proc.output = ServerOutput(proc.stdout)
+    try:
+        ports = {m[1]: int(m[2]) for m in proc.output.wait_for(r"(gRPC ModelServer|HTTP/REST API) at:?\s*[\d.]+:(\d+)",
+                                                               count=2)}
+    except AssertionError as e:
         proc.kill()
-        raise AssertionError(f"server did not start: {''.join(seen)}")
+        raise AssertionError(f"server did not start: {e}") from None
     return proc, ports["gRPC ModelServer"], ports["HTTP/REST API"]
 
 

@@ -4,6 +4,7 @@ one exported by tfpipe; TF Serving configs round-tripped through the official pr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import pytest
 import requests
@@ -872,28 +874,98 @@ def test_a_corrupt_new_version_shows_its_load_error_in_status_while_retried_and_
         assert r.json() == {"predictions": [3.0]}  # version 1 (0.5 * 2 + 2)
 
 
+def _follow(stream, into: list) -> None:
+    """A gRPC response stream's messages' statuses, then the code it ended with, into `into`."""
+    try:
+        for response in stream:
+            into.append(response.status)
+        into.append("OK")
+    except grpc.RpcError as e:
+        into.append(e.code().name)
+
+
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
+    """SIGTERM with requests in flight on both APIs (slow batched calls, REST bodies still coming in,
+    large requests the server is reading, keep-alive connections, the health service watched): every
+    request sent before the signal is answered OK, the health watch is told NOT_SERVING and ended,
+    then the server exits 0 and no longer answers."""
+    from draining import BATCHING, DrainLoad
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
     from serving_models import save_slow
 
     save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    (tmp_path / "batching.config").write_text(BATCHING)
     proc, grpc_port, rest_port = start_cli_server(
         "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}", "--file_system_poll_wait_seconds=0",
-        "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000")
+        "--enable_model_warmup=false", "--rest_api_timeout_in_ms", "60000", "--enable_grpc_healthcheck_service",
+        "--enable_batching", f"--batching_parameters_file={tmp_path / 'batching.config'}",
+        f"--request_log_prefix={tmp_path / 'logs' / 'slow'}")
     try:
         url = f"http://127.0.0.1:{rest_port}/v1/models/slow:predict"
         assert requests.post(url, data='{"instances": [1.0]}', timeout=30).json() == {"predictions": [2.0]}
-        in_flight = ThreadPoolExecutor(1).submit(
-            lambda: requests.post(url, data='{"instances": [5.0]}', timeout=30))
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        answer = in_flight.result(timeout=30)
-        assert answer.status_code == 200 and answer.json() == {"predictions": [6.0]}
-        assert proc.wait(timeout=30) == 0
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=90)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watched: list = []  # the statuses the watch is sent after SERVING, then how it ended
+        watcher = threading.Thread(target=_follow, args=(watch, watched))
+        watcher.start()
+        load = DrainLoad(grpc_port, rest_port, "slow")
+        load.start()
+        mark = proc.output.mark()
+        load.signal(proc)
+        proc.output.wait_for("shutting down", after=mark)
+        load.release.set()  # the uploads' last bytes come while the server drains
+        code = load.finish(proc)
+        watcher.join(timeout=30)
+        channel.close()
+        assert load.lost() == []
+        assert code == 0
+        assert watched == [health_pb2.HealthCheckResponse.NOT_SERVING, "OK"]  # told, then the stream ended
+        kinds = {kind: sum(k == kind and o == "OK" for k, _, _, o in load.results) for kind in ("upload", "large")}
+        assert kinds == {"upload": 3, "large": 3} and load.in_flight().get("grpc", 0) >= 1, (kinds, load.in_flight())
+        assert not [line for line in proc.output.lines if "cut off" in line]
         with pytest.raises(requests.ConnectionError):
             requests.post(url, data='{"instances": [1.0]}', timeout=5)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_path):
+    """A drain whose time is up with a REST request and a gRPC call still in the model: one log line
+    counts them, both are cut off (the clients see an error, not a hang), and the server stops."""
+    from serving_models import save_slow
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread, _idle
+
+    save_slow(str(tmp_path / "slow" / "1"), steps=400000)  # seconds per call
+    lines: list[str] = []
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="slow",
+                        model_base_path=str(tmp_path / "slow"), file_system_poll_wait_seconds=0,
+                        enable_model_warmup=False, rest_api_timeout_in_ms=60000)
+    thread = ServerThread(opts, log=lines.append)
+    with thread as server, ThreadPoolExecutor(1) as pool:
+        rest = pool.submit(requests.post, f"http://127.0.0.1:{server.rest_port}/v1/models/slow:predict",
+                           data='{"instances": [1.0]}', timeout=60)
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+            req = predict_pb2.PredictRequest()
+            req.model_spec.name = "slow"
+            req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [1.0]
+            req.inputs["x"].tensor_shape.dim.add().size = 1
+            call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.future(req, timeout=60)
+            deadline = time.time() + 30
+            while server.metrics.grpc_in_flight < 1 or all(_idle(c) for c in server._rest.server.connections):
+                assert time.time() < deadline, "the requests did not reach the model"
+                time.sleep(0.01)  # polls the server's own count of the calls in its handlers
+            asyncio.run_coroutine_threadsafe(server.stop(0.5), thread.loop).result(timeout=30)
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=30)
+        with pytest.raises(requests.ConnectionError):
+            rest.result(timeout=30)
+    assert "drain: 2 request(s) still open after --drain_seconds 0.5 (1 REST, 1 gRPC): cut off" in lines, lines
 
 
 def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):

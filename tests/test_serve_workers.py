@@ -1,10 +1,13 @@
 """`tfpipe serve --workers N`: N processes on the same ports (SO_REUSEPORT), one Prometheus page for
-all of them, SIGTERM draining every worker; and the pure pieces (the metrics merge, the checks)."""
+all of them, workers started again when they die and given up when they keep dying, readiness as
+the workers announce it, SIGTERM draining every worker; and the pure pieces (the metrics merge, the
+checks)."""
 
 from __future__ import annotations
 
 import re
 import signal
+import threading
 import time
 
 import psutil
@@ -21,6 +24,43 @@ def _workers(proc) -> list[psutil.Process]:
     workers = psutil.Process(proc.pid).children()
     assert len(workers) == 2, workers
     return workers
+
+
+def _ready_pids(proc, after: int = 0) -> dict[int, int]:
+    """Each worker's pid, as the supervisor last said it was ready ("worker i (pid P) ready")."""
+    pids = {}
+    for line in proc.output.lines[after:]:
+        m = re.search(r"worker (\d+) \(pid (\d+)\) ready$", line)
+        if m:
+            pids[int(m[1])] = int(m[2])
+    return pids
+
+
+def _scrape(rest_port: int) -> str:
+    return requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30).text
+
+
+def _sample(page: str, series: str) -> float | None:
+    """The value of one series (`name{labels}` as printed) on a Prometheus page."""
+    m = re.search(rf"^{re.escape(series)} (\S+)$", page, re.M)
+    return float(m[1]) if m else None
+
+
+def _worker_states(page: str) -> dict[str, float]:
+    """The page's worker states: how many in each, and each worker's readiness and restarts."""
+    series = r"tfpipe_serving_workers\{[^}]*\}|tfpipe_serving_worker_(?:ready|restarts_total)\{[^}]*\}"
+    return {m[1]: float(m[2]) for m in re.finditer(rf"^({series}) (\S+)$", page, re.M)}
+
+
+def _health(grpc_port: int, *services: str) -> dict[str, str]:
+    """The health service's answer for each name, on a fresh connection."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return {s: health_pb2.HealthCheckResponse.ServingStatus.Name(
+                    stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=30).status) for s in services}
 
 
 @pytest.mark.parametrize("pages, want", [
@@ -86,53 +126,166 @@ def test_each_worker_gets_a_share_of_tensorflows_threads(flags, cores, want):
     assert (child.tensorflow_intra_op_parallelism, child.tensorflow_inter_op_parallelism, child.workers) == (*want, 1)
 
 
-def test_two_workers_share_the_ports_count_together_and_drain_on_sigterm(tmp_path):
+@pytest.mark.parametrize("exits, delay", [(1, 0.0), (2, 1.0), (3, 2.0), (4, None), (5, None)])
+def test_a_worker_is_started_again_after_a_growing_backoff_then_given_up(exits, delay):
+    from tfpipe.serve.workers import restart_delay
+
+    assert restart_delay(exits) == delay
+
+
+def test_the_workers_states_as_prometheus_shows_them():
+    from tfpipe.serve.workers import worker_state_lines
+
+    states = [{"worker": 0, "pid": 10, "state": "ready", "restarts": 0},
+              {"worker": 1, "pid": 11, "state": "failed", "restarts": 3},
+              {"worker": 2, "pid": None, "state": "starting", "restarts": 1}]
+    samples = [line for line in worker_state_lines(states, 4) if not line.startswith("#")]
+    assert samples == [  # worker 3 not written yet: starting
+        'tfpipe_serving_workers{state="ready"} 1', 'tfpipe_serving_workers{state="starting"} 2',
+        'tfpipe_serving_workers{state="failed"} 1',
+        'tfpipe_serving_worker_ready{worker="0"} 1', 'tfpipe_serving_worker_ready{worker="1"} 0',
+        'tfpipe_serving_worker_ready{worker="2"} 0', 'tfpipe_serving_worker_ready{worker="3"} 0',
+        'tfpipe_serving_worker_restarts_total{worker="0"} 0', 'tfpipe_serving_worker_restarts_total{worker="1"} 3',
+        'tfpipe_serving_worker_restarts_total{worker="2"} 1', 'tfpipe_serving_worker_restarts_total{worker="3"} 0']
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two workers serving `half` (y = x / 2 + 2) and `slow` (y = x + 1, some tenths of a second a
+    batch), with batching, request logging, the health service and Prometheus: the server the tests
+    below share, in their order (the last one stops it)."""
+    from draining import BATCHING
+    from serving_models import save_half, save_slow
+
+    root = tmp_path_factory.mktemp("pair")
+    save_half(str(root / "half" / "1"))
+    save_slow(str(root / "slow" / "1"), steps=60000)
+    (root / "models.config").write_text("model_config_list { " + " ".join(
+        f'config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" }}' for m in ("half", "slow"))
+        + " }")
+    (root / "monitoring.config").write_text("prometheus_config { enable: true }")
+    (root / "batching.config").write_text(BATCHING)
+    proc, grpc_port, rest_port = start_cli_server(
+        "--workers=2", f"--model_config_file={root / 'models.config'}", "--file_system_poll_wait_seconds=0",
+        f"--monitoring_config_file={root / 'monitoring.config'}", "--enable_grpc_healthcheck_service",
+        "--enable_batching", f"--batching_parameters_file={root / 'batching.config'}",
+        f"--request_log_prefix={root / 'logs' / 'all'}", "--rest_api_timeout_in_ms=60000")
+    yield proc, grpc_port, rest_port
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+
+
+def test_two_workers_share_the_ports_and_count_together(pair):
     """Two workers serve one REST and one gRPC port: 60 requests on fresh connections are spread
     over both (each worker holds some of the 50 REST connections), one scrape counts all 60, and
-    SIGTERM to the supervisor stops every worker and exits 0."""
+    shows both workers ready."""
     import grpc
-    from serving_models import save_half
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    save_half(str(tmp_path / "half" / "1"))
-    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
-    proc, grpc_port, rest_port = start_cli_server(
-        "--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
-        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--file_system_poll_wait_seconds=0")
+    proc, grpc_port, rest_port = pair
+    series = 'tfpipe_serving_requests_total{model="half",api="predict",status="OK"}'
+    before = _sample(_scrape(rest_port), series) or 0
+    workers = _workers(proc)
+    url = f"http://127.0.0.1:{rest_port}/v1/models/half:predict"
+    sessions = [requests.Session() for _ in range(50)]  # a connection each: the kernel picks a worker for each
     try:
-        workers = _workers(proc)
-        url = f"http://127.0.0.1:{rest_port}/v1/models/half:predict"
-        sessions = [requests.Session() for _ in range(50)]  # a connection each: the kernel picks a worker for each
-        try:
-            for i, s in enumerate(sessions):
-                r = s.post(url, json={"instances": [float(i)]}, timeout=30)
-                assert r.status_code == 200 and r.json() == {"predictions": [0.5 * i + 2.0]}
-            held = [len(_established(w, rest_port)) for w in workers]
-        finally:
-            for s in sessions:
-                s.close()
-        assert sum(held) == 50 and min(held) > 0, held  # both answered some (all on one: once in 2**49 runs)
-        for i in range(10):
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-                req = predict_pb2.PredictRequest()
-                req.model_spec.name = "half"
-                req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [float(i)]
-                req.inputs["x"].tensor_shape.dim.add().size = 1
-                out = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
-                assert list(out.outputs["y"].float_val) == [0.5 * i + 2.0]
-        time.sleep(1.2)  # the other worker's metrics are at most half a second old
-        page = requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30).text
-        rest_ok = re.search(r'tfpipe_serving_requests_total\{model="half",api="predict",status="OK"\} (\d+)', page)
-        assert rest_ok and int(rest_ok[1]) == 60, page  # 50 REST + 10 gRPC Predict, whichever worker answered
-        assert "tfpipe_serving_workers 2" in page
-        rss = re.findall(r'tfpipe_serving_worker_resident_memory_bytes\{worker="(\d)"\} (\d+)', page)
-        assert sorted(w for w, _ in rss) == ["0", "1"] and all(int(n) > 50e6 for _, n in rss)
-        total = int(re.search(r"^process_resident_memory_bytes (\d+)$", page, re.M)[1])
-        assert total == sum(int(n) for _, n in rss) or abs(total - sum(int(n) for _, n in rss)) < 50e6
+        for i, s in enumerate(sessions):
+            r = s.post(url, json={"instances": [float(i)]}, timeout=30)
+            assert r.status_code == 200 and r.json() == {"predictions": [0.5 * i + 2.0]}
+        held = [len(_established(w, rest_port)) for w in workers]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=90)
+        for s in sessions:
+            s.close()
+    assert sum(held) == 50 and min(held) > 0, held  # both answered some (all on one: once in 2**49 runs)
+    for i in range(10):
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            req = predict_pb2.PredictRequest()
+            req.model_spec.name = "half"
+            req.inputs["x"].dtype, req.inputs["x"].float_val[:] = 1, [float(i)]
+            req.inputs["x"].tensor_shape.dim.add().size = 1
+            out = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
+            assert list(out.outputs["y"].float_val) == [0.5 * i + 2.0]
+    deadline = time.time() + 30
+    while True:  # the other worker's metrics reach a scrape within half a second
+        page = _scrape(rest_port)
+        if (_sample(page, series) or 0) - before >= 60 or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert _sample(page, series) - before == 60, page  # 50 REST + 10 gRPC Predict, whichever worker answered
+    assert _worker_states(page) == {
+        'tfpipe_serving_workers{state="ready"}': 2, 'tfpipe_serving_workers{state="starting"}': 0,
+        'tfpipe_serving_workers{state="failed"}': 0, 'tfpipe_serving_worker_ready{worker="0"}': 1,
+        'tfpipe_serving_worker_ready{worker="1"}': 1, 'tfpipe_serving_worker_restarts_total{worker="0"}': 0,
+        'tfpipe_serving_worker_restarts_total{worker="1"}': 0}, page
+    rss = re.findall(r'tfpipe_serving_worker_resident_memory_bytes\{worker="(\d)"\} (\d+)', page)
+    assert sorted(w for w, _ in rss) == ["0", "1"] and all(int(n) > 50e6 for _, n in rss)
+    total = int(re.search(r"^process_resident_memory_bytes (\d+)$", page, re.M)[1])
+    assert total == sum(int(n) for _, n in rss) or abs(total - sum(int(n) for _, n in rss)) < 50e6
+    assert _health(grpc_port, "", "ModelService", "PredictionService", "tfpipe.worker.0", "tfpipe.worker.1") \
+        == dict.fromkeys(("", "ModelService", "PredictionService", "tfpipe.worker.0", "tfpipe.worker.1"), "SERVING")
+
+
+def test_a_killed_worker_is_started_again(pair):
+    """SIGKILL one of two workers: while its replacement starts, the metrics show it starting and the
+    health service NOT_SERVING for the server (the other worker answering); the supervisor says when
+    the replacement is ready (what this test waits for: the worker's own readiness message, sent
+    once its ports are bound and its models AVAILABLE), the metrics and health agree, and it serves."""
+    proc, grpc_port, rest_port = pair
+    pids = _ready_pids(proc)
+    victim, other = 0, 1
+    mark = proc.output.mark()
+    psutil.Process(pids[victim]).kill()
+    proc.output.wait_for(rf"worker {victim} \(pid {pids[victim]}\) exited with signal SIGKILL: starting it again$",
+                         after=mark, timeout=60)
+    # TensorFlow's import alone keeps the replacement from serving for seconds: it is starting now
+    states = _worker_states(_scrape(rest_port))
+    assert (states[f'tfpipe_serving_worker_ready{{worker="{victim}"}}'],
+            states['tfpipe_serving_workers{state="starting"}'],
+            states[f'tfpipe_serving_worker_restarts_total{{worker="{victim}"}}']) == (0, 1, 1), states
+    assert _health(grpc_port, "", f"tfpipe.worker.{victim}", f"tfpipe.worker.{other}", "PredictionService") == {
+        "": "NOT_SERVING", f"tfpipe.worker.{victim}": "NOT_SERVING", f"tfpipe.worker.{other}": "SERVING",
+        "PredictionService": "SERVING"}
+    (ready,) = proc.output.wait_for(rf"worker {victim} \(pid (\d+)\) ready$", after=mark, timeout=240)
+    new = psutil.Process(int(ready[1]))
+    states = _worker_states(_scrape(rest_port))
+    assert (states[f'tfpipe_serving_worker_ready{{worker="{victim}"}}'],
+            states['tfpipe_serving_workers{state="ready"}']) == (1, 2), states
+    assert _health(grpc_port, "", f"tfpipe.worker.{victim}") == {"": "SERVING", f"tfpipe.worker.{victim}": "SERVING"}
+    sessions = [requests.Session() for _ in range(40)]  # connections reach both workers, the new one among them
+    try:
+        answers = [s.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [2.0]},
+                          timeout=30).json() for s in sessions]
+        held = len(_established(new, rest_port))
+    finally:
+        for s in sessions:
+            s.close()
+    assert answers == [{"predictions": [3.0]}] * 40 and held > 0, (answers, held)  # the new worker took some
+
+
+def test_sigterm_lets_every_workers_in_flight_requests_finish(pair):
+    """SIGTERM to the supervisor with requests in flight on both APIs in both workers (slow batched
+    calls, REST bodies still coming in, large requests being read, keep-alive connections): every
+    request sent before the signal is answered OK, then every worker and the supervisor exit 0."""
+    from draining import DrainLoad
+
+    proc, grpc_port, rest_port = pair
+    workers = _workers(proc)
+    load = DrainLoad(grpc_port, rest_port, "slow", grpc_callers=8)
+    load.start()
+    # 14 connections, a worker picked for each: both hold some (all on one: 1 in 8,192 runs)
+    held = [len(_established(w, rest_port)) + len(_established(w, grpc_port)) for w in workers]
+    mark = proc.output.mark()
+    load.signal(proc)
+    proc.output.wait_for(r"^\[worker \d\] shutting down", after=mark, count=2)
+    load.release.set()  # the uploads' last bytes come while the workers drain
+    code = load.finish(proc)
+    assert load.lost() == []
     assert code == 0
+    assert min(held) > 0, held
+    kinds = {kind: sum(k == kind and o == "OK" for k, _, _, o in load.results) for kind in ("upload", "large")}
+    assert kinds == {"upload": 3, "large": 3} and load.in_flight().get("grpc", 0) >= 1, (kinds, load.in_flight())
+    assert not [line for line in proc.output.lines if "cut off" in line or "killed" in line]
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
 
 
@@ -264,19 +417,10 @@ def test_a_reloaded_model_config_reaches_every_worker_before_the_answer(tmp_path
         assert reply.status.error_code == 0
         assert [_predict_model(grpc_port, "other") for _ in range(16)] == [("ok", 6.0)] * 16
 
-        old = {w.pid for w in _workers(proc)}
-        psutil.Process(min(old)).kill()
-        deadline, new = time.time() + 120, None
-        while new is None and time.time() < deadline:  # the replacement, once it listens on the gRPC port
-            for c in psutil.Process(proc.pid).children():
-                try:
-                    if c.pid not in old and any(s.status == psutil.CONN_LISTEN and s.laddr.port == grpc_port
-                                                for s in c.net_connections(kind="tcp")):
-                        new = c
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.2)
-        assert new is not None, "no worker took the killed one's place"
+        (victim, pid), mark = min(_ready_pids(proc).items()), proc.output.mark()
+        psutil.Process(pid).kill()
+        (ready,) = proc.output.wait_for(rf"worker {victim} \(pid (\d+)\) ready$", after=mark, timeout=240)
+        new = psutil.Process(int(ready[1]))  # its replacement, which has said it serves
         # 24 connections held open, one answered Predict each: the new worker holds some of them (each
         # connection goes to either worker, so all 24 to the old one would come once in 2**24 runs)
         channels = [grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -293,86 +437,107 @@ def test_a_reloaded_model_config_reaches_every_worker_before_the_answer(tmp_path
         assert proc.wait(timeout=90) == 0
 
 
-def test_a_killed_worker_is_started_again(tmp_path):
-    """SIGKILL one of two workers: the supervisor starts another in its place, which serves."""
+def _kill_until_given_up(proc, index: int, pid: int, seen: set[int]) -> None:
+    """Kill worker `index` (pid `pid`, serving), then each process the supervisor starts in its place
+    as soon as it appears, until the supervisor gives up on it."""
+    mark = proc.output.mark()
+    psutil.Process(pid).kill()
+    seen.add(pid)
+    sup, deadline = psutil.Process(proc.pid), time.time() + 120
+    while not any(re.search(rf"worker {index} \(pid \d+\) .*giving up on it", line)
+                  for line in proc.output.lines[mark:]):
+        for child in sup.children():
+            if child.pid not in seen:
+                seen.add(child.pid)
+                child.kill()
+        assert time.time() < deadline and proc.poll() is None, proc.output.lines[mark:]
+        time.sleep(0.02)  # polls the supervisor's children for the next replacement
+
+
+def _held_by(worker, port: int, connect) -> object:
+    """A client connection (from `connect()`, which opens one and answers a request on it) that
+    `worker` holds: the kernel picks a worker for each, so a few tries find one."""
+    for _ in range(40):
+        client = connect()
+        if _established(worker, port):
+            return client
+        client.close()
+    raise AssertionError(f"none of 40 connections reached worker {worker.pid}")
+
+
+def test_a_worker_that_keeps_crashing_is_given_up_while_the_other_serves(tmp_path):
+    """Worker 0 crashes again and again (killed while serving, then each replacement as it starts):
+    it is started again after a growing backoff, then given up on at its 4th exit in a row, said in
+    the log; worker 1 answers on its connections throughout; the metrics show one ready and one
+    failed worker, the health service NOT_SERVING for the server and SERVING for worker 1. Only when
+    worker 1 has gone the same way does the supervisor exit, 1, saying that no worker is left."""
+    import grpc
     from serving_models import save_half
 
     save_half(str(tmp_path / "half" / "1"))
-    proc, _, rest_port = start_cli_server("--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
-                                          "--file_system_poll_wait_seconds=0")
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    proc, grpc_port, rest_port = start_cli_server(
+        "--workers=2", "--model_name=half", f"--model_base_path={tmp_path / 'half'}",
+        "--file_system_poll_wait_seconds=0", "--enable_grpc_healthcheck_service",
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}")
     try:
-        sup = psutil.Process(proc.pid)
-        workers = _workers(proc)
-        victim = workers[0]
-        victim.kill()
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            alive = []
-            for c in sup.children():
+        pids = _ready_pids(proc)
+        healthy = psutil.Process(pids[1])
+
+        def rest_connection():
+            s = requests.Session()
+            s.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [1.0]}, timeout=30)
+            return s
+
+        def grpc_connection():
+            channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
+            _predict_on(channel, "half")
+            return channel
+
+        session, channel = _held_by(healthy, rest_port, rest_connection), _held_by(healthy, grpc_port, grpc_connection)
+        answers, failures, done = [], [], threading.Event()
+
+        def use_them():  # worker 1's connections, all along
+            while not done.is_set():
                 try:
-                    if c.pid != victim.pid and c.status() != psutil.STATUS_ZOMBIE:
-                        alive.append(c)
-                except psutil.NoSuchProcess:
-                    pass
-            if len(alive) == 2:
-                break
-            time.sleep(0.3)
-        assert len(alive) == 2, alive
-        (new,) = [c for c in alive if c.pid not in {w.pid for w in workers}]
-        # A worker opens its ports once its models are loaded (as tensorflow_model_server does):
-        # wait for the new one's REST listener, which takes TensorFlow's import and the model load
-        # (seconds to tens of seconds on a busy machine), rather than for a fixed time.
-        while not any(c.status == psutil.CONN_LISTEN and c.laddr.port == rest_port
-                      for c in new.net_connections(kind="tcp")):
-            assert time.time() < deadline + 60, "the new worker never listened on the REST port"
-            time.sleep(0.2)
-        sessions = [requests.Session() for _ in range(40)]  # connections reach both workers, the new one among them
+                    r = session.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [2.0]},
+                                     timeout=30)
+                    answers.append((r.status_code, r.json(), _predict_on(channel, "half")))
+                except (requests.RequestException, grpc.RpcError) as e:
+                    failures.append(repr(e))
+        user = threading.Thread(target=use_them)
+        user.start()
+        seen = set(pids.values())
         try:
-            answered = 0
-            for s in sessions:
-                try:
-                    r = s.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [2.0]},
-                               timeout=30)
-                    answered += r.status_code == 200
-                except requests.ConnectionError:
-                    pass
-            held = len(_established(new, rest_port))
+            _kill_until_given_up(proc, 0, pids[0], seen)
         finally:
-            for s in sessions:
-                s.close()
-        assert answered == 40 and held > 0, (answered, held)  # the new worker took some of them
+            done.set()
+            user.join(timeout=60)
+        assert not failures and answers and set(map(str, answers)) == {str((200, {"predictions": [3.0]}, 3.0))}, \
+            (failures[:3], len(answers))
+        log = "\n".join(proc.output.lines)
+        for line in ["worker 0 (pid {}) exited with signal SIGKILL: starting it again",
+                     "exited with signal SIGKILL: starting it again in 1 s (2nd exit in a row)",
+                     "exited with signal SIGKILL: starting it again in 2 s (3rd exit in a row)",
+                     "exited with signal SIGKILL, its 4th exit in a row without serving 60 s: giving up on it; "
+                     "1 of 2 workers left"]:
+            assert line.format(pids[0]) in log, log
+        states = _worker_states(_scrape(rest_port))
+        assert (states['tfpipe_serving_workers{state="ready"}'], states['tfpipe_serving_workers{state="failed"}'],
+                states['tfpipe_serving_worker_ready{worker="0"}'], states['tfpipe_serving_worker_ready{worker="1"}'],
+                states['tfpipe_serving_worker_restarts_total{worker="0"}']) == (1, 1, 0, 1, 3), states
+        assert _health(grpc_port, "", "tfpipe.worker.0", "tfpipe.worker.1", "PredictionService") == {
+            "": "NOT_SERVING", "tfpipe.worker.0": "NOT_SERVING", "tfpipe.worker.1": "SERVING",
+            "PredictionService": "SERVING"}
+        assert proc.poll() is None  # one worker left: the server goes on
+        session.close()
+        channel.close()
+
+        mark = proc.output.mark()
+        _kill_until_given_up(proc, 1, pids[1], seen)
+        proc.output.wait_for(r"giving up on it; 0 of 2 workers left$", after=mark, timeout=60)
+        proc.output.wait_for(r"^no worker left: stopping \(exit code 1\)$", after=mark, timeout=60)
+        assert proc.wait(timeout=60) == 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=90) == 0
-
-
-def test_sigterm_lets_every_workers_in_flight_requests_finish(tmp_path):
-    """Slow calls in flight on both workers (12 new connections: all on one worker 1 time in 2,048)
-    when the supervisor gets SIGTERM: every one is answered 200, then the supervisor exits 0."""
-    import threading
-
-    from serving_models import save_slow
-
-    save_slow(str(tmp_path / "slow" / "1"), steps=100000)  # over half a second per call
-    proc, _, rest_port = start_cli_server("--workers=2", "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}",
-                                          "--file_system_poll_wait_seconds=0", "--enable_model_warmup=false")
-    answers: list[int] = []
-
-    def call():
-        with requests.Session() as s:
-            answers.append(s.post(f"http://127.0.0.1:{rest_port}/v1/models/slow:predict", json={"instances": [1.0]},
-                                  timeout=60).status_code)
-
-    workers = _workers(proc)
-    before = [w.cpu_times().user + w.cpu_times().system for w in workers]
-    callers = [threading.Thread(target=call) for _ in range(12)]
-    for t in callers:
-        t.start()
-    time.sleep(0.8)  # the calls are running in the workers: both are busy
-    busy = [w.cpu_times().user + w.cpu_times().system - b for w, b in zip(workers, before)]
-    proc.send_signal(signal.SIGTERM)
-    for t in callers:
-        t.join(timeout=90)
-    assert proc.wait(timeout=90) == 0
-    assert answers == [200] * 12
-    assert len(busy) == 2 and min(busy) > 0.1, busy
+        if proc.poll() is None:
+            proc.kill()
