@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tfpipe.serve.batching import RUN_BATCHING, BatchOptions
+from tfpipe.serve.core.batching import RUN_BATCHING, BatchOptions
 
 
 class ServeConfig(BaseModel):

@@ -31,19 +31,24 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
-from tfpipe.serve.batcher import BatchOptions, BatchScheduler
-from tfpipe.serve.configs import channel_arguments, model_server_config, monitoring_config, session_bundle_config, \
-    ssl_config
+from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.inference import Inference
+from tfpipe.serve.core.manager import ManagerOptions, ModelManager
+from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
-from tfpipe.serve.grpc_api import ModelService, PredictionService, add_services
-from tfpipe.serve.health import NOT_SERVING, SERVING, Health, add_health
-from tfpipe.serve.inference import Inference
-from tfpipe.serve.manager import ManagerOptions, ModelManager
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
-from tfpipe.serve.rest_api import RestApi
-from tfpipe.serve.servable import LIVE, Servable, ServableSettings
+from tfpipe.serve.tfserving.configs import (
+    channel_arguments,
+    model_server_config,
+    monitoring_config,
+    session_bundle_config,
+    ssl_config,
+)
+from tfpipe.serve.transports.grpc_api import ModelService, PredictionService, add_services
+from tfpipe.serve.transports.health import NOT_SERVING, SERVING, Health, add_health
+from tfpipe.serve.transports.rest_api import RestApi
 from tfpipe.serve.workers import Group, announce_ready, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)

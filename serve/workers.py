@@ -240,7 +240,7 @@ class Group:
         return (read_json(os.path.join(self.dir, STATE_FILE)) or {}).get("workers", [])
 
     def health(self) -> dict[str, bool]:
-        """Whether each health name serves (see tfpipe.serve.health): "" while every worker is ready,
+        """Whether each health name serves (see tfpipe.serve.transports.health): "" while every worker is ready,
         "tfpipe.worker.<i>" while worker i is."""
         workers = self.workers()
         ready = {w["worker"]: w["state"] == "ready" for w in workers}

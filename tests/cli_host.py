@@ -126,7 +126,7 @@ def serve(path: str) -> None:
     import tfpipe.export.job  # noqa: F401
     import tfpipe.pipeline.job  # noqa: F401
     import tfpipe.run  # noqa: F401
-    import tfpipe.serve.configs  # noqa: F401
+    import tfpipe.serve.tfserving.configs  # noqa: F401
     import tfpipe.train.job  # noqa: F401
 
     assert "locust" not in sys.modules, "locust patches the standard library on import: not in the host"

@@ -261,7 +261,7 @@ def test_an_rmse_rise_counts_only_beyond_the_noise_of_the_paired_errors(n, shift
 def test_the_served_answer_check_is_relative_to_each_values_size(want, got, passes):
     import numpy as np
 
-    from tfpipe.serve.stage import CheckFailed, compare
+    from tfpipe.serve.deploy import CheckFailed, compare
 
     args = ("REST", {"y": np.array([want], np.float64)}, {"y": np.array([got])}, 1e-5)
     if passes:

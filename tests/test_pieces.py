@@ -146,7 +146,7 @@ def test_version_policy_picks_tf_servings_versions(policy_text, on_disk, failed,
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    from tfpipe.serve.manager import wanted_versions
+    from tfpipe.serve.core.manager import wanted_versions
 
     policy = None
     if policy_text:  # as a models.config gives it
@@ -259,9 +259,9 @@ def test_config_writers_write_what_tf_servings_protos_read(tmp_path, batching):
 
     from tfpipe.serve.config import ServeConfig
     from tfpipe.serve.flags import ServeOptions
-    from tfpipe.serve.protos import BatchingParameters, MonitoringConfig
-    from tfpipe.serve.stage import write_batching
-    from tfpipe.serve.tfserving import server_flags, write_configs
+    from tfpipe.serve.tfserving.protos import BatchingParameters, MonitoringConfig
+    from tfpipe.serve.deploy import write_batching
+    from tfpipe.serve.tfserving.launcher import server_flags, write_configs
 
     params = ""
     if batching:
@@ -296,7 +296,7 @@ def test_config_writers_write_what_tf_servings_protos_read(tmp_path, batching):
     ({"p": [[0.1]], "c": [b"b"]}, 1e-5, None, "has 1 values where the SavedModel gives 2"),
 ])
 def test_served_answers_are_compared_output_by_output(got, tolerance, worst, message):
-    from tfpipe.serve.stage import CheckFailed, compare
+    from tfpipe.serve.deploy import CheckFailed, compare
 
     want = {"p": np.array([[0.1, 0.9]], np.float32), "c": np.array([b"b"], dtype=object)}
     got = {k: np.array(v, dtype=object if k == "c" else np.float64) for k, v in got.items()}
@@ -313,7 +313,7 @@ def test_deadlines_time_out_only_the_requests_past_theirs_on_one_timer():
     client gone) stays a CancelledError."""
     import asyncio
 
-    from tfpipe.serve.rest_api import Deadlines
+    from tfpipe.serve.transports.rest_api import Deadlines
 
     async def main():
         d = Deadlines(0.2)

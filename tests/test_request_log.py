@@ -547,7 +547,7 @@ def test_a_record_is_a_prediction_log_with_tfpipes_timing_in_a_field_it_does_not
 
 def test_tensorflow_model_server_is_not_given_a_logging_config_it_would_refuse(tmp_path):
     from tfpipe.serve.errors import ServeError
-    from tfpipe.serve.tfserving import write_configs
+    from tfpipe.serve.tfserving.launcher import write_configs
 
     with pytest.raises(ServeError, match="No request-logger-creator provided"):
         write_configs(_opts(model_name="m", model_base_path=str(tmp_path), request_log_prefix=str(tmp_path / "l")),

@@ -31,7 +31,7 @@ def test_any_body_becomes_tensors_or_a_4xx(request):
 
     from tfpipe.serve.errors import ServingError
     from tfpipe.serve.codecs.rest_json import json_examples, json_inputs
-    from tfpipe.serve.rest_api import parse_json
+    from tfpipe.serve.transports.rest_api import parse_json
 
     body, mutation, rng = request
     raw = encode(body, mutation, rng)
@@ -57,7 +57,7 @@ def test_deep_nesting_is_a_400_naming_the_depth(depth):
 
     from tfpipe.serve.errors import ServingError
     from tfpipe.serve.codecs.rest_json import json_inputs
-    from tfpipe.serve.rest_api import parse_json
+    from tfpipe.serve.transports.rest_api import parse_json
 
     raw = ('{"instances": ' + "[" * depth + "1.0" + "]" * depth + "}").encode()
     try:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from browser import render
-from conftest import ROOT, run_cli, spawn_cli
+from conftest import ROOT, backup_epoch, run_cli, spawn_cli
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
@@ -286,14 +286,13 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]
     args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003"]
 
-    # Start the changed run and kill it hard once training has finished two epochs.
+    # Start the changed run and kill it hard once training has backed up two epochs.
     proc = spawn_cli(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    progress = os.path.join(workdir, ".train.partial", "metrics.jsonl")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(progress) and sum(1 for _ in open(progress)) >= 2:
+        if backup_epoch(os.path.join(workdir, "train")) >= 2:
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed during training"
@@ -383,7 +382,7 @@ def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(f
     from tfpipe.export.job import result as export_result
     from tfpipe.loadtest.job import result as loadtest_result
     from tfpipe.pipeline.launch import result as data_result
-    from tfpipe.serve.stage import result as serve_result
+    from tfpipe.serve.deploy import result as serve_result
     from tfpipe.skew.job import result as skew_result
     from tfpipe.stage import ServeOutputs
     from tfpipe.steps import BY_NAME

@@ -343,7 +343,7 @@ def test_the_servers_signature_call_answers_like_the_public_call(models):
     Python argument binding (Servable._flat_caller); it answers exactly as the public
     `signatures[key](**tensors)` does, and inputs with different row counts are a clear 400."""
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.servable import Servable, _keyword_caller
+    from tfpipe.serve.core.servable import Servable, _keyword_caller
 
     version = next((models / "penguins").iterdir())
     servable = Servable("penguins", int(version.name), str(version))
@@ -639,7 +639,7 @@ def test_a_shape_the_signature_cannot_take_is_the_callers_error(tmp_path):
     import tensorflow as tf
 
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.servable import Servable
+    from tfpipe.serve.core.servable import Servable
 
     module = tf.Module()
     module.f = tf.function(lambda x: {"y": tf.where(x > 0.0, x, 0.0)}, autograph=False,
@@ -972,7 +972,7 @@ def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    from tfpipe.serve.protos import BatchingParameters, MonitoringConfig
+    from tfpipe.serve.tfserving.protos import BatchingParameters, MonitoringConfig
 
     base = tmp_path / "models" / "taxi"
     (base / "1").mkdir(parents=True)
@@ -1169,7 +1169,7 @@ def test_the_serve_stage_deploys_checks_the_answers_and_reads_back_its_own_serve
     from serving_models import save_half
 
     from tfpipe.serve.config import ServeConfig
-    from tfpipe.serve.stage import Deployment, result
+    from tfpipe.serve.deploy import Deployment, result
     from tfpipe.stage import ServeOutputs
 
     save_half(str(tmp_path / "models" / "half" / "1"))

@@ -135,13 +135,13 @@ def test_ignored_flags_are_named_with_the_reason_only_when_given():
     ("big=4294967296", [("big", "4294967296")]),  # beyond int32: passed as a string, as TF Serving does
 ])
 def test_channel_arguments(text, expected):
-    from tfpipe.serve.configs import channel_arguments
+    from tfpipe.serve.tfserving.configs import channel_arguments
 
     assert channel_arguments(text) == expected
 
 
 def test_channel_arguments_refuse_what_is_not_key_value():
-    from tfpipe.serve.configs import channel_arguments
+    from tfpipe.serve.tfserving.configs import channel_arguments
     from tfpipe.serve.errors import ServeError
 
     with pytest.raises(ServeError, match="not KEY=VALUE"):
@@ -153,13 +153,13 @@ def test_channel_arguments_refuse_what_is_not_key_value():
     ("9223372036854775808", None), ("1_000", None), ("1.0", None), ("v1", None), ("", None), ("assets", None),
 ])
 def test_version_directory_names_read_as_tf_serving_reads_them(name, version):
-    from tfpipe.serve.manager import version_number
+    from tfpipe.serve.core.manager import version_number
 
     assert version_number(name) == version
 
 
 def test_version_directories_on_disk(tmp_path):
-    from tfpipe.serve.manager import versions_on_disk
+    from tfpipe.serve.core.manager import versions_on_disk
 
     for d in ("00000123", "7", "tmp", "00000124.partial"):
         (tmp_path / d).mkdir()
@@ -168,7 +168,7 @@ def test_version_directories_on_disk(tmp_path):
 
 
 def test_base_path_findings_say_what_is_wrong(tmp_path):
-    from tfpipe.serve.manager import base_path_finding
+    from tfpipe.serve.core.manager import base_path_finding
 
     assert "Could not find base path" in base_path_finding("m", str(tmp_path / "nope"), {}, None)
     (tmp_path / "file").write_text("x")
@@ -183,7 +183,7 @@ def test_base_path_findings_say_what_is_wrong(tmp_path):
 
 
 def test_session_bundle_config_follows_tensorflow_model_server(tmp_path):
-    from tfpipe.serve.configs import session_bundle_config
+    from tfpipe.serve.tfserving.configs import session_bundle_config
     from tfpipe.serve.errors import ServeError
 
     cfg = session_bundle_config(_parse("--model_base_path=x", "--enable_batching",
@@ -243,7 +243,7 @@ PLATFORM_CONFIG = """platform_configs {
 ])
 def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.rest_api import parse_json
+    from tfpipe.serve.transports.rest_api import parse_json
 
     with pytest.raises(ServingError) as e:
         parse_json(raw)
@@ -251,7 +251,7 @@ def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
 
 
 def test_json_parsing_stops_after_the_first_value():
-    from tfpipe.serve.rest_api import parse_json
+    from tfpipe.serve.transports.rest_api import parse_json
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
     assert parse_json(b'{"instances": [1]} "\\ud800"') == {"instances": [1]}  # half a pair, but after it
@@ -263,7 +263,7 @@ def test_json_parsing_stops_after_the_first_value():
     (b'{"a": "\\u00e9\\\\"}', "\u00e9\\"),
 ])
 def test_escapes_that_are_not_half_a_pair_parse(raw, value):
-    from tfpipe.serve.rest_api import parse_json
+    from tfpipe.serve.transports.rest_api import parse_json
 
     assert parse_json(raw) == {"a": value}
 
@@ -280,7 +280,7 @@ def test_escapes_that_are_not_half_a_pair_parse(raw, value):
     ("PUT", "/v1/models/m", None),
 ])
 def test_rest_paths(method, path, expected):
-    from tfpipe.serve.rest_api import parse_path
+    from tfpipe.serve.transports.rest_api import parse_path
 
     assert parse_path(method, path) == expected
 
@@ -465,7 +465,7 @@ def test_json_examples_merge_context_with_the_example_winning():
 
 
 def test_large_batches_are_split_and_put_back_together():
-    from tfpipe.serve.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 
     sizes = []
 
@@ -483,7 +483,7 @@ def test_large_batches_are_split_and_put_back_together():
 
 
 def test_an_unloaded_versions_queue_runs_what_it_holds_then_goes():
-    from tfpipe.serve.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 
     release = threading.Event()
 
@@ -842,8 +842,8 @@ def test_batching_parameters_read_and_written_are_the_same(text):
     TF Serving's text read by the server and written back is the same message."""
     from google.protobuf import text_format
 
-    from tfpipe.serve.batcher import BatchOptions
-    from tfpipe.serve.protos import BatchingParameters
+    from tfpipe.serve.core.batcher import BatchOptions
+    from tfpipe.serve.tfserving.protos import BatchingParameters
 
     given = text_format.Parse(text, BatchingParameters())
     assert BatchOptions.from_proto(given).to_proto() == given

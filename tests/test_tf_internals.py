@@ -1,4 +1,4 @@
-"""The private TensorFlow APIs the server relies on (serve/tf_internals.py), on the installed
+"""The private TensorFlow APIs the server relies on (serve/core/tf_internals.py), on the installed
 TensorFlow: present in the shape the server expects, and doing what it uses them for. A
 TensorFlow upgrade that changes one fails here, by name, before a request meets it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfpipe.serve import tf_internals
+from tfpipe.serve.core import tf_internals
 
 
 def test_every_private_api_is_as_the_server_expects():
@@ -33,7 +33,7 @@ def test_a_preflattened_call_takes_the_flat_inputs_and_the_captures():
 def test_the_v1_loader_loads_a_tf1_graph_signature_by_signature(tmp_path):
     from serving_models import save_one_broken_signature
 
-    from tfpipe.serve.servable import Servable
+    from tfpipe.serve.core.servable import Servable
 
     save_one_broken_signature(str(tmp_path / "1"))
     servable = Servable("broken", 1, str(tmp_path / "1"))

@@ -553,7 +553,7 @@ def test_tf_servings_own_half_plus_three_file_serves_both_signatures():
     import numpy as np
     import tensorflow as tf
 
-    from tfpipe.serve.servable import Servable
+    from tfpipe.serve.core.servable import Servable
 
     path = os.path.join(os.environ["TFPIPE_TF_SERVING_TESTDATA"], "saved_model_half_plus_three", "00000123")
     servable = Servable("half_plus_three", 123, path)
@@ -830,7 +830,7 @@ def _process(server: Server, method: str, path: str, body: str | None = None) ->
 
 def test_rest_path_regex():
     """kPathRegex: /v1/... is the REST API's, other paths are not"""
-    from tfpipe.serve.rest_api import _API_PATH
+    from tfpipe.serve.transports.rest_api import _API_PATH
 
     assert _API_PATH.fullmatch("/v1/models")
     assert not _API_PATH.fullmatch("/statuspage") and not _API_PATH.fullmatch("/index")

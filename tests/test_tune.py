@@ -164,9 +164,9 @@ def test_bad_options_are_refused(values, message):
 
 
 def test_the_candidate_is_a_batching_parameters_file_the_server_reads(tmp_path):
-    from tfpipe.serve.batcher import BatchOptions
-    from tfpipe.serve.configs import read_text_proto, write_text_proto
-    from tfpipe.serve.protos import BatchingParameters
+    from tfpipe.serve.core.batcher import BatchOptions
+    from tfpipe.serve.tfserving.configs import read_text_proto, write_text_proto
+    from tfpipe.serve.tfserving.protos import BatchingParameters
     from tfpipe.tune.search import Candidate
 
     c = Candidate(16, 0, 3, 7, (1, 2, 4, 8, 16))
@@ -245,8 +245,8 @@ def _servers_of(path: str) -> list:
 def test_tune_killed_after_a_trial_resumes_and_writes_a_config_the_server_served(tmp_path):
     from serving_models import save_half
 
-    from tfpipe.serve.configs import read_text_proto
-    from tfpipe.serve.protos import BatchingParameters
+    from tfpipe.serve.tfserving.configs import read_text_proto
+    from tfpipe.serve.tfserving.protos import BatchingParameters
 
     save_half(str(tmp_path / "half" / "1"))
     (tmp_path / "body.json").write_text('{"instances": [{"x": 1.0}, {"x": 2.0}]}')

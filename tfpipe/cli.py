@@ -155,14 +155,14 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         if n > 1:
             return run_workers(opts, log, debug=args.debug)
     with quiet_native_stderr(not args.debug):
-        import tfpipe.serve.configs  # noqa: F401  (TensorFlow comes with the official protos)
+        import tfpipe.serve.tfserving.configs  # noqa: F401  (TensorFlow comes with the official protos)
     if opts.emit_k8s:
-        from tfpipe.serve.k8s import emit
+        from tfpipe.serve.tfserving.k8s import emit
 
         emit(opts, opts.emit_k8s, log)
         return 0
     if opts.backend != "embedded":
-        from tfpipe.serve.tfserving import launch
+        from tfpipe.serve.tfserving.launcher import launch
 
         return launch(opts, log)
     with quiet_native_stderr(not args.debug):

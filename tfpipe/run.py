@@ -30,6 +30,7 @@ from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, Config
 from tfpipe.files import digest, file_sha256
 from tfpipe.manifest import read_manifest
 from tfpipe.steps import BY_NAME, STEPS, StepInputs
+
 # the demo `tfpipe run` runs without --config: examples/penguins.toml, installed with the package
 DEMO_CONFIG = str(importlib.resources.files("tfpipe.examples") / "penguins.toml")
 
@@ -218,7 +219,7 @@ class Run:
     def serving(self):
         """The serve stage's Deployment on this workdir's configs (its server not started yet)."""
         if self.deployment is None:
-            from tfpipe.serve.stage import Deployment
+            from tfpipe.serve.deploy import Deployment
 
             self.deployment = Deployment(self.cfg.serve, self.path("serve"), self.path("logs", "server.log"))
         return self.deployment

@@ -21,12 +21,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfpipe.files import digest, file_sha256
-from tfpipe.stage import (DataOutputs, ExportOutputs, LoadtestOutputs, ServeOutputs, SkewOutputs, StageOutputs,
-                          StageResult, TrainOutputs)
+from tfpipe.stage import (
+    DataOutputs,
+    ExportOutputs,
+    LoadtestOutputs,
+    ServeOutputs,
+    SkewOutputs,
+    StageOutputs,
+    StageResult,
+    TrainOutputs,
+)
 
 if TYPE_CHECKING:
     from tfpipe.config import Config
-    from tfpipe.serve.stage import Deployment
+    from tfpipe.serve.deploy import Deployment
 
 Log = Callable[[str], None]
 O = TypeVar("O", bound=StageOutputs)
@@ -130,7 +138,7 @@ def serve_settings(config: Config) -> dict[str, Any]:
 
 def run_serve(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     from tfpipe.loadtest.payloads import rows_from_data
-    from tfpipe.serve.stage import result
+    from tfpipe.serve.deploy import result
 
     export, data = inputs.of("export", ExportOutputs), inputs.of("data", DataOutputs)
     deployment = inputs.server()

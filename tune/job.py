@@ -142,7 +142,7 @@ def _tune(cfg: TuneConfig, cores: int, work: str, log: Callable[[str], None]) ->
     os.makedirs(tmp)
     if os.path.isdir(os.path.join(work, "trials")):
         shutil.copytree(os.path.join(work, "trials"), os.path.join(tmp, "trials"))
-    from tfpipe.serve.configs import write_text_proto
+    from tfpipe.serve.tfserving.configs import write_text_proto
     from tfpipe.tune.report import write_html
 
     write_text_proto(os.path.join(tmp, "batching.config"), Candidate.from_json(result["best"]["candidate"]).to_proto())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from tfpipe.serve.batcher import BatchOptions
+from tfpipe.serve.core.batcher import BatchOptions
 
 COARSE_SIZES = (8, 32, 128)
 COARSE_TIMEOUTS = (0, 2000, 8000)

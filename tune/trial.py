@@ -157,7 +157,7 @@ def run_trial(cfg: TuneConfig, candidate: Candidate, trial_dir: str) -> dict:
     """Measure one candidate: its batching.config, the server's start, and each load level (lowest
     first, stopping after the first that misses the SLO). Returns the trial's record."""
     from tfpipe.loadtest.job import run as loadtest
-    from tfpipe.serve.configs import write_text_proto
+    from tfpipe.serve.tfserving.configs import write_text_proto
 
     shutil.rmtree(trial_dir, ignore_errors=True)  # what a killed tune left of this trial
     os.makedirs(trial_dir)

@@ -8,8 +8,8 @@ from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.tensor_proto import model_spec
+from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.errors import invalid, quoted
-from tfpipe.serve.manager import ModelManager
 
 
 def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:

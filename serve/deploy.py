@@ -29,7 +29,7 @@ class CheckFailed(ServeError):
 
 def write_batching(path: str, cfg: ServeConfig) -> str:
     """batching.config (TF Serving's BatchingParameters text proto) from the [serve] section."""
-    from tfpipe.serve.configs import write_text_proto
+    from tfpipe.serve.tfserving.configs import write_text_proto
 
     return write_text_proto(path, cfg.batch_options().to_proto())
 
@@ -110,7 +110,7 @@ class Deployment:
         """Write the configs for model `name` at `base_path`, (re)start the server on them, check it
         against that version's SavedModel on `rows`, write serve.json (with `notes`); return its content."""
         from tfpipe.serve.flags import ServeOptions
-        from tfpipe.serve.tfserving import server_flags, write_configs
+        from tfpipe.serve.tfserving.launcher import server_flags, write_configs
 
         os.makedirs(self.config_dir, exist_ok=True)
         self.stop()  # a new model version or new settings: start afresh on the new configs
@@ -187,9 +187,8 @@ def check_served(server, model_path: str, name: str, rows: RowSource, rows_wante
     import grpc
     import numpy as np
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
     from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     from tfpipe.serve.codecs.tensor_proto import tensor_proto, tensor_to_numpy
 
@@ -243,7 +242,7 @@ def signature_inputs(model_path: str, signature: str) -> dict[str, Any]:
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from tfpipe.serve.servable import meta_graph
+    from tfpipe.serve.core.servable import meta_graph
 
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(model_path, "saved_model.pb"), "rb") as f:

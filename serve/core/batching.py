@@ -1,6 +1,6 @@
 """Batching parameters: TF Serving's BatchingParameters as one type (BatchOptions), and the
 starting point `tfpipe run` serves with. No numpy here: the CLI and the [serve] section's
-validation import this at start; the batcher that uses it is serve/batcher.py."""
+validation import this at start; the batcher that uses it is serve/core/batcher.py."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class BatchOptions:
 
     def to_proto(self):
         """tensorflow.serving.BatchingParameters (batching.config) with these settings."""
-        from tfpipe.serve.protos import BatchingParameters
+        from tfpipe.serve.tfserving.protos import BatchingParameters
 
         p = BatchingParameters()
         p.max_batch_size.value = self.max_batch_size

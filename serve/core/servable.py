@@ -25,7 +25,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
 from tfpipe.prediction_logs import WARMUP_FILE
-from tfpipe.serve import tf_internals
+from tfpipe.serve.core import tf_internals
 from tfpipe.serve.errors import invalid, precondition, quoted, with_code
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -199,8 +199,8 @@ class Servable:
     def _batching_params(self):
         """BASE/VERSION/batching_params.pbtxt, or None: with per-model batching parameters a
         version without the file is served unbatched, as in TF Serving."""
-        from tfpipe.serve.configs import read_text_proto
-        from tfpipe.serve.protos import BatchingParameters
+        from tfpipe.serve.tfserving.configs import read_text_proto
+        from tfpipe.serve.tfserving.protos import BatchingParameters
 
         path = os.path.join(self.path, BATCHING_PARAMS_FILE)
         if not os.path.exists(path):

@@ -22,11 +22,11 @@ from operator import itemgetter
 
 import numpy as np
 
-from tfpipe.serve.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.manager import ModelManager
+from tfpipe.serve.core.model_info import metadata_response, status_response
+from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
-from tfpipe.serve.manager import ModelManager
-from tfpipe.serve.model_info import metadata_response, status_response
-from tfpipe.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 
 Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
 

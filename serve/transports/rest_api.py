@@ -26,8 +26,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.rest_json import json_debug, json_examples, json_inputs, json_outputs
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
+from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
-from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
 

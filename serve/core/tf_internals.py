@@ -59,7 +59,7 @@ def check() -> None:
 
     def changed(what: str, used_by: str) -> InternalsChanged:
         return InternalsChanged(f"TensorFlow {version} changed {what}, which tfpipe's server uses for {used_by} "
-                                "(serve/tf_internals.py): pin tensorflow to a release it was written for, or update "
+                                "(serve/core/tf_internals.py): pin tensorflow to a release it was written for, or update "
                                 "that module")
 
     if not isinstance(EagerTensor, type):

@@ -13,8 +13,14 @@ from tensorflow_serving.config import model_server_config_pb2, platform_config_p
 
 from tfpipe.serve.errors import ServeError
 from tfpipe.serve.flags import ServeOptions
-from tfpipe.serve.protos import POOL, BatchingParameters, MonitoringConfig, SavedModelBundleSourceAdapterConfig, \
-    SessionBundleConfig, SSLConfig
+from tfpipe.serve.tfserving.protos import (
+    POOL,
+    BatchingParameters,
+    MonitoringConfig,
+    SavedModelBundleSourceAdapterConfig,
+    SessionBundleConfig,
+    SSLConfig,
+)
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 DEFAULT_BATCH_THREAD_POOL = "model_server_batch_threads"

@@ -9,16 +9,16 @@ import subprocess
 
 from tensorflow_serving.config import model_server_config_pb2
 
-from tfpipe.serve.configs import (
+from tfpipe.serve.errors import ServeError
+from tfpipe.serve.flags import TF_SERVING_FLAGS, ServeOptions
+from tfpipe.serve.tfserving.configs import (
     DEFAULT_METRICS_PATH,
     batching_parameters,
     model_server_config,
     monitoring_config,
     write_text_proto,
 )
-from tfpipe.serve.errors import ServeError
-from tfpipe.serve.flags import TF_SERVING_FLAGS, ServeOptions
-from tfpipe.serve.protos import MonitoringConfig
+from tfpipe.serve.tfserving.protos import MonitoringConfig
 
 CONTAINER_MODELS, CONTAINER_CONFIG = "/models", "/config"
 GRPC_IN_CONTAINER, REST_IN_CONTAINER = 8500, 8501  # what the image's entrypoint passes

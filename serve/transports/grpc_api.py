@@ -37,10 +37,10 @@ from tfpipe.serve.codecs.tensor_proto import (
     regression_result,
     tensor_proto,
 )
+from tfpipe.serve.core.inference import Inference
+from tfpipe.serve.core.model_info import spec_of
 from tfpipe.serve.errors import ServingError, capped, invalid
-from tfpipe.serve.inference import Inference
 from tfpipe.serve.metrics import Metrics
-from tfpipe.serve.model_info import spec_of
 from tfpipe.serve.request_log import RequestLogs
 
 

@@ -7,9 +7,9 @@ import os
 
 import yaml
 
-from tfpipe.serve.configs import model_server_config
 from tfpipe.serve.flags import ServeOptions
-from tfpipe.serve.tfserving import (
+from tfpipe.serve.tfserving.configs import model_server_config
+from tfpipe.serve.tfserving.launcher import (
     CONTAINER_CONFIG,
     CONTAINER_MODELS,
     container_base_paths,

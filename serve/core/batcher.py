@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfpipe.serve.batching import BatchOptions
+from tfpipe.serve.core.batching import BatchOptions
 from tfpipe.serve.errors import invalid, precondition, unavailable
 
 __all__ = ["BatchOptions", "BatchScheduler"]

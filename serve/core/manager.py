@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 from tensorflow_serving.config import model_server_config_pb2
 
+from tfpipe.serve.core.servable import Servable
 from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, quoted, unknown
 from tfpipe.serve.metrics import rss_bytes
-from tfpipe.serve.servable import Servable
 
 START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
 FAILED = "UNKNOWN"  # the error code a failed load reports in status
@@ -163,7 +163,7 @@ def release_memory(alive: Callable[[], bool] | None = None, wait: float = 30.0) 
         time.sleep(0.05)
         gc.collect()
     if alive is None or not alive():
-        from tfpipe.serve.tf_internals import clear_kernel_cache
+        from tfpipe.serve.core.tf_internals import clear_kernel_cache
 
         clear_kernel_cache()
     try:
