@@ -18,6 +18,7 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,10 +85,19 @@ def main() -> int:
     save_slow(os.path.join(root, "slow", "1"), steps=60000)
     with open(os.path.join(root, "batching.config"), "w") as f:
         f.write(BATCHING)
+    try:
+        lost_total = soak(args.runs, args.workers, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if lost_total else 0
+
+
+def soak(runs: int, worker_counts: list[int], root: str) -> int:
+    """Print each run and each worker count's totals; how many requests were lost in all."""
     lost_total = 0
-    for workers in args.workers:
+    for workers in worker_counts:
         sent, lost = collections.Counter(), []
-        for run in range(1, args.runs + 1):
+        for run in range(1, runs + 1):
             r = run_once(workers, root)
             sent.update(r["before"])
             lost += r["lost"]
@@ -100,9 +110,9 @@ def main() -> int:
         lost_total += len(lost)
         how = collections.Counter(f"{kind} {outcome.split(':')[0].split(' b')[0]}" for kind, _, outcome in lost)
         print(f"--workers {workers}: {len(lost)} of {sum(sent.values())} requests sent before SIGTERM lost over "
-              f"{args.runs} runs ({', '.join(f'{k} {n}' for k, n in sorted(sent.items()))})"
+              f"{runs} runs ({', '.join(f'{k} {n}' for k, n in sorted(sent.items()))})"
               + (f": {', '.join(f'{k} {n}' for k, n in sorted(how.items()))}" if lost else ""), flush=True)
-    return 1 if lost_total else 0
+    return lost_total
 
 
 if __name__ == "__main__":
