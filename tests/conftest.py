@@ -6,7 +6,6 @@ import fcntl
 import glob
 import json
 import os
-import queue
 import re
 import shutil
 import signal

@@ -425,14 +425,13 @@ def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int, log: Ca
     return work
 
 
-BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndRestore's names
-
-
 def repair_backup(backup: str, log: Callable[[str], None]) -> None:
     """A backup a killed run left half-written gives way to the one before it (`NAME.bkp`, kept
     by double_checkpoint), so that the resume and metrics.jsonl's trim agree on the epoch; with
     no earlier one, the backup goes and training starts over. Both cases are said."""
-    weights, meta = (os.path.join(backup, f) for f in BACKUP_FILES)
+    from tfpipe.train.multiworker import BACKUP_META, BACKUP_WEIGHTS  # BackupAndRestore's names
+
+    weights, meta = os.path.join(backup, BACKUP_WEIGHTS), os.path.join(backup, BACKUP_META)
     if not os.path.exists(meta) or _readable(weights, meta):
         return
     if _readable(weights + ".bkp", meta + ".bkp"):
