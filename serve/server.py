@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import fcntl
 import gc
 import glob
 import os
 import select
 import shutil
 import signal
-import sys
 import tempfile
-import termios
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,9 +43,10 @@ from tfpipe.serve.tfserving.configs import (
     session_bundle_config,
     ssl_config,
 )
+from tfpipe.serve.transports.aiohttp_internals import waiting_for_request
 from tfpipe.serve.transports.grpc_api import ModelService, PredictionService, add_services
 from tfpipe.serve.transports.health import NOT_SERVING, SERVING, Health, add_health
-from tfpipe.serve.transports.rest_api import RestApi
+from tfpipe.serve.transports.rest_api import RestApi, unread_bytes
 from tfpipe.serve.workers import Group, announce_ready, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
@@ -343,7 +341,7 @@ class EmbeddedServer:
         turn = 0
         while self._rest.server.connections and loop.time() < deadline:
             for conn in self._rest.server.connections:
-                if _idle(conn) and _unread(conn.transport) == 0:
+                if waiting_for_request(conn) and unread_bytes(conn.transport) == 0:
                     conn.force_close()
             turn += 1
             await asyncio.sleep(0 if turn < 10 else 0.01)
@@ -392,24 +390,6 @@ def _remove_stale_probe_dirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
         except (ValueError, OSError):  # not a pid, or another user's live process
             pass
-
-
-def _idle(conn) -> bool:
-    """Whether an aiohttp connection waits for its next request (aiohttp's own test for that, in
-    its keep-alive timer)."""
-    waiter = getattr(conn, "_waiter", None)
-    return waiter is not None and not waiter.done()
-
-
-def _unread(transport) -> int:
-    """Bytes a connection has received that nobody has read yet (0 for a closed one)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return 0
-    try:
-        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
-    except OSError:
-        return 0
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)

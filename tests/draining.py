@@ -5,6 +5,9 @@ The load, against a model whose answer is x + 1 (serving_models.Slow):
 - gRPC callers, each on a connection of its own, one Predict after another;
 - REST callers on keep-alive connections, one small predict after another (and, if asked, callers
   that open a new connection for each);
+- REST callers that pipeline: each writes PIPELINED small predicts at once on its connection, then
+  reads their answers in order (a request behind the one being answered when the drain begins has
+  been received too);
 - large REST requests whose whole body but its last KiB is sent before the signal, and the rest
   once the server says it is shutting down: bodies still coming in while the drain runs;
 - large REST requests sent whole just before the signal, so the server is busy with them as it
@@ -18,6 +21,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -26,12 +30,44 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 BIG_ROWS = 40_000  # a large request's rows (0.24 MB of JSON), within BATCHING's max_batch_size
 # the servers' batching config: a large request fits in a batch, two threads run batches
+PIPELINED = 3  # the requests a pipelining caller writes at once
 BATCHING = "max_batch_size { value: 65536 }\nbatch_timeout_micros { value: 2000 }\nnum_batch_threads { value: 2 }\n"
+
+
+def _predict_bytes(model: str, x: float) -> bytes:
+    body = json.dumps({"instances": [x]}).encode()
+    return (f"POST /v1/models/{model}:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+class _Answers:
+    """A connection's answers for http.client.HTTPResponse to read one at a time: one buffer for
+    them all (a buffer per answer would lose the bytes of the next one read ahead), which an
+    answer's end does not close."""
+
+    def __init__(self, sock: socket.socket):
+        self.file = sock.makefile("rb")
+
+    def makefile(self, mode: str) -> _Answers:
+        return self
+
+    def readline(self, *args):
+        return self.file.readline(*args)
+
+    def read(self, *args):
+        return self.file.read(*args)
+
+    def readinto(self, buffer):
+        return self.file.readinto(buffer)
+
+    def close(self) -> None:
+        pass  # the next answer comes on the same connection
 
 
 class DrainLoad:
     def __init__(self, grpc_port: int, rest_port: int, model: str, grpc_callers: int = 6, rest_callers: int = 3,
-                 uploads: int = 3, large: int = 3, fresh_callers: int = 0, rows: int = BIG_ROWS):
+                 uploads: int = 3, large: int = 3, fresh_callers: int = 0, pipelining: int = 2,
+                 rows: int = BIG_ROWS):
         self.grpc_port, self.rest_port, self.model, self.rows = grpc_port, rest_port, model, rows
         self.signalled_at: float | None = None
         self.release = threading.Event()  # the uploads may send the rest of their bodies
@@ -44,10 +80,11 @@ class DrainLoad:
         callers = [(self._grpc_caller, (f"g{i}",)) for i in range(grpc_callers)]
         callers += [(self._rest_caller, (f"r{i}", False)) for i in range(rest_callers)]
         callers += [(self._rest_caller, (f"f{i}", True)) for i in range(fresh_callers)]
+        callers += [(self._pipelining_caller, (f"p{i}",)) for i in range(pipelining)]
         callers += [(self._upload, (True,)) for _ in range(uploads)]
         self.threads = [threading.Thread(target=target, args=args) for target, args in callers]
         self._large = [threading.Thread(target=self._upload, args=(False,)) for _ in range(large)]
-        self._callers = grpc_callers + rest_callers + fresh_callers
+        self._callers = grpc_callers + rest_callers + fresh_callers + pipelining
         self._uploads = uploads
 
     # ---- the clients ---------------------------------------------------------------------------
@@ -108,6 +145,40 @@ class DrainLoad:
                     return
         finally:
             conn.close()
+
+    def _pipelining_caller(self, who: str) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.rest_port), timeout=90)
+        answers = _Answers(sock)
+        x = 0.0
+        try:
+            while not self.stop.is_set():
+                xs = [x + i for i in range(1, PIPELINED + 1)]
+                x = xs[-1]
+                sent = None
+                try:
+                    sock.sendall(b"".join(_predict_bytes(self.model, v) for v in xs))
+                    sent = time.monotonic()  # all written: the server has them
+                except OSError as e:
+                    outcomes = [f"{type(e).__name__}: {e}"] * PIPELINED
+                else:
+                    outcomes = []
+                    for v in xs:
+                        try:
+                            resp = http.client.HTTPResponse(answers)
+                            resp.begin()
+                            body = resp.read()
+                            outcomes.append("OK" if resp.status == 200 and json.loads(body) == {"predictions": [v + 1.0]}
+                                            else f"HTTP {resp.status} {body[:200]!r}")
+                        except (OSError, http.client.HTTPException) as e:
+                            outcomes.append(f"{type(e).__name__}: {e}")
+                sent = sent if sent is not None else time.monotonic()
+                for outcome in outcomes:
+                    self._record("rest-pipelined", who, sent, outcome)
+                if any(o != "OK" for o in outcomes):
+                    return  # the connection is gone
+        finally:
+            answers.file.close()
+            sock.close()
 
     def _upload(self, in_two_parts: bool) -> None:
         """A large predict. `in_two_parts`: all but the body's last KiB now, the rest once released."""

@@ -886,9 +886,9 @@ def _follow(stream, into: list) -> None:
 
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     """SIGTERM with requests in flight on both APIs (slow batched calls, REST bodies still coming in,
-    large requests the server is reading, keep-alive connections, the health service watched): every
-    request sent before the signal is answered OK, the health watch is told NOT_SERVING and ended,
-    then the server exits 0 and no longer answers."""
+    large requests the server is reading, keep-alive and pipelining connections, the health service
+    watched): every request sent before the signal is answered OK, the health watch is told
+    NOT_SERVING and ended, then the server exits 0 and no longer answers."""
     from draining import BATCHING, DrainLoad
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from serving_models import save_slow
@@ -922,7 +922,9 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
         assert code == 0
         assert watched == [health_pb2.HealthCheckResponse.NOT_SERVING, "OK"]  # told, then the stream ended
         kinds = {kind: sum(k == kind and o == "OK" for k, _, _, o in load.results) for kind in ("upload", "large")}
-        assert kinds == {"upload": 3, "large": 3} and load.in_flight().get("grpc", 0) >= 1, (kinds, load.in_flight())
+        in_flight = load.in_flight()
+        assert kinds == {"upload": 3, "large": 3} and in_flight.get("grpc", 0) >= 1, (kinds, in_flight)
+        assert in_flight.get("rest-pipelined", 0) >= 1, in_flight  # answered behind one answered as the drain began
         assert not [line for line in proc.output.lines if "cut off" in line]
         with pytest.raises(requests.ConnectionError):
             requests.post(url, data='{"instances": [1.0]}', timeout=5)
@@ -937,7 +939,8 @@ def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_pat
     from serving_models import save_slow
 
     from tfpipe.serve.flags import ServeOptions
-    from tfpipe.serve.server import ServerThread, _idle
+    from tfpipe.serve.server import ServerThread
+    from tfpipe.serve.transports.aiohttp_internals import waiting_for_request
 
     save_slow(str(tmp_path / "slow" / "1"), steps=400000)  # seconds per call
     lines: list[str] = []
@@ -957,7 +960,7 @@ def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_pat
             req.inputs["x"].tensor_shape.dim.add().size = 1
             call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.future(req, timeout=60)
             deadline = time.time() + 30
-            while server.metrics.grpc_in_flight < 1 or all(_idle(c) for c in server._rest.server.connections):
+            while server.metrics.grpc_in_flight < 1 or all(waiting_for_request(c) for c in server._rest.server.connections):
                 assert time.time() < deadline, "the requests did not reach the model"
                 time.sleep(0.01)  # polls the server's own count of the calls in its handlers
             asyncio.run_coroutine_threadsafe(server.stop(0.5), thread.loop).result(timeout=30)

@@ -265,15 +265,16 @@ def test_a_killed_worker_is_started_again(pair):
 
 def test_sigterm_lets_every_workers_in_flight_requests_finish(pair):
     """SIGTERM to the supervisor with requests in flight on both APIs in both workers (slow batched
-    calls, REST bodies still coming in, large requests being read, keep-alive connections): every
-    request sent before the signal is answered OK, then every worker and the supervisor exit 0."""
+    calls, REST bodies still coming in, large requests being read, keep-alive and pipelining
+    connections): every request sent before the signal is answered OK, then every worker and the
+    supervisor exit 0."""
     from draining import DrainLoad
 
     proc, grpc_port, rest_port = pair
     workers = _workers(proc)
     load = DrainLoad(grpc_port, rest_port, "slow", grpc_callers=8)
     load.start()
-    # 14 connections, a worker picked for each: both hold some (all on one: 1 in 8,192 runs)
+    # 16 connections, a worker picked for each: both hold some (all on one: 1 in 32,768 runs)
     held = [len(_established(w, rest_port)) + len(_established(w, grpc_port)) for w in workers]
     mark = proc.output.mark()
     load.signal(proc)

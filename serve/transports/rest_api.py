@@ -14,8 +14,11 @@ Serving maps the gRPC status to; JSON that does not parse gets rapidjson's wordi
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import re
+import sys
+import termios
 import time
 import urllib.parse
 
@@ -30,6 +33,7 @@ from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
+from tfpipe.serve.transports.aiohttp_internals import queued_requests
 
 _PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
                               r"(classify|regress|predict)", re.IGNORECASE)
@@ -303,8 +307,8 @@ class RestApi:
             return response
         if self.cors:
             response.headers.update(CORS_HEADERS)
-        if self.draining:
-            response.force_close()
+        if self.draining and not pending(request.protocol):
+            response.force_close()  # a request behind this one is answered first; the last says close
         return response
 
     async def dispatch(self, request: web.BaseRequest) -> web.Response:
@@ -468,3 +472,20 @@ def _fill_spec(spec, name: str, version: int | None, label: str | None) -> None:
         spec.version.value = version
     if label:
         spec.version_label = label
+
+
+def pending(connection) -> bool:
+    """Whether a connection has received more than the request it is answering: requests parsed
+    behind it, or bytes not yet read (the drain answers them before the connection closes)."""
+    return queued_requests(connection) > 0 or unread_bytes(connection.transport) > 0
+
+
+def unread_bytes(transport) -> int:
+    """Bytes a connection has received that nobody has read yet (0 for a closed one)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
+    except OSError:
+        return 0
