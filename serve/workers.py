@@ -12,7 +12,10 @@ What is shared, and how:
 - the ports, by SO_REUSEPORT;
 - Prometheus: each worker writes its metrics every half second into a directory of the group, and
   the worker a scrape reaches adds the others' to its own (counters, histograms, queue depths and
-  memory summed; each worker's resident memory also shown with a `worker` label);
+  memory summed; each worker's resident memory also shown with a `worker` label). When a worker
+  exits, the supervisor keeps its counters and histograms (added to those of workers gone before,
+  so that the group's totals never go down, as Prometheus expects of a counter) and drops the rest
+  of its page: a dead worker's queue depths, memory and models are not shown;
 - model versions: each worker polls the base paths itself, so all of them move to a new version
   within one poll of each other;
 - request logs: each worker writes files of its own (their names hold the process id);
@@ -71,6 +74,7 @@ MAX_RESTARTS, STABLE_S, RESTART_BACKOFF_S = 3, 60.0, 1.0
 STOP_MARGIN_S = 30.0  # past --drain_seconds, how long a worker has to finish its drain before it is killed
 STATES = ("ready", "starting", "failed")
 STATE_FILE = "workers.json"
+RETIRED_FILE = "retired.prom"  # the counters and histograms of the workers that exited
 PORT_LINE = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at")  # printed once, for all
 
 # Samples a scrape sums over the workers; every other sample (a model's versions, a version's
@@ -124,6 +128,52 @@ def merge_prometheus(texts: list[str]) -> str:
         v = values[key]
         out.append(f"{key} {int(v) if v.is_integer() else repr(v)}")
     return "\n".join(out) + "\n"
+
+
+def counters_of(page: str) -> str:
+    """The samples of a Prometheus page's counters and histograms (by its # TYPE lines), with their
+    comments."""
+    kept = {m[1] for m in re.finditer(r"^# TYPE (\S+) (?:counter|histogram)$", page, re.M)}
+    out: list[str] = []
+    pending: list[str] = []
+    for line in page.splitlines():
+        if not line or line.startswith("#"):
+            pending.append(line)
+            continue
+        m = SAMPLE.match(line)
+        if m is not None and (m[1] in kept or re.sub(r"_(bucket|sum|count)$", "", m[1]) in kept):
+            out += pending + [line]
+        pending = []
+    return "\n".join(out) + "\n" if out else ""
+
+
+def metrics_path(group_dir: str, i: int) -> str:
+    """Where worker i writes its metrics for the others."""
+    return os.path.join(group_dir, f"worker-{i}.prom")
+
+
+def retire_metrics(group_dir: str, i: int) -> None:
+    """Worker i has exited (the supervisor calls this before starting it again): its counters and
+    histograms are added to the retired ones, and its page goes."""
+    path = metrics_path(group_dir, i)
+    try:
+        with open(path) as f:
+            page = f.read()
+    except OSError:  # it never wrote one
+        return
+    retired = os.path.join(group_dir, RETIRED_FILE)
+    try:
+        with open(retired) as f:
+            before = f.read()
+    except OSError:
+        before = ""
+    counted = counters_of(page)
+    if counted:
+        _replace_file(retired, merge_prometheus([before, counted]) if before else counted)
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 class Group:
@@ -202,15 +252,12 @@ class Group:
 
     # ---- metrics ---------------------------------------------------------------------------
 
-    def _path(self, i: int) -> str:
-        return os.path.join(self.dir, f"worker-{i}.prom")
-
     def _write_loop(self) -> None:
         while not self._stop.wait(SNAPSHOT_SECONDS):
             self.write()
 
     def write(self) -> None:
-        _replace_file(self._path(self.index), self.render())
+        _replace_file(metrics_path(self.dir, self.index), self.render())
 
     def scrape(self) -> str:
         """This worker's metrics now, with the others' latest (at most SNAPSHOT_SECONDS old)."""
@@ -220,12 +267,17 @@ class Group:
             if i == self.index:
                 continue
             try:
-                with open(self._path(i)) as f:
+                with open(metrics_path(self.dir, i)) as f:
                     page = f.read()
-            except OSError:  # not written yet (starting) or gone (restarting)
+            except OSError:  # not written yet (starting) or gone (exited)
                 continue
             pages.append(page)
             rss[i] = _rss_of(page)
+        try:
+            with open(os.path.join(self.dir, RETIRED_FILE)) as f:
+                pages.append(f.read())  # the counts of workers that exited
+        except OSError:
+            pass
         lines = worker_state_lines(self.workers(), self.count)
         lines += ["# HELP tfpipe_serving_worker_resident_memory_bytes Resident memory of each worker (the unlabelled "
                   "process_resident_memory_bytes is their sum).",
@@ -532,6 +584,7 @@ class Supervisor:
         """Worker w's process ended on its own: start it again after its backoff, or give up on it.
         False when no worker is left."""
         now, pid, code = time.monotonic(), w.proc.pid, w.proc.returncode
+        retire_metrics(self.dir, w.index)
         if w.ready_at is not None and now - w.ready_at >= STABLE_S:
             w.exits = 0  # it had served long enough: not a crash loop
         w.exits += 1

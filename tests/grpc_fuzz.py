@@ -1,7 +1,8 @@
 """Fuzzing the gRPC API with what a hostile client sends: bytes that are no request (random, cut
 short, bit-flipped valid requests), tensors declaring shapes far beyond the values they carry,
 dimensions whose product overflows int64, wrong dtypes and ranks, huge model, label and signature
-names, missing and unknown inputs. Seeded: the same seed sends the same requests.
+names, missing and unknown inputs; and bytes that are no health check, or name a huge service,
+to the health service. Seeded: the same seed sends the same requests.
 
 Every answer must be one of the status codes its kind of request may get (never UNKNOWN or
 INTERNAL, never RESOURCE_EXHAUSTED for a name too long to quote), the server's peak RSS must stay
@@ -25,6 +26,10 @@ MODEL = "/tensorflow.serving.ModelService/"
 METHODS = [PREDICTION + m for m in ("Predict", "Classify", "Regress", "MultiInference", "GetModelMetadata")] + [
     MODEL + "GetModelStatus"]
 RELOAD = MODEL + "HandleReloadConfigRequest"
+# the health service (the server must run with --enable_grpc_healthcheck_service); Watch is a stream,
+# of which a case reads the first answer
+HEALTH_CHECK, HEALTH_WATCH = "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"
+HEALTH = [HEALTH_CHECK, HEALTH_WATCH]
 
 REFUSED = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"})
 # what a mutation may turn into a request the server rightly answers (a flipped bit in a value)
@@ -33,10 +38,13 @@ REFUSED_OR_OK = REFUSED | {"OK"}
 MUTATED = REFUSED_OR_OK | {"UNIMPLEMENTED"}
 # a name or label the server must quote, cut, in a status a client can read
 NAMED = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION"})
+# bytes that parse as a HealthCheckRequest name a service, known (OK) or not (Check: NOT_FOUND;
+# Watch: OK, its first answer SERVICE_UNKNOWN, as the health protocol says)
+HEALTH_ANSWERS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "OK"})
 SHAPES = frozenset({"INVALID_ARGUMENT"})
 KINDS = ("random_bytes", "truncated", "bit_flipped", "oversized_shape", "overflowing_dims", "inconsistent_values",
          "wrong_dtype", "wrong_rank", "huge_name", "missing_input")
-# the largest fill TF Serving's rule may make here (tfpipe.serve.requests.MAX_FILL_ELEMENTS), for shapes beyond it
+# the largest fill TF Serving's rule may make here (tfpipe.serve.codecs.tensor_proto.MAX_FILL_ELEMENTS), for shapes beyond it
 FILL_LIMIT = 1 << 20
 
 
@@ -59,6 +67,7 @@ class Case:
 @dataclass
 class Result:
     counts: Counter = field(default_factory=Counter)  # (kind, code) -> requests
+    methods: Counter = field(default_factory=Counter)  # method name -> requests
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -172,6 +181,14 @@ def valid_requests(sig: Signature) -> list[tuple[str, bytes]]:
             (METHODS[4], meta.SerializeToString()), (METHODS[5], status.SerializeToString())]
 
 
+def health_requests() -> list[tuple[str, bytes]]:
+    """(method, serialized request) of the health service's two methods, for a service it knows."""
+    from grpc_health.v1 import health_pb2
+
+    raw = health_pb2.HealthCheckRequest(service="PredictionService").SerializeToString()
+    return [(HEALTH_CHECK, raw), (HEALTH_WATCH, raw)]
+
+
 def _huge_dims(rng: random.Random, rank: int) -> list[int]:
     """Dimensions of a tensor far beyond what a request carries."""
     if rank == 1:
@@ -201,23 +218,29 @@ def make_case(rng: random.Random, sigs: list[Signature], max_name: int) -> Case:
     kind = rng.choice(KINDS)
     sig = rng.choice(sigs)
     if kind == "random_bytes":
-        method = rng.choice(METHODS + [RELOAD])
+        method = rng.choice(METHODS + [RELOAD] + HEALTH)
         raw = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 2000)))
         if method == RELOAD:  # a tag of field 0 never parses: a decoded reload could change the model set
             return Case(kind, method, b"\x00" + raw, frozenset({"INVALID_ARGUMENT"}))
-        return Case(kind, method, raw, REFUSED)
+        return Case(kind, method, raw, HEALTH_ANSWERS if method in HEALTH else REFUSED)
     if kind in ("truncated", "bit_flipped"):
-        method, raw = rng.choice(valid_requests(sig))
+        method, raw = rng.choice(valid_requests(sig) + health_requests())
         raw = bytearray(raw)
         if kind == "truncated":
             raw = raw[:rng.randrange(1, len(raw))]
         else:
             for _ in range(rng.randrange(1, 9)):
                 raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
-        return Case(kind, method, bytes(raw), MUTATED)
+        return Case(kind, method, bytes(raw), HEALTH_ANSWERS if method in HEALTH else MUTATED)
     if kind == "huge_name":
-        method, raw = rng.choice(valid_requests(sig))
+        method, raw = rng.choice(valid_requests(sig) + health_requests())
         name = _text(rng, rng.randrange(1000, max_name + 1))
+        if method in HEALTH:
+            from grpc_health.v1 import health_pb2
+
+            # an unknown service: Check quotes it, cut, in NOT_FOUND; Watch answers SERVICE_UNKNOWN
+            return Case(kind, method, health_pb2.HealthCheckRequest(service=name).SerializeToString(),
+                        frozenset({"NOT_FOUND"}) if method == HEALTH_CHECK else frozenset({"OK"}))
         request = _request_type(method).FromString(raw)
         spec = request.tasks[0].model_spec if method.endswith("MultiInference") else request.model_spec
         # status and metadata read no signature name
@@ -323,14 +346,21 @@ def run(target: str, sigs: list[Signature], cases: int, seed: int, max_name: int
         calls = {}
         for i in range(cases):
             case = make_case(rng, sigs, max_name)
-            call = calls.get(case.method) or calls.setdefault(
-                case.method, ch.unary_unary(case.method, request_serializer=None, response_deserializer=None))
+            call = calls.get(case.method) or calls.setdefault(case.method, (
+                ch.unary_stream if case.method == HEALTH_WATCH else ch.unary_unary)(
+                    case.method, request_serializer=None, response_deserializer=None))
             try:
-                call(case.payload, timeout=60)
+                if case.method == HEALTH_WATCH:  # its first answer, then the stream is left
+                    stream = call(case.payload, timeout=60)
+                    next(stream)
+                    stream.cancel()
+                else:
+                    call(case.payload, timeout=60)
                 code, details = "OK", ""
             except grpc.RpcError as e:
                 code, details = e.code().name, e.details() or ""
             result.counts[(case.kind, code)] += 1
+            result.methods[case.method.rsplit("/", 1)[1]] += 1
             if code not in case.allowed:
                 result.failures.append(f"{case.kind} {case.method.rsplit('/', 1)[1]} ({len(case.payload)} bytes): "
                                        f"{code} {details[:300]!r}")
@@ -402,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             f' config {{ name: "{n}" base_path: "{os.path.abspath(p)}" model_platform: "tensorflow" }}'
             for n, p in models.items()) + " }")
     proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", "--port=-1",
-                             "--rest_api_port=0", "--workers=1", f"--model_config_file={root}/models.config",
+                             "--rest_api_port=0", "--workers=1", "--enable_grpc_healthcheck_service",
+                             f"--model_config_file={root}/models.config",
                              "--file_system_poll_wait_seconds=0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     lines: queue.Queue = queue.Queue()

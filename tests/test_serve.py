@@ -439,11 +439,12 @@ BODY_LIMIT = 256 * 1024  # and its --max_request_bytes
 @pytest.fixture(scope="session")
 def hostile_server(models):
     """`tfpipe serve` in a process of its own, so that its memory is its own to measure, on the
-    models above, with a REST read timeout of READ_TIMEOUT_S and a body limit of BODY_LIMIT."""
+    models above, with a REST read timeout of READ_TIMEOUT_S and a body limit of BODY_LIMIT, and the
+    health service (which the gRPC fuzzing sends to too)."""
     proc, grpc_port, rest_port = start_cli_server(
         f"--model_config_file={models / 'models.config'}", "--file_system_poll_wait_seconds=0",
         f"--monitoring_config_file={models / 'monitoring.config'}", f"--rest_read_timeout_seconds={READ_TIMEOUT_S}",
-        f"--max_request_bytes={BODY_LIMIT}")
+        f"--max_request_bytes={BODY_LIMIT}", "--enable_grpc_healthcheck_service")
     yield proc, grpc_port, rest_port
     proc.terminate()
     proc.wait(timeout=60)
@@ -537,9 +538,9 @@ def test_grpc_requests_beyond_their_values_or_undecodable_are_refused_as_the_cli
 def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server):
     """tests/grpc_fuzz.py's hostile requests, a seeded round of 400 in the suite: undecodable bytes,
     shapes beyond their values, overflowing dims, wrong dtypes and ranks, huge names, missing inputs,
-    to every model. Every answer is one its kind allows (never UNKNOWN or INTERNAL), the server's peak
-    RSS stays within 100 MB of where it started, and it answers good requests afterwards. The long
-    run: `python tests/grpc_fuzz.py` (docs/benchmarks.md, gRPC fuzzing)."""
+    to every model and to the health service. Every answer is one its kind allows (never UNKNOWN or
+    INTERNAL), the server's peak RSS stays within 100 MB of where it started, and it answers good
+    requests afterwards. The long run: `python tests/grpc_fuzz.py` (docs/benchmarks.md, gRPC fuzzing)."""
     import grpc_fuzz
 
     proc, port, _ = hostile_server
@@ -553,6 +554,7 @@ def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server)
     growth = grpc_fuzz.rss_bytes(proc.pid, "VmHWM") - start
     assert not result.failures, result.failures[:10]
     assert result.total == 400 and {kind for kind, _ in result.counts} == set(grpc_fuzz.KINDS), result.counts
+    assert result.methods["Check"] and result.methods["Watch"], result.methods
     assert "UNKNOWN" not in result.by_code() and "INTERNAL" not in result.by_code()
     assert growth <= 100 * 2**20, growth / 2**20
     assert grpc_fuzz.answers_good_requests(target, sigs)

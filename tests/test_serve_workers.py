@@ -52,6 +52,19 @@ def _worker_states(page: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(rf"^({series}) (\S+)$", page, re.M)}
 
 
+def _requests_total(page: str) -> float:
+    """The requests a page counts, every model, API and status together."""
+    return sum(float(m[1]) for m in re.finditer(r"^tfpipe_serving_requests_total\{[^}]*\} (\S+)$", page, re.M))
+
+
+def _answer_on_fresh_connections(rest_port: int, n: int) -> None:
+    """n predicts, each on a connection of its own: the kernel deals them out to the workers."""
+    for _ in range(n):
+        with requests.Session() as s:
+            assert s.post(f"http://127.0.0.1:{rest_port}/v1/models/half:predict", json={"instances": [2.0]},
+                          timeout=30).json() == {"predictions": [3.0]}
+
+
 def _health(grpc_port: int, *services: str) -> dict[str, str]:
     """The health service's answer for each name, on a fresh connection."""
     import grpc
@@ -81,6 +94,36 @@ def test_worker_metrics_merge_into_one_page(pages, want):
     from tfpipe.serve.workers import merge_prometheus
 
     assert merge_prometheus(pages) == want
+
+
+PAGE = ("# HELP tfpipe_serving_requests_total Requests.\n# TYPE tfpipe_serving_requests_total counter\n"
+        "tfpipe_serving_requests_total{model=\"m\"} 3\n"
+        "# TYPE tfpipe_serving_batch_queue_depth gauge\ntfpipe_serving_batch_queue_depth 5\n"
+        "# TYPE tfpipe_serving_batch_size histogram\ntfpipe_serving_batch_size_bucket{le=\"4\"} 2\n"
+        "tfpipe_serving_batch_size_count 2\n# TYPE process_resident_memory_bytes gauge\n"
+        "process_resident_memory_bytes 10\n")
+
+
+def test_an_exited_workers_counters_stay_in_the_totals_and_its_gauges_go(tmp_path):
+    """Two exits of worker 0 and one of worker 1: their counters and histograms add up in the
+    retired page, which a scrape adds to the live workers'; queue depths and memory are dropped,
+    and each exited worker's own page is gone (a starting worker shows no memory row)."""
+    from tfpipe.serve.workers import RETIRED_FILE, counters_of, metrics_path, retire_metrics
+
+    assert counters_of(PAGE) == ("# HELP tfpipe_serving_requests_total Requests.\n"
+                                 "# TYPE tfpipe_serving_requests_total counter\n"
+                                 "tfpipe_serving_requests_total{model=\"m\"} 3\n"
+                                 "# TYPE tfpipe_serving_batch_size histogram\n"
+                                 "tfpipe_serving_batch_size_bucket{le=\"4\"} 2\ntfpipe_serving_batch_size_count 2\n")
+    for i in (0, 1, 0):
+        (tmp_path / f"worker-{i}.prom").write_text(PAGE)
+        retire_metrics(str(tmp_path), i)
+        assert not (tmp_path / f"worker-{i}.prom").exists()
+    retire_metrics(str(tmp_path), 1)  # no page (it exited before it wrote one): nothing changes
+    retired = (tmp_path / RETIRED_FILE).read_text()
+    assert 'tfpipe_serving_requests_total{model="m"} 9\n' in retired and "_count 6\n" in retired, retired
+    assert "queue_depth" not in retired and "resident" not in retired, retired
+    assert metrics_path(str(tmp_path), 3) == str(tmp_path / "worker-3.prom")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -234,12 +277,21 @@ def test_a_killed_worker_is_started_again(pair):
     proc, grpc_port, rest_port = pair
     pids = _ready_pids(proc)
     victim, other = 0, 1
+    counted = _requests_total(_scrape(rest_port)) + 40
+    _answer_on_fresh_connections(rest_port, 40)  # both workers count some (all on one: 1 in 2**39 runs)
+    deadline = time.monotonic() + 30
+    while _requests_total(_scrape(rest_port)) < counted:  # each worker's page is at most 0.5 s old
+        assert time.monotonic() < deadline, "the workers' counts did not reach the page"
+        time.sleep(0.05)  # polls the page the test reads next, with a deadline
     mark = proc.output.mark()
     psutil.Process(pids[victim]).kill()
     proc.output.wait_for(rf"worker {victim} \(pid {pids[victim]}\) exited with signal SIGKILL: starting it again$",
                          after=mark, timeout=60)
     # TensorFlow's import alone keeps the replacement from serving for seconds: it is starting now
-    states = _worker_states(_scrape(rest_port))
+    page = _scrape(rest_port)
+    assert _sample(page, f'tfpipe_serving_worker_resident_memory_bytes{{worker="{victim}"}}') is None, page
+    assert _requests_total(page) >= counted  # the dead worker's requests stay counted
+    states = _worker_states(page)
     assert (states[f'tfpipe_serving_worker_ready{{worker="{victim}"}}'],
             states['tfpipe_serving_workers{state="starting"}'],
             states[f'tfpipe_serving_worker_restarts_total{{worker="{victim}"}}']) == (0, 1, 1), states
@@ -248,7 +300,13 @@ def test_a_killed_worker_is_started_again(pair):
         "PredictionService": "SERVING"}
     (ready,) = proc.output.wait_for(rf"worker {victim} \(pid (\d+)\) ready$", after=mark, timeout=240)
     new = psutil.Process(int(ready[1]))
-    states = _worker_states(_scrape(rest_port))
+    deadline = time.monotonic() + 30
+    while _sample(page := _scrape(rest_port), f'tfpipe_serving_worker_resident_memory_bytes{{worker="{victim}"}}') \
+            is None:  # the new worker's first page, written within 0.5 s of its start
+        assert time.monotonic() < deadline, "the new worker's metrics did not reach the page"
+        time.sleep(0.05)  # polls the page the test reads next, with a deadline
+    assert _requests_total(page) >= counted  # its fresh counts add to the dead one's, not replace them
+    states = _worker_states(page)
     assert (states[f'tfpipe_serving_worker_ready{{worker="{victim}"}}'],
             states['tfpipe_serving_workers{state="ready"}']) == (1, 2), states
     assert _health(grpc_port, "", f"tfpipe.worker.{victim}") == {"": "SERVING", f"tfpipe.worker.{victim}": "SERVING"}

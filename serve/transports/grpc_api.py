@@ -42,15 +42,7 @@ from tfpipe.serve.core.model_info import spec_of
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
-
-
-def _fail(context, code: grpc.StatusCode, message: str) -> None:
-    """The call's status, for a handler that then returns None: grpc.aio sends the code and no
-    response. Not context.abort: grpc.aio keeps its exception with the call's state, and the
-    exception's traceback the handler's frames, so a failed request stayed in memory after its
-    answer, however large."""
-    context.set_code(code)
-    context.set_details(message)
+from tfpipe.serve.transports.grpc_calls import fail, parsed_request
 
 
 async def _answer(metrics: Metrics, api: str, name: str, context, handler):
@@ -60,11 +52,11 @@ async def _answer(metrics: Metrics, api: str, name: str, context, handler):
         response = await handler()
     except ServingError as e:
         metrics.request(name, api, e.code.name, time.perf_counter() - t0)
-        _fail(context, e.code, e.message)
+        fail(context, e.code, e.message)
         return None
     except Exception as e:  # a bug, not bad input: INTERNAL, and the server keeps serving
         metrics.request(name, api, "INTERNAL", time.perf_counter() - t0)
-        _fail(context, grpc.StatusCode.INTERNAL, capped(f"{type(e).__name__}: {e}"))
+        fail(context, grpc.StatusCode.INTERNAL, capped(f"{type(e).__name__}: {e}"))
         return None
     metrics.request(name, api, "OK", time.perf_counter() - t0)
     return response
@@ -224,15 +216,11 @@ def add_services(server, metrics: Metrics, prediction: PredictionService, model:
 
 def _parsed(method, request_type, api: str, metrics: Metrics):
     """`method` (a servicer's coroutine) called on the request parsed from the call's bytes."""
-    parse = request_type.FromString
-    refusal = f"Error parsing message with type '{request_type.DESCRIPTOR.full_name}'"
 
     async def handler(raw: bytes, context):
-        try:
-            request = parse(raw)
-        except Exception:  # noqa: BLE001 (whatever the parser raises, it is about the client's bytes)
+        request = parsed_request(request_type, raw, context)
+        if request is None:
             metrics.request("", api, "INVALID_ARGUMENT", 0.0)
-            _fail(context, grpc.StatusCode.INVALID_ARGUMENT, refusal)
             return None
         metrics.grpc_in_flight += 1  # what a drain cut short would count
         try:

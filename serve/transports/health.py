@@ -23,6 +23,8 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2
 
+from tfpipe.serve.transports.grpc_calls import parsed_request
+
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = (health_pb2.HealthCheckResponse.SERVING,
                                          health_pb2.HealthCheckResponse.NOT_SERVING,
                                          health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
@@ -86,13 +88,22 @@ class Health:
 
 
 def add_health(server, health: Health) -> None:
-    """`health` on a grpc.aio server, as a generic handler (see the module's docstring)."""
+    """`health` on a grpc.aio server, as a generic handler (see the module's docstring). The request
+    bytes come to this code to parse, as on the serving APIs: bytes that are no HealthCheckRequest
+    are INVALID_ARGUMENT, not grpcio's UNKNOWN."""
+
+    def parsing(method):
+        async def handler(raw: bytes, context):
+            request = parsed_request(health_pb2.HealthCheckRequest, raw, context)
+            return None if request is None else await method(request, context)
+        return handler
+
     handlers = {
         "Check": grpc.unary_unary_rpc_method_handler(
-            health.Check, request_deserializer=health_pb2.HealthCheckRequest.FromString,
+            parsing(health.Check), request_deserializer=None,
             response_serializer=health_pb2.HealthCheckResponse.SerializeToString),
         "Watch": grpc.unary_stream_rpc_method_handler(
-            health.Watch, request_deserializer=health_pb2.HealthCheckRequest.FromString,
+            parsing(health.Watch), request_deserializer=None,
             response_serializer=health_pb2.HealthCheckResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
