@@ -17,9 +17,11 @@ import ctypes
 import gc
 import glob
 import os
+import secrets
 import select
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -113,7 +115,7 @@ class EmbeddedServer:
         self.grpc_port = self.rest_port = None
         self._rest: RestApi | None = None
         self._listener: asyncio.Server | None = None  # the REST port's
-        self._probe_dir = self._probe = None  # the drain's probe: a Unix socket only this user can open
+        self._probe_dir = self._probe = None  # the drain's probe: a Unix socket (see _add_probe_port)
         self._grpc_stopping: asyncio.Future | None = None
         self._stopped = False
         self._tasks: list[asyncio.Task] = []
@@ -188,8 +190,8 @@ class EmbeddedServer:
             self.health = Health(dict.fromkeys(HEALTH_SERVICES, SERVING) | self._group_health(),
                                  refresh=self._group_health if self.group is not None else None)
             add_health(self.grpc, self.health)
-        self._add_probe_port()
         creds = self._credentials()
+        self._add_probe_port(open_port=creds is None and o.port != 0)
         add = (lambda address: self.grpc.add_secure_port(address, creds)) if creds else self.grpc.add_insecure_port
         if o.port:
             try:
@@ -213,20 +215,28 @@ class EmbeddedServer:
         if o.grpc_socket_path:
             self.log(f"Running gRPC ModelServer at UNIX socket {o.grpc_socket_path} ...")
 
-    def _add_probe_port(self) -> None:
-        """The drain's probe comes in on a Unix socket of its own, in a directory only this user may
-        open (mkdtemp's 0700): it works whatever credentials the TCP port asks for, and in a group
-        it reaches this worker, not whichever shares the port. A worker's is in the group's
-        directory, which the supervisor removes; a process's own, in the temporary directory, is
-        removed at its stop, or by the next server started once its process is gone."""
-        if self.group is None:
-            _remove_stale_probe_dirs()
-        parent = self.group.dir if self.group is not None else None
-        self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir=parent)
-        if len(self._probe_dir) > 90:  # a Unix socket's path has room for about 100 bytes
-            shutil.rmtree(self._probe_dir, ignore_errors=True)
-            self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir="/tmp")
-        address = f"unix:{self._probe_dir}/probe"
+    def _add_probe_port(self, open_port: bool) -> None:
+        """The drain's probe comes in on a Unix socket of its own: it works whatever credentials the
+        TCP port asks for, and in a group it reaches this worker, not whichever shares the port.
+        The socket serves every service without credentials. So when a TCP port without
+        credentials is open (`open_port`), it is an abstract socket (Linux: no file, gone with the
+        process however it ends), which any local user may reach as they may reach that port.
+        Otherwise (TLS, ALTS, or only --grpc_socket_path) it is a file in a directory only this
+        user may open (mkdtemp's 0700): a worker's in the group's directory, which the supervisor
+        removes, a process's own in the temporary directory, removed at its stop or, if the
+        process was killed, by the next such server to start."""
+        name = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        if open_port and sys.platform.startswith("linux"):
+            address = f"unix-abstract:{name}"
+        else:
+            if self.group is None:
+                _remove_stale_probe_dirs()
+            parent = self.group.dir if self.group is not None else None
+            self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir=parent)
+            if len(self._probe_dir) > 90:  # a Unix socket's path has room for about 100 bytes
+                shutil.rmtree(self._probe_dir, ignore_errors=True)
+                self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir="/tmp")
+            address = f"unix:{self._probe_dir}/probe"
         try:
             self._probe = address if self.grpc.add_insecure_port(address) else None
         except RuntimeError:

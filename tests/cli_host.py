@@ -17,7 +17,8 @@ with the child's stdout and stderr file descriptors attached (SCM_RIGHTS), then 
 {"returncode"} when the child has exited. Commands run side by side: for each one the host
 forks a waiter, which forks the child, reports its pid and waits for it.
 
-    python tests/cli_host.py SOCKET_PATH
+    python tests/cli_host.py SOCKET_PATH    (a file in a folder of its own: the host removes the folder
+                                            when it ends)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import atexit
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -34,8 +36,17 @@ import threading
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent(folder: str) -> None:
+    """SIGTERM when the test process that started this host ends, however it ends (an xdist worker
+    can be gone without running its atexit hooks), and on SIGTERM: remove `folder` (the socket and
+    the log) and exit."""
+
+    def leave(*_) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
@@ -106,6 +117,7 @@ def _wait_for(request: dict, fds: list[int], conn: socket.socket) -> None:
     """The waiter: fork the child, report its pid, wait for it, report its exit; never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the host ignores it; the child must not
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the host's removes its folder
         pid = os.fork()
         if pid == 0:
             _child(request, fds, conn)
@@ -119,7 +131,7 @@ def _wait_for(request: dict, fds: list[int], conn: socket.socket) -> None:
 
 
 def serve(path: str) -> None:
-    _die_with_parent()
+    _die_with_parent(os.path.dirname(path))
     # What `python -m tfpipe.cli` does before it imports TensorFlow, then the imports themselves.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tfpipe.cli  # noqa: F401

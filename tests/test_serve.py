@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import glob
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -911,6 +913,10 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
         watched: list = []  # the statuses the watch is sent after SERVING, then how it ended
         watcher = threading.Thread(target=_follow, args=(watch, watched))
         watcher.start()
+        # the drain's probe: an abstract Unix socket (no file), as the TCP port has no credentials
+        with open("/proc/net/unix") as f:
+            assert f" @tfpipe-drain-{proc.pid}-" in f.read()
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), f"tfpipe-drain-{proc.pid}-*"))
         load = DrainLoad(grpc_port, rest_port, "slow")
         load.start()
         mark = proc.output.mark()
