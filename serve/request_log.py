@@ -121,10 +121,14 @@ class TFRecordCollector:
         self._failed = 0  # records failed since writes last succeeded
         self._retry_at = 0.0
         self._encode_error_said = False
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"tfpipe-request-log:{prefix}", daemon=True)
         self._thread.start()
 
     def offer(self, entry: Entry) -> None:
+        if self._closed:  # a request thread took this collector before a reload retired it
+            self.metrics.request_log(entry.model, "dropped")
+            return
         try:
             self.queue.put_nowait(entry)
         except queue.Full:
@@ -133,7 +137,8 @@ class TFRecordCollector:
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, close the file, stop the thread. An entry that a request
         thread queued after the stop (a reload retired this prefix meanwhile) is counted as
-        dropped."""
+        dropped, as is one offered after the close."""
+        self._closed = True
         try:
             self.queue.put(_STOP, timeout=timeout)
         except queue.Full:

@@ -470,6 +470,9 @@ def test_a_log_file_that_cannot_be_opened_or_rotated_is_counted_and_leaves_no_em
         finally:
             collector.close()
         assert len(_records(prefix)) == metrics.request_logs[("m", "written")]
+        dropped = metrics.request_logs[("m", "dropped")]
+        collector.offer(_entry("m", 8.0))  # a request that took the collector before a reload retired it
+        assert metrics.request_logs[("m", "dropped")] == dropped + 1
 
 
 def test_a_reload_with_an_unknown_collector_is_refused_and_logging_goes_on(logged):
