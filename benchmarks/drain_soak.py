@@ -6,8 +6,9 @@ request in flight.
 Each run starts `tfpipe serve` (batching, request logging, --drain_seconds 30) on a model whose
 answer takes some tenths of a second (y = x + 1 after a busy loop), loads it with
 tests/draining.py's DrainLoad at a larger scale than the suite's tests (16 gRPC callers, 8 REST
-callers on keep-alive connections, 4 opening a connection per request, 6 REST bodies still being
-sent when the signal comes, 12 large requests of 200,000 rows sent just before it), sends SIGTERM,
+callers on keep-alive connections, 4 opening a connection per request, 4 pipelining 3 requests at a
+time on theirs, 6 REST bodies still being sent when the signal comes, 12 large requests of 200,000
+rows sent just before it), sends SIGTERM,
 and counts the requests sent before the signal that were not answered OK (lost), per kind, and
 what the calls after it got. Prints a line per run and the totals; exit 1 if any was lost.
 """
@@ -57,8 +58,8 @@ def start_server(workers: int, root: str) -> tuple[subprocess.Popen, list[str], 
 
 def run_once(workers: int, root: str) -> dict:
     proc, lines, grpc_port, rest_port = start_server(workers, root)
-    load = DrainLoad(grpc_port, rest_port, "slow", grpc_callers=16, rest_callers=8, fresh_callers=4, uploads=6,
-                     large=12, rows=ROWS)
+    load = DrainLoad(grpc_port, rest_port, "slow", grpc_callers=16, rest_callers=8, fresh_callers=4, pipelining=4,
+                     uploads=6, large=12, rows=ROWS)
     load.start(timeout=300)
     load.signal(proc, timeout=300)
     deadline = time.monotonic() + 120

@@ -465,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{c}: {n:,}" for c, n in sorted(result.by_code().items())))
     for kind in KINDS:
         print(f"  {kind}: " + ", ".join(f"{c} {n:,}" for (k, c), n in sorted(result.counts.items()) if k == kind))
+    print("by method: " + ", ".join(f"{m} {n:,}" for m, n in sorted(result.methods.items())))
     print(f"answers a case does not allow: {len(result.failures)}; server RSS {start / 2**20:.0f} MB at the start, "
           f"peak {peak / 2**20:.0f} MB (+{growth:.0f} MB); a good request afterwards answered: {alive}")
     for f in result.failures[:20]:
