@@ -84,6 +84,8 @@ def test_a_skewed_label_is_learnt_in_log_scale(quantiles, log1p, skewed):
     scale = label_scale({"label": label})
     assert scale.log is skewed and (scale.mean, scale.std) == ((12.0, 0.4) if skewed else (180_000.0, 80_000.0))
     assert not label_scale({"label": label}, "standard").log
+    assert not label_scale({"label": label}, "auto", ensemble=5).log  # an ensemble learns the label's own scale
+    assert label_scale({"label": label}, "log", ensemble=5).log is bool(log1p)
 
 
 @pytest.mark.parametrize("mean, std", [
@@ -165,6 +167,23 @@ def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples
     assert (config.batch_size, config.epochs, config.patience, config.min_epochs) == (batch, epochs, patience,
                                                                                        min_epochs)
     assert (note == "") == (len(given) == 4)
+    assert config.ensemble is None  # not a regression: no ensemble chosen
+
+
+@pytest.mark.parametrize("examples, given, ensemble", [
+    (218, {}, 5),                  # Hitters' labelled players
+    (999, {}, 5),
+    (1_000, {}, 1),
+    (2_300, {}, 1),                # Ames: one network, as before
+    (218, {"ensemble": 1}, 1),     # what the user set stays
+    (40_000, {"ensemble": 3}, 3),
+])
+def test_a_small_regression_trains_an_ensemble(examples, given, ensemble):
+    from tfpipe.train.config import TrainConfig
+
+    config, note = TrainConfig(**given).sized(examples, regression=True)
+    assert config.ensemble == ensemble
+    assert ("ensemble" in note) == ("ensemble" not in given)
 
 
 # ---- the trivial baseline -------------------------------------------------------------------------------

@@ -349,3 +349,46 @@ def test_a_backup_cut_short_gives_way_to_the_one_before(tmp_path, cut, has_previ
         with h5py.File(backup / "latest.weights.h5", "r") as f:
             assert f["w"][0] == resumes_at
         assert len(said) == (resumes_at != 5)
+
+
+def test_an_ensemble_trains_each_member_on_its_own_error_and_answers_their_mean(tmp_path):
+    """--ensemble K: K networks side by side in the trainer, (batch, K) in standard units; the
+    loss gives each member the gradient of its own error, not that of their mean; the saved
+    model, reloaded, and export's device model (TFLite) answer the members' mean in the label's
+    units; a classification label refuses an ensemble."""
+    import keras
+    import tensorflow as tf
+
+    from tfpipe.export.tflite import device_model
+    from tfpipe.pipeline.schema import Feature, Label, Schema
+    from tfpipe.train.errors import TrainError
+    from tfpipe.train.model import TRAINER, build_models, make_loss
+
+    schema = Schema([Feature("x", "float")], Label("y", "float", "regression"))
+    stats = {"features": {"x": {"mean": 0.0, "variance": 1.0}}, "label": {"mean": 100.0, "std": 10.0}}
+    preprocessor, trainer, model = build_models(schema, stats, [8], 0.0, seed=0, scaling="standard", ensemble=3)
+    x = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
+    features = preprocessor({"x": x})
+    members = np.asarray(trainer(features))
+    assert members.shape == (4, 3) and len({tuple(np.round(c, 5)) for c in members.T}) == 3  # three networks
+    np.testing.assert_allclose(np.asarray(model({"x": x})), members.mean(-1) * 10.0 + 100.0, rtol=1e-5)
+
+    y = np.array([1.0, -1.0, 0.0, 2.0], np.float32)  # in standard units
+    with tf.GradientTape() as tape:
+        loss = make_loss("regression")(y, trainer(features))
+    bias = [trainer.get_layer(f"head_{k}").bias for k in range(3)]
+    grads = [float(g[0]) for g in tape.gradient(loss, bias)]
+    # d/db_k of the members' mean squared error: 2 (pred_k - y) summed over the batch, over 4 x 3
+    np.testing.assert_allclose(grads, [2 * (members[:, k] - y).sum() / 12 for k in range(3)], rtol=1e-4)
+    assert float(loss) == pytest.approx(((members - y[:, None]) ** 2).mean(), rel=1e-5)
+
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(np.asarray(loaded({"x": x})), np.asarray(model({"x": x})), rtol=1e-6)
+    assert loaded.get_layer(TRAINER).output.shape[-1] == 3
+    lite, _ = device_model(loaded, schema)
+    np.testing.assert_allclose(np.asarray(lite({"x": x})), np.asarray(model({"x": x})), rtol=1e-5)
+
+    with pytest.raises(TrainError, match="for regression"):
+        build_models(Schema([Feature("x", "float")], Label("y", "int", "binary", [0, 1])), stats, [8], 0.0,
+                     seed=0, scaling="standard", ensemble=3)

@@ -21,6 +21,10 @@ DEFAULT_PATIENCE = 5
 # epochs): a small net's eval loss in its first epochs can be a low that later epochs, though far
 # better, do not beat within the patience.
 WARMUP_STEPS = 300
+# A regression whose training split has fewer examples than SMALL_TABLE trains ENSEMBLE copies of
+# its network side by side (TrainConfig.ensemble): on a few hundred rows one network's test error
+# moves with its seed about as much as it differs from a tree ensemble's, and their mean moves less.
+SMALL_TABLE, ENSEMBLE = 1000, 5
 
 
 class TrainConfig(BaseModel):
@@ -41,8 +45,12 @@ class TrainConfig(BaseModel):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer (images: before the head)")
     target: Literal["auto", "standard", "log"] = Field(
         "auto", description="regression: the label as the network learns it; auto takes log(1 + y) for a label never "
-                            "below 0 whose upper spread is twice its lower one (prices, salaries), else mean and std; "
-                            "the served model answers in the label's units either way")
+                            "below 0 whose upper spread is twice its lower one (prices, salaries), unless an ensemble "
+                            "learns it, else mean and std; the served model answers in the label's units either way")
+    ensemble: int | None = Field(
+        None, ge=1, description="regression: copies of the network trained side by side in one model, each on its "
+                                "own loss, the model answering their mean (default: "
+                                f"{ENSEMBLE} when the training split has fewer than {SMALL_TABLE:,} examples, else 1)")
     scaling: Literal["auto", "log", "standard"] = Field(
         "auto", description="numbers: auto encodes each in quantile bins of the training split (piecewise linear: "
                             "where a value falls among the training values, in up to 10 pieces, bounded to the "
@@ -110,9 +118,10 @@ class TrainConfig(BaseModel):
     def augmentations(self) -> list[str]:
         return [n for n in self.augment.split(",") if n]
 
-    def sized(self, examples: int) -> tuple["TrainConfig", str]:
+    def sized(self, examples: int, regression: bool = False) -> tuple["TrainConfig", str]:
         """This config with the batch size, epochs and patience it leaves open chosen for
-        `examples` training examples, and a note saying what was chosen ('' when nothing was)."""
+        `examples` training examples (and the ensemble, for a `regression`), and a note saying
+        what was chosen ('' when nothing was)."""
         chosen = {}
         if self.batch_size is None:
             target = max(1, examples // STEPS_PER_EPOCH)
@@ -127,6 +136,8 @@ class TrainConfig(BaseModel):
         if self.min_epochs is None:
             steps = max(1, math.ceil(examples / batch))
             chosen["min_epochs"] = min(epochs // 2, math.ceil(WARMUP_STEPS / steps))
+        if self.ensemble is None and regression:
+            chosen["ensemble"] = ENSEMBLE if examples < SMALL_TABLE else 1
         if not chosen:
             return self, ""
         note = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in chosen.items())
@@ -135,7 +146,8 @@ class TrainConfig(BaseModel):
     def resume_fields(self) -> dict:
         """What must match for a new run to resume an interrupted one's checkpoints."""
         return self.model_dump(include={"hidden", "dropout", "seed", "batch_size", "grad_accum_steps", "model",
-                                        "filters", "image_size", "augment", "scaling", "target"})
+                                        "filters", "image_size", "augment", "scaling", "target",
+                                        "ensemble"})
 
     def fingerprint_fields(self) -> dict:
         return self.model_dump(exclude={"data", "out", "force", "profile", "log_device_placement"})

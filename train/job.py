@@ -147,9 +147,10 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
         log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
         return out
-    config, sized = config.sized(data.count("train"))
+    config, sized = config.sized(data.count("train"), regression=data.schema.label.task == "regression")
     if sized:
-        log(sized + " (set --batch-size, --epochs, --patience, --min-epochs to choose)")
+        log(sized + " (set --batch-size, --epochs, --patience, --min-epochs"
+            + (", --ensemble" if "ensemble" in sized else "") + " to choose)")
     rt = _runtime(config, log)
     work = _work_dir(out, config, data, rt.worker, log)
     with rt.strategy.scope():
@@ -270,10 +271,10 @@ def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
     preprocessed features, which the datasets compute (and cache) once."""
     stats = data.train_stats()
     preprocessor, trainer, model = build_models(data.schema, stats, config.hidden, config.dropout, config.seed,
-                                                config.scaling, config.target)
+                                                config.scaling, config.target, config.ensemble or 1)
     feature_mb = _cached_rows(data) * preprocessor.output.shape[-1] * 4 / 2**20
     cache = feature_mb <= config.cache_mb
-    scale = label_scale(stats, config.target) if data.schema.label.task == "regression" else None
+    scale = label_scale(stats, config.target, config.ensemble or 1) if data.schema.label.task == "regression" else None
 
     def dataset(split: str, shuffle: bool) -> tf.data.Dataset:
         return make_dataset(data.files(split), data.schema, rt.global_batch, shuffle=shuffle, seed=config.seed,

@@ -166,7 +166,8 @@ def quantile_knots(stats: dict[str, Any], mean: float, variance: float, log1p: b
 @keras.saving.register_keras_serializable(package="tfpipe")
 class Denormalize(layers.Layer):
     """A regression's prediction from standard units back to the label's: z * std + mean (then
-    exp(.) - 1 with `log`, for a label learnt as log(1 + y)).
+    exp(.) - 1 with `log`, for a label learnt as log(1 + y)). Given an ensemble's predictions,
+    (batch, members), it answers their mean in standard units, so taken back the same way.
 
     The network learns the label standardised (mean 0, variance 1 over the training split), so
     its weights and loss are of order 1 whatever the label's size; this layer, after the
@@ -190,6 +191,8 @@ class Denormalize(layers.Layer):
 
     def call(self, z):
         z = ops.cast(z, "float32")
+        if len(z.shape) == 2:  # an ensemble's members, one a column (see _members): their mean
+            z = ops.mean(z, axis=-1)
         for factor in self._shrink:
             z = z * factor
         y = z * self._scales[0]
@@ -203,7 +206,7 @@ class Denormalize(layers.Layer):
         return ops.exp(y) - 1.0 if self.log else y
 
     def compute_output_shape(self, input_shape):
-        return input_shape
+        return input_shape[:1]
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "std": self.std, "log": self.log}
@@ -244,11 +247,15 @@ def skewed_label(label: dict[str, Any]) -> bool:
     return long_right_tail(label, LABEL_SKEW)
 
 
-def label_scale(train_stats: dict[str, Any], target: str = "auto") -> LabelScale:
+def label_scale(train_stats: dict[str, Any], target: str = "auto", ensemble: int = 1) -> LabelScale:
     """A regression label's scale over the training split: its mean and std (std 1 when it does
-    not vary), or those of log(1 + y) for a skewed label (`target` auto) or when told (log)."""
+    not vary), or those of log(1 + y) for a skewed label learnt by one network (`target` auto)
+    or when told (log). An ensemble (see _members) learns a skewed label in its own scale too:
+    the log target's answer, exp of a mean log, falls below the mean that a squared error
+    rewards, and the ensemble's mean steadies what the label's scale leaves noisier in one
+    network."""
     label = train_stats["label"]
-    log = target == "log" or (target == "auto" and skewed_label(label))
+    log = target == "log" or (target == "auto" and ensemble == 1 and skewed_label(label))
     if log and label.get("log1p"):
         moments = label["log1p"]
         return LabelScale(float(moments["mean"]), math.sqrt(moments["variance"]) or 1.0, True)
@@ -304,11 +311,13 @@ def heavy_tailed(stats: dict[str, Any]) -> bool:
 
 
 def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int], dropout: float,
-                 seed: int, scaling: str = "auto", target: str = "auto") -> tuple[keras.Model, keras.Model, keras.Model]:
+                 seed: int, scaling: str = "auto", target: str = "auto",
+                 ensemble: int = 1) -> tuple[keras.Model, keras.Model, keras.Model]:
     """(preprocessor, trainer, model) for the schema, initialised from training statistics;
     `scaling`: "auto" gives each number quantile bins (ImputeNormalize's knots), "log" its z in
     log scale when heavy-tailed, else by mean and std, "standard" its z by mean and std alone;
-    `target`, a regression label's scale (see label_scale)."""
+    `target`, a regression label's scale (see label_scale); `ensemble`, a regression's networks
+    side by side (see _members)."""
     # The inputs are keyed by the column's own name; the graph holds its graph name.
     names = schema.graph_names()
     inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
@@ -351,14 +360,45 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
 
     width = preprocessor.output.shape[-1]
     vec = keras.Input(shape=(width,), dtype="float32", name="features")
-    h = vec
+    task = schema.label.task
+    if ensemble > 1:
+        if task != "regression":
+            raise TrainError(f"an ensemble of {ensemble} networks is for regression; this label is {task}")
+        trainer = keras.Model(vec, _members(vec, hidden, dropout, seed, ensemble), name=TRAINER)
+    else:
+        trainer = keras.Model(vec, _head(_hidden(vec, hidden, dropout, seed), task, schema, seed), name=TRAINER)
+    prediction = trainer(preprocessor(inputs))
+    if task == "regression":
+        scale = label_scale(train_stats, target, ensemble)
+        prediction = Denormalize(scale.mean, scale.std, scale.log, dtype="float32", name=DENORMALIZE)(prediction)
+    model = keras.Model(inputs, prediction, name="tfpipe_model")
+    return preprocessor, trainer, model
+
+
+def _hidden(h, hidden: list[int], dropout: float, seed: int, prefix: str = ""):
     for i, units in enumerate(hidden):
-        h = layers.Dense(units, activation="relu", name=f"hidden_{i}",
+        h = layers.Dense(units, activation="relu", name=f"{prefix}hidden_{i}",
                          kernel_initializer=keras.initializers.GlorotUniform(seed=seed + i))(h)
         if dropout:
-            h = layers.Dropout(dropout, seed=seed + 100 + i, name=f"dropout_{i}")(h)
+            h = layers.Dropout(dropout, seed=seed + 100 + i, name=f"{prefix}dropout_{i}")(h)
+    return h
+
+
+def _members(vec, hidden: list[int], dropout: float, seed: int, ensemble: int):
+    """A regression's `ensemble` networks side by side on the same features: (batch, ensemble),
+    each column one member's prediction in standard units. Each member has its own weights
+    and initialisation (seeds 10,000 apart), and the loss, which broadcasts the label over the
+    columns, trains each on its own error; Denormalize answers their mean."""
+    heads = []
+    for k in range(ensemble):
+        h = _hidden(vec, hidden, dropout, seed + 10000 * k, prefix=f"member{k}_")
+        heads.append(layers.Dense(1, dtype="float32", name=f"head_{k}",
+                                  kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 10000 * k + 1000))(h))
+    return layers.Concatenate(dtype="float32", name="prediction")(heads)
+
+
+def _head(h, task: str, schema: Schema, seed: int):
     head_init = keras.initializers.GlorotUniform(seed=seed + 1000)
-    task = schema.label.task
     # The head runs in float32 whatever the policy: softmax/sigmoid and the loss need the range.
     if task == "binary":
         out = layers.Dense(1, activation="sigmoid", dtype="float32", kernel_initializer=head_init, name="head")(h)
@@ -370,13 +410,7 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         # The trainer predicts the label in standard units (see Denormalize).
         out = layers.Dense(1, dtype="float32", kernel_initializer=head_init, name="head")(h)
         out = layers.Reshape((), dtype="float32", name="prediction")(out)
-    trainer = keras.Model(vec, out, name=TRAINER)
-    prediction = trainer(preprocessor(inputs))
-    if task == "regression":
-        scale = label_scale(train_stats, target)
-        prediction = Denormalize(scale.mean, scale.std, scale.log, dtype="float32", name=DENORMALIZE)(prediction)
-    model = keras.Model(inputs, prediction, name="tfpipe_model")
-    return preprocessor, trainer, model
+    return out
 
 
 def _kind_layers(kind: str, x, stats: dict[str, Any], name: str):
@@ -387,10 +421,35 @@ def _kind_layers(kind: str, x, stats: dict[str, Any], name: str):
     return text_layers(x, stats, name)
 
 
+class _EachMember:
+    """A regression loss that takes an ensemble's (batch, members) predictions (see _members)
+    with the (batch,) label: the label is broadcast over the members and their losses averaged,
+    so each member learns from its own error (the loss of their mean would train them as one
+    network). One network's (batch,) predictions are taken as they are."""
+
+    def call(self, y_true, y_pred):
+        if len(y_pred.shape) == len(y_true.shape) + 1 and y_pred.shape[-1] != 1:
+            y_true = ops.expand_dims(y_true, -1)
+        return super().call(y_true, y_pred)
+
+
+@keras.saving.register_keras_serializable(package="tfpipe")
+class SquaredError(_EachMember, keras.losses.MeanSquaredError):
+    """Mean squared error, of one network or each member of an ensemble (see _EachMember)."""
+
+
 def make_loss(task: str, reduction: str | None = "sum_over_batch_size") -> keras.losses.Loss:
+    """The task's loss; a regression's, mean squared error, of one network or of each member of
+    an ensemble (see _EachMember)."""
     cls = {"binary": keras.losses.BinaryCrossentropy, "multiclass": keras.losses.SparseCategoricalCrossentropy,
-           "regression": keras.losses.MeanSquaredError}[task]
+           "regression": SquaredError}[task]
     return cls(reduction=reduction)
+
+
+def members_mean(y_pred):
+    """A regression trainer's prediction: an ensemble's (batch, members) as their mean (what the
+    model answers, see Denormalize), a single network's as it is."""
+    return ops.mean(y_pred, axis=-1) if len(y_pred.shape) == 2 else y_pred
 
 
 @keras.saving.register_keras_serializable(package="tfpipe")
@@ -403,7 +462,7 @@ class ScaledMAE(keras.metrics.Mean):
         self.scale = LabelScale(float(mean), float(std), bool(log))
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, y_pred))
+        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, members_mean(y_pred)))
         return super().update_state(ops.abs(t - p), sample_weight=sample_weight)
 
     def get_config(self):
@@ -419,7 +478,7 @@ class ScaledRMSE(keras.metrics.RootMeanSquaredError):
         self.scale = LabelScale(float(mean), float(std), bool(log))
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, y_pred))
+        t, p = (self.scale.to_label(ops.cast(v, "float32")) for v in (y_true, members_mean(y_pred)))
         return super().update_state(t, p, sample_weight=sample_weight)
 
     def get_config(self):
