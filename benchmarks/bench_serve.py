@@ -603,7 +603,7 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
     print(f"  (busy cores: the server's and the client's CPU seconds per second, of the {os.cpu_count()} there are)")
     one = {r[0].split(", ", 1)[1]: r[2] for r in rows if r[0].startswith("--workers 1,")}
     for what, _, rps, _, _, _ in rows:
-        if what.startswith("--workers") and not what.startswith("--workers 1,"):
+        if what.startswith("--workers") and not what.startswith("--workers 1,") and what.split(", ", 1)[1] in one:
             print(f"  {what}: {rps / one[what.split(', ', 1)[1]]:.2f}x the throughput of one worker")
 
 
