@@ -167,8 +167,8 @@ class DrainLoad:
                             resp = http.client.HTTPResponse(answers)
                             resp.begin()
                             body = resp.read()
-                            outcomes.append("OK" if resp.status == 200 and json.loads(body) == {"predictions": [v + 1.0]}
-                                            else f"HTTP {resp.status} {body[:200]!r}")
+                            ok = resp.status == 200 and json.loads(body) == {"predictions": [v + 1.0]}
+                            outcomes.append("OK" if ok else f"HTTP {resp.status} {body[:200]!r}")
                         except (OSError, http.client.HTTPException) as e:
                             outcomes.append(f"{type(e).__name__}: {e}")
                 sent = sent if sent is not None else time.monotonic()

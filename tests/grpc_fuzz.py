@@ -44,7 +44,8 @@ HEALTH_ANSWERS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "OK"})
 SHAPES = frozenset({"INVALID_ARGUMENT"})
 KINDS = ("random_bytes", "truncated", "bit_flipped", "oversized_shape", "overflowing_dims", "inconsistent_values",
          "wrong_dtype", "wrong_rank", "huge_name", "missing_input")
-# the largest fill TF Serving's rule may make here (tfpipe.serve.codecs.tensor_proto.MAX_FILL_ELEMENTS), for shapes beyond it
+# the largest fill TF Serving's rule may make here (tfpipe.serve.codecs.tensor_proto.MAX_FILL_ELEMENTS),
+# for shapes beyond it
 FILL_LIMIT = 1 << 20
 
 

@@ -968,7 +968,8 @@ def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_pat
             req.inputs["x"].tensor_shape.dim.add().size = 1
             call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.future(req, timeout=60)
             deadline = time.time() + 30
-            while server.metrics.grpc_in_flight < 1 or all(waiting_for_request(c) for c in server._rest.server.connections):
+            rest_server = server._rest.server
+            while server.metrics.grpc_in_flight < 1 or all(waiting_for_request(c) for c in rest_server.connections):
                 assert time.time() < deadline, "the requests did not reach the model"
                 time.sleep(0.01)  # polls the server's own count of the calls in its handlers
             asyncio.run_coroutine_threadsafe(server.stop(0.5), thread.loop).result(timeout=30)
