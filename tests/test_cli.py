@@ -17,8 +17,8 @@ FLAGS = {
     "data": "--classes --compression-level --delimiter --environment --exclude --force --format --image-column "
             "--infer-rows --input --keep-column --key --label --max-bad-fraction --min-size --na-values --out --resize "
             "--runner --schema --shards --split --stratify --task --top-k",
-    "train": "--augment --batch-size --cache-mb --data --deterministic --dropout --epochs --filters --force "
-             "--grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --min-epochs --model --out "
+    "train": "--augment --batch-size --cache-mb --data --deterministic --dropout --ensemble --epochs --filters "
+             "--force --grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --min-epochs --model --out "
              "--patience "
              "--precision --profile --scaling --seed --shuffle-buffer --strategy --target --time-limit --xla",
     "export": "--allow-drop --allow-weak --base --data --drop-confidence --keep --max-accuracy-drop --max-rmse-rise "
