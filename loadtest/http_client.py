@@ -21,7 +21,6 @@ from urllib.parse import urlparse
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python lacks the name
 _ANCILLARY = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 MAX_HEADER_BYTES = 64 * 1024
-IDLE_CHECK_S = 1.0  # a connection idle this long is checked for a close by the server before it is used
 
 
 class HttpError(Exception):
@@ -46,7 +45,6 @@ class TimedConnection:
         self.kernel_times = False
         self._buffer = b""
         self._last_ns = 0  # the kernel's receive time of the latest bytes read
-        self._idle_since = 0.0  # perf_counter when the latest answer was read
 
     def close(self) -> None:
         if self.sock is not None:
@@ -71,8 +69,11 @@ class TimedConnection:
     def request(self, raw: bytes) -> tuple[int, int, float, float]:
         """Send one prebuilt request; (status, body bytes, seconds, perf_counter at send).
         Raises OSError or HttpError; the connection is closed then and reopened next time."""
-        if self.sock is not None and time.perf_counter() - self._idle_since > IDLE_CHECK_S and self._closed_by_peer():
-            self.close()  # servers close idle keep-alive connections (tfpipe serve: --rest_read_timeout_seconds)
+        # Servers close idle keep-alive connections after a timeout of their own (tfpipe serve:
+        # --rest_read_timeout_seconds), however short: a kept connection is checked before each use
+        # (a select with no wait, outside the timed exchange).
+        if self.sock is not None and self._closed_by_peer():
+            self.close()
         if self.sock is None:
             self._connect()
         try:
@@ -105,7 +106,6 @@ class TimedConnection:
                 seconds = kernel
         if close:
             self.close()
-        self._idle_since = done
         return status, size, seconds, sent
 
     def _closed_by_peer(self) -> bool:
