@@ -13,9 +13,10 @@ What is shared, and how:
 - Prometheus: each worker writes its metrics every half second into a directory of the group, and
   the worker a scrape reaches adds the others' to its own (counters, histograms, queue depths and
   memory summed; each worker's resident memory also shown with a `worker` label). When a worker
-  exits, the supervisor keeps its counters and histograms (added to those of workers gone before,
-  so that the group's totals never go down, as Prometheus expects of a counter) and drops the rest
-  of its page: a dead worker's queue depths, memory and models are not shown;
+  exits, the supervisor keeps its counters and histograms as its last snapshot had them (added to
+  those of workers gone before, so that the group's totals do not fall back by a dead worker's
+  counts, as Prometheus expects of a counter) and drops the rest of its page: a dead worker's queue
+  depths, memory and models are not shown;
 - model versions: each worker polls the base paths itself, so all of them move to a new version
   within one poll of each other;
 - request logs: each worker writes files of its own (their names hold the process id);

@@ -118,7 +118,7 @@ def test_first_run_produces_every_artifact_with_reconciling_content(first_run, p
 
     # train: a real model
     train = load(os.path.join(workdir, "train", "train.json"))
-    assert train["metrics"]["eval"]["accuracy"] >= 0.9
+    assert train["metrics"]["eval"]["accuracy"] >= 0.85  # 35 eval rows: see test_train's penguins floor
     assert train["data"]["fingerprint"] == data["fingerprint"]
 
     # export: version 1, its lineage names this train run and this data snapshot

@@ -5,6 +5,7 @@ checks)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
@@ -55,6 +56,14 @@ def _worker_states(page: str) -> dict[str, float]:
 def _requests_total(page: str) -> float:
     """The requests a page counts, every model, API and status together."""
     return sum(float(m[1]) for m in re.finditer(r"^tfpipe_serving_requests_total\{[^}]*\} (\S+)$", page, re.M))
+
+
+def _file(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:  # not written yet
+        return ""
 
 
 def _answer_on_fresh_connections(rest_port: int, n: int) -> None:
@@ -277,12 +286,15 @@ def test_a_killed_worker_is_started_again(pair):
     proc, grpc_port, rest_port = pair
     pids = _ready_pids(proc)
     victim, other = 0, 1
+    group = psutil.Process(pids[victim]).environ()["TFPIPE_SERVE_WORKERS_DIR"]
     counted = _requests_total(_scrape(rest_port)) + 40
     _answer_on_fresh_connections(rest_port, 40)  # both workers count some (all on one: 1 in 2**39 runs)
     deadline = time.monotonic() + 30
-    while _requests_total(_scrape(rest_port)) < counted:  # each worker's page is at most 0.5 s old
-        assert time.monotonic() < deadline, "the workers' counts did not reach the page"
-        time.sleep(0.05)  # polls the page the test reads next, with a deadline
+    # until each worker's own snapshot (written every 0.5 s) holds what it answered: what a worker
+    # killed now leaves behind
+    while sum(_requests_total(_file(os.path.join(group, f"worker-{i}.prom"))) for i in (victim, other)) < counted:
+        assert time.monotonic() < deadline, "the workers' snapshots did not catch up"
+        time.sleep(0.05)  # polls the files the workers write, with a deadline
     mark = proc.output.mark()
     psutil.Process(pids[victim]).kill()
     proc.output.wait_for(rf"worker {victim} \(pid {pids[victim]}\) exited with signal SIGKILL: starting it again$",
