@@ -104,25 +104,17 @@ def merge_prometheus(texts: list[str]) -> str:
     values: dict[str, float] = {}
     comments: dict[str, list[str]] = {}
     for text in texts:
-        pending: list[str] = []
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                pending.append(line)
-                continue
-            m = SAMPLE.match(line)
-            if m is None:
-                continue
+        for pending, line, m in _samples(text):
             key = line.rsplit(" ", 1)[0]
             value = float(m[3])
             if key not in values:
                 order.append(key)
                 comments[key] = pending
                 values[key] = value
-            elif re.sub(r"_(bucket|sum|count)$", "", m[1]) in SUMMED:  # a histogram's series sum as it does
+            elif _family(m[1]) in SUMMED:  # a histogram's series sum as it does
                 values[key] += value
             else:
                 values[key] = max(values[key], value)
-            pending = []
     out = []
     for key in order:
         out += [c for c in comments[key] if c]
@@ -136,16 +128,28 @@ def counters_of(page: str) -> str:
     comments."""
     kept = {m[1] for m in re.finditer(r"^# TYPE (\S+) (?:counter|histogram)$", page, re.M)}
     out: list[str] = []
+    for pending, line, m in _samples(page):
+        if m[1] in kept or _family(m[1]) in kept:
+            out += pending + [line]
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _samples(page: str):
+    """Each sample of a Prometheus text page: (the comment lines before it, its line, SAMPLE's match)."""
     pending: list[str] = []
     for line in page.splitlines():
         if not line or line.startswith("#"):
             pending.append(line)
             continue
         m = SAMPLE.match(line)
-        if m is not None and (m[1] in kept or re.sub(r"_(bucket|sum|count)$", "", m[1]) in kept):
-            out += pending + [line]
-        pending = []
-    return "\n".join(out) + "\n" if out else ""
+        if m is not None:
+            yield pending, line, m
+            pending = []
+
+
+def _family(name: str) -> str:
+    """The metric a sample belongs to: a histogram's _bucket, _sum and _count series are its own."""
+    return re.sub(r"_(bucket|sum|count)$", "", name)
 
 
 def metrics_path(group_dir: str, i: int) -> str:
