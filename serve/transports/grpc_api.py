@@ -100,32 +100,28 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
     async def Classify(self, request, context):
+        return await self._on_examples("classify", request, context, self.inference.classify,
+                                       lambda classes, scores: classification_pb2.ClassificationResponse(
+                                           result=classification_result(classes, scores)))
+
+    async def Regress(self, request, context):
+        return await self._on_examples("regress", request, context, self.inference.regress,
+                                       lambda values: regression_pb2.RegressionResponse(
+                                           result=regression_result(values)))
+
+    async def _on_examples(self, api: str, request, context, call, respond):
+        """Classify or Regress: `call` (the core's classify or regress) on the request's examples,
+        then `respond(*what it returned after the servable and signature)`, the response message."""
         started = time.time_ns(), time.perf_counter_ns()
 
         def run():  # on a --grpc_max_threads thread: the examples' decoding too
             spec = spec_of(request.model_spec)
-            servable, sig, classes, scores = self.inference.classify(
-                *spec, request.model_spec.signature_name, input_examples(request.input))
-            response = classification_pb2.ClassificationResponse(result=classification_result(classes, scores))
+            servable, sig, *result = call(*spec, request.model_spec.signature_name, input_examples(request.input))
+            response = respond(*result)
             model_spec(response.model_spec, spec[0], servable.version, sig.name)
-            self._log(started, spec[0], servable.version, sig.name, "classify", request, response)
+            self._log(started, spec[0], servable.version, sig.name, api, request, response)
             return response
-        return await _answer(self.metrics, "classify", request.model_spec.name, context,
-                             _blocking(self.executor, run))
-
-    async def Regress(self, request, context):
-        started = time.time_ns(), time.perf_counter_ns()
-
-        def run():
-            spec = spec_of(request.model_spec)
-            servable, sig, values = self.inference.regress(
-                *spec, request.model_spec.signature_name, input_examples(request.input))
-            response = regression_pb2.RegressionResponse(result=regression_result(values))
-            model_spec(response.model_spec, spec[0], servable.version, sig.name)
-            self._log(started, spec[0], servable.version, sig.name, "regress", request, response)
-            return response
-        return await _answer(self.metrics, "regress", request.model_spec.name, context,
-                             _blocking(self.executor, run))
+        return await _answer(self.metrics, api, request.model_spec.name, context, _blocking(self.executor, run))
 
     async def MultiInference(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
