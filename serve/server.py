@@ -225,9 +225,8 @@ class EmbeddedServer:
         user may open (mkdtemp's 0700): a worker's in the group's directory, which the supervisor
         removes, a process's own in the temporary directory, removed at its stop or, if the
         process was killed, by the next such server to start."""
-        name = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         if open_port and sys.platform.startswith("linux"):
-            address = f"unix-abstract:{name}"
+            address = f"unix-abstract:{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         else:
             if self.group is None:
                 _remove_stale_probe_dirs()
