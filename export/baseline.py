@@ -60,7 +60,7 @@ def better_than_baseline(quality: dict[str, float], baseline: dict[str, Any]) ->
 
 
 def test_record(label, train_label: dict[str, Any], split: str, served: np.ndarray, labels: np.ndarray,
-                allow_weak: bool, log) -> dict[str, Any]:
+                allow_weak: bool | None, log) -> dict[str, Any]:
     """The SavedModel's own metric on `split` (`served`: its answers) beside the trivial
     baseline's, said in the log; a model no better than the baseline is not published unless
     `allow_weak`. `label`: the schema's label; `train_label`: its training statistics."""
@@ -73,11 +73,12 @@ def test_record(label, train_label: dict[str, Any], split: str, served: np.ndarr
     return test
 
 
-def check_baseline(test: dict[str, Any], allow_weak: bool, log) -> None:
+def check_baseline(test: dict[str, Any], allow_weak: bool | None, log) -> None:
     """Refuse to publish a model no better than the trivial baseline (`test`: split, rows, the
-    model's metric and `baseline`), unless `allow_weak`, which publishes it with a warning."""
+    model's metric and `baseline`), unless `allow_weak`, which publishes it with a warning.
+    None: the caller decides (with a version served, the export's gate holds such a model)."""
     baseline = test["baseline"]
-    if better_than_baseline(test, baseline):
+    if allow_weak is None or better_than_baseline(test, baseline):
         return
     metric = "rmse" if "rmse" in test else "accuracy"
     what = (f"the model's {metric} on the {test['split']} split ({test['rows']} rows) is {test[metric]:.4g}, "

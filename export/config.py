@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TFLITE_VARIANTS = ("float32", "float16", "dynamic", "int8")
@@ -35,6 +37,34 @@ class ExportConfig(BaseModel):
     allow_drop: bool = Field(False, description="drop a variant that loses too much accuracy instead of failing")
     allow_weak: bool = Field(False, description="publish a model no better than the trivial baseline (the majority "
                              "class, or the mean label) on the test split, with a warning, instead of failing")
+
+    promote: Literal["gate", "always", "never"] = Field(
+        "gate", description="when a version is already served from the base path: 'gate' serves the new one only "
+        "if it is not worse than the served one beyond the noise (and meets --thresholds), else keeps it in "
+        "BASE/NAME/candidates/ (exit 1); 'always' serves it whatever the comparison says; 'never' keeps it as a "
+        "candidate for `tfpipe promote`")
+    thresholds: list[str] = Field(default_factory=list, description="more conditions for the new version, each "
+                                  "on the new and the previous test split: a value (accuracy>=0.8, rmse<=1200) "
+                                  "or a change against the served version (accuracy>=baseline-0.01, "
+                                  "rmse<=baseline+5%)")
+    gate_confidence: float = Field(0.95, ge=0.5, lt=1, description="the new version is held when it is worse than "
+                                   "the served one beyond the test rows' sampling noise at this confidence "
+                                   "(McNemar's exact test for classes, a paired bootstrap of the RMSE)")
+    slice: list[str] = Field(default_factory=list, description="columns whose every value (with enough rows) "
+                             "is checked on its own, e.g. --slice island")
+    slice_min_rows: int = Field(10, ge=1, description="a slice with fewer test rows than this is not judged")
+    breaking_change: bool = Field(False, description="allow a new version whose signatures would break the "
+                                  "served one's clients (an input renamed, removed, added or retyped; an "
+                                  "output gone); refused otherwise")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _check_thresholds(cls, v: list[str]) -> list[str]:
+        from tfpipe.export.gate import parse_threshold
+
+        for text in v:
+            parse_threshold(text)  # ValueError: one line naming what is wrong
+        return v
 
     @field_validator("tflite")
     @classmethod

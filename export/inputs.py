@@ -7,6 +7,7 @@ import os
 
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
+from tfpipe import versions
 from tfpipe.files import read_json
 from tfpipe.train.datadir import DataDir, load_data_dir
 from tfpipe.train.errors import TrainError
@@ -33,6 +34,12 @@ def check_inputs(config: ExportConfig) -> tuple[str, DataDir, str]:
         raise ExportError(f"cannot write to {model_dir}")
     if config.version is not None:
         choose_version(model_dir, config.version)
+    from tfpipe.export.gate import check_thresholds, parse_threshold
+
+    try:
+        check_thresholds([parse_threshold(t) for t in config.thresholds], data.schema.label.task)
+    except ValueError as e:
+        raise ExportError(f"--thresholds: {e}") from None
     return train_dir, data, model_dir
 
 
@@ -47,12 +54,10 @@ def check_train_dir(path: str | None) -> str:
     return os.path.abspath(path)
 
 
-def versions(model_dir: str) -> list[int]:
-    return sorted(int(d) for d in os.listdir(model_dir) if d.isdigit())
-
-
 def choose_version(model_dir: str, requested: int | None) -> int:
-    present = versions(model_dir)
+    """The requested version (refused when it exists, served or a candidate), else one more than
+    any this model ever had."""
+    present = versions.numeric_versions(model_dir) + versions.candidates(model_dir)
     high = read_json(os.path.join(model_dir, HIGH_WATER)) or 0
     if requested is not None:
         if requested in present:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -23,10 +22,12 @@ import tensorflow as tf
 from tfpipe.export.baseline import better_than_baseline, test_record
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
-from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version, versions
-from tfpipe.export.signatures import ServingModule, finish_signatures, input_renames, serving_dtype
+from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version
+from tfpipe.export.judge import decide, gate_lines, judge, keep_test_data
+from tfpipe.export.signatures import ServingModule, finish_signatures, input_renames
 from tfpipe import __version__
-from tfpipe.files import clean_stale, publish_dir, read_json
+from tfpipe import versions
+from tfpipe.files import publish_dir, read_json, temp_dir, write_atomic, write_json
 from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.stage import ExportOutputs, StageResult
 from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (ImputeNormalize for load_model)
@@ -34,46 +35,55 @@ from tfpipe.train.data import make_dataset
 
 
 def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
-    """Export; returns the published version directory."""
+    """Export; returns the directory the new version was published to: BASE/NAME/VERSION when it is
+    served, BASE/NAME/candidates/VERSION when the gate held or refused it (tfpipe/versions.py)."""
     started = time.time()
     train_dir, data, model_dir = check_inputs(config)
-    clean_stale(model_dir, ".tmp-")  # what killed exports left (non-numeric, so never served)
     version = choose_version(model_dir, config.version)
     model = keras.models.load_model(os.path.join(train_dir, "model.keras"))
-    log(f"exporting {config.name} version {version} to {model_dir}")
-
-    tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-{version}-{uuid.uuid4().hex[:8]}")  # see clean_stale
+    baseline = versions.served(model_dir)
+    log(f"exporting {config.name} version {version} to {model_dir}"
+        + (f" (version {baseline} is served there: the new one is judged against it)" if baseline else ""))
+    # A non-numeric sibling (TF Serving passes over it) until it is judged and published.
+    tmp = temp_dir(os.path.join(model_dir, str(version)))
+    # With a version served, a model no better than the trivial baseline is held by the gate (kept,
+    # exit 1) rather than refused outright: the build leaves that check to `_judge`.
+    build = config if baseline is None else config.model_copy(update={"allow_weak": None})
     try:
         if data.images:
             from tfpipe.export.images import export_images
 
-            parts = export_images(tmp, model, data, config, log)
+            parts = export_images(tmp, model, data, build, log)
         else:
-            parts = _export_rows(tmp, model, data, config, log)
+            parts = _export_rows(tmp, model, data, build, log, _served_dtypes(model_dir, baseline))
         check, warm = parts["reload_check"], parts["warmup_records"]
-        final = os.path.join(model_dir, str(version))
-        old = [v for v in versions(model_dir) if v != version]
-        to_remove = old[: max(0, len(old) - (config.keep - 1))] if config.keep else []
-        manifest = {
-            "stage": "export", "tfpipe_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "config": config.model_dump(mode="json"), "name": config.name, "version": version, "path": final,
-            "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
-                        .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
-            **parts, "removed_versions": to_remove,
-            "elapsed_s": round(time.time() - started, 2),
-        }
-        # The manifest is part of the version: written before the rename like everything else.
-        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-        with open(os.path.join(tmp, "assets.extra", "export.json"), "w") as f:
-            json.dump(manifest, f, indent=2)
-        publish_dir(tmp, final)  # synced, then the atomic rename: before it TF Serving sees nothing
+        parts["test_data"] = keep_test_data(tmp, data)
+        gate, decision, why = _judge(tmp, model_dir, baseline, data, parts.get("test"), config, log)
+        with versions.locked(model_dir):
+            if decision == "promoted" and versions.served(model_dir) != baseline:
+                # a version put in service meanwhile (a rollback by hand): this one was judged against another
+                decision, why = "held", (f"version {versions.served(model_dir)} was put in service while this one "
+                                         f"was judged against version {baseline}: judge it again")
+            manifest = {
+                "stage": "export", "tfpipe_version": __version__,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "config": config.model_dump(mode="json"), "name": config.name, "version": version,
+                "path": (os.path.join(model_dir, str(version)) if decision in ("published", "promoted")
+                         else versions.candidate_path(model_dir, version)),
+                "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))
+                            .get("fingerprint"), "data_fingerprint": data.manifest["fingerprint"]},
+                **parts, "baseline": baseline, "gate": gate, "decision": decision, "reason": why,
+                "elapsed_s": round(time.time() - started, 2),
+            }
+            # The manifest is part of the version: written before the rename like everything else.
+            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+            write_json(os.path.join(tmp, "assets.extra", "export.json"), manifest)
+            final = _publish(tmp, model_dir, version, baseline, decision, why)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    with open(os.path.join(model_dir, HIGH_WATER), "w") as f:
-        f.write(str(version))
-    removed = _prune(model_dir, to_remove)
+    write_atomic(os.path.join(model_dir, HIGH_WATER), str(version))
+    removed = _prune(model_dir, config.keep)
     log(f"  SavedModel reloaded and checked on {check['rows']} {check['split']} {'images' if data.images else 'rows'} "
         f"(max difference {check['max_abs_diff']:.2e}); {warm} warmup records")
     if removed:
@@ -82,37 +92,83 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
     return final
 
 
-def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log) -> dict[str, Any]:
-    """The SavedModel of a tabular model, its warmup records, reload check and TFLite variants."""
-    module = ServingModule(model, data.schema)
+def _served_dtypes(model_dir: str, baseline: int | None) -> dict[str, tf.DType] | None:
+    """The served version's serving_default input dtypes, by input name (None: no version served)."""
+    if baseline is None:
+        return None
+    from tfpipe.export.signature_diff import signatures
+
+    inputs = signatures(versions.version_path(model_dir, baseline)).get("serving_default")
+    return {k: tf.as_dtype(v.dtype) for k, v in inputs.inputs.items()} if inputs is not None else None
+
+
+def _judge(tmp: str, model_dir: str, baseline: int | None, data, test: dict[str, Any] | None, config: ExportConfig,
+           log) -> tuple[dict[str, Any] | None, str, str]:
+    """(the gate's record, the decision, why) for the new version built in `tmp`; with no version
+    served yet there is nothing to judge against: published, as on the first day. `test`: the new
+    version's own test record, against the trivial baseline."""
+    if baseline is None:
+        return None, "published", "the first version of this model"
+    gate = judge(tmp, versions.version_path(model_dir, baseline), data, config, log)
+    if test and not config.allow_weak and not better_than_baseline(test, test["baseline"]):
+        metric = "rmse" if "rmse" in test else "accuracy"
+        gate["passed"] = False
+        gate["failed"].append(f"the new {test['split']} split: {metric} {test[metric]:.4g}, no better than "
+                              f"{test['baseline']['predicts']} ({test['baseline'][metric]:.4g})")
+    decision, why = decide(gate, config)
+    for line in gate_lines(gate, baseline):
+        log(line)
+    log(f"  {decision}: {why}")
+    return gate, decision, why
+
+
+def _publish(tmp: str, model_dir: str, version: int, baseline: int | None, decision: str, why: str) -> str:
+    """Publish `tmp` as a candidate, then (published, promoted) serve it, recording the event in the
+    model's history; returns where it is. Called holding the model's rollout lock."""
+    candidate = versions.candidate_path(model_dir, version)
+    os.makedirs(os.path.dirname(candidate), exist_ok=True)
+    publish_dir(tmp, candidate)  # synced, then the atomic rename: TF Serving does not look in candidates/
+    if decision in ("published", "promoted"):
+        versions.serve_version(model_dir, version, decision, why)
+        return os.path.join(model_dir, str(version))
+    versions.record(model_dir, decision, version, why, served_before=baseline)
+    return candidate
+
+
+def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log,
+                 keep: dict[str, tf.DType] | None = None) -> dict[str, Any]:
+    """The SavedModel of a tabular model, its warmup records, reload check and TFLite variants;
+    `keep`: the served version's input dtypes (signatures.serving_dtype)."""
+    module = ServingModule(model, data.schema, keep)
+    dtypes = module.dtypes
     tf.saved_model.save(module, tmp, signatures=module.signatures())
     finish_signatures(tmp, module.method_names(), input_renames(data.schema))
-    warm = _write_warmup(tmp, config, data)
+    warm = _write_warmup(tmp, config, data, dtypes)
     # Read back once: the reload check and the variants' baseline use the same load and rows.
     split = "test" if data.count("test") else "eval"
     raw, labels = _labelled_rows(data, split)
     loaded = tf.saved_model.load(tmp)
-    check, served = _check_reload(loaded, model, data, split, raw, config.tolerance)
+    check, served = _check_reload(loaded, model, data, split, raw, config.tolerance, dtypes)
     test = test_record(data.schema.label, data.train_stats()["label"], split, served, labels, config.allow_weak, log)
     kinds = sorted({c.kind for c in data.schema.features if c.kind})
     variants = config.variants_for(data.schema.label.task)
     if variants and kinds:
         log(f"  TFLite variants not built: the model parses {' and '.join(kinds)} features from strings, and "
             "TFLite's builtin ops have no string parsing (the SavedModel serves them)")
-    table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log) \
+    table = _tflite_variants(tmp, loaded, model, data, split, raw, labels, config, log, dtypes) \
         if variants and not kinds else []
     return {"signatures": ["serving_default", "predict_examples", module.example_signature], "warmup_records": warm,
             "reload_check": check, "test": test, "variants": table}
 
 
-def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
+def _write_warmup(tmp: str, config: ExportConfig, data, dtypes: dict[str, tf.DType]) -> int:
     """assets.extra/tf_serving_warmup_requests: PredictionLogs of real eval rows, one row each."""
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     if not config.warmup_records:
         return 0
     split = "eval" if data.count("eval") else "train"
-    rows = _raw_rows(data, split, config.warmup_records)
+    rows = _serving_rows(_labelled_rows(data, split, config.warmup_records)[0], data.schema, dtypes)
     path = os.path.join(tmp, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     n = 0
@@ -122,23 +178,18 @@ def _write_warmup(tmp: str, config: ExportConfig, data) -> int:
                 model_spec=model_pb2.ModelSpec(name=config.name, signature_name="serving_default"))
             for c in data.schema.features:
                 value = rows[c.name][i:i + 1]
-                request.inputs[c.name].CopyFrom(tf.make_tensor_proto(value, dtype=serving_dtype(c)))
+                request.inputs[c.name].CopyFrom(tf.make_tensor_proto(value, dtype=dtypes[c.name]))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
             n += 1
     return n
 
 
-def _raw_rows(data, split: str, limit: int) -> dict[str, np.ndarray]:
-    """Up to `limit` rows of a split as serving_default inputs (see _serving_rows)."""
-    return _serving_rows(_labelled_rows(data, split, limit)[0], data.schema)
-
-
 def _check_reload(loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
-                  tolerance: float) -> tuple[dict[str, Any], np.ndarray]:
+                  tolerance: float, dtypes: dict[str, tf.DType]) -> tuple[dict[str, Any], np.ndarray]:
     """The SavedModel read back from disk must give the Keras model's predictions: the check's
     record, and the SavedModel's answers (probabilities; binary: the second class's)."""
-    rows = _serving_rows(raw, data.schema)
+    rows = _serving_rows(raw, data.schema, dtypes)
     served = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in rows.items()})
     keras_inputs = {c.name: (rows[c.name].astype(np.float64) if c.type == "int" else rows[c.name])
                     for c in data.schema.features}
@@ -169,7 +220,8 @@ def output_scale(data) -> float:
 
 
 def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw: dict[str, np.ndarray],
-                     labels: np.ndarray, config: ExportConfig, log) -> list[dict[str, Any]]:
+                     labels: np.ndarray, config: ExportConfig, log,
+                     dtypes: dict[str, tf.DType]) -> list[dict[str, Any]]:
     """Build each TFLite variant, measure it beside the SavedModel, enforce the accuracy drop."""
     from tfpipe.export.tflite import (CALIBRATION_ROWS, convert_all, device_inputs, device_model, litert_runner,
                                       measure, record_variants)
@@ -188,7 +240,7 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
         out = by_example(examples=examples)[key].numpy()
         return out[:, 1:] if task == "binary" else out
 
-    served_rows = _serving_rows(raw, data.schema)
+    served_rows = _serving_rows(raw, data.schema, dtypes)
     saved = measure(lambda row: serve(**row), saved_all,
                     {k: tf.constant(v) for k, v in served_rows.items()}, labels, task)
     size_saved = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(tmp) for f in fs
@@ -215,10 +267,10 @@ def _labelled_rows(data, split: str, limit: int = 100000) -> tuple[dict[str, np.
     return {k: v.numpy() for k, v in features.items()}, labels.numpy()
 
 
-def _serving_rows(raw: dict[str, np.ndarray], schema) -> dict[str, np.ndarray]:
-    """Raw features (ints as float64, NaN = missing) as serving_default takes them: only the
-    inputs serving_dtype makes int64 (ints never missing in the data) are converted."""
-    return {c.name: (np.nan_to_num(raw[c.name]).astype(np.int64) if serving_dtype(c) == tf.int64 else raw[c.name])
+def _serving_rows(raw: dict[str, np.ndarray], schema, dtypes: dict[str, tf.DType]) -> dict[str, np.ndarray]:
+    """Raw features (ints as float64, NaN = missing) as serving_default takes them (`dtypes`: its
+    input dtypes): only the int64 inputs are converted."""
+    return {c.name: (np.nan_to_num(raw[c.name]).astype(np.int64) if dtypes[c.name] == tf.int64 else raw[c.name])
             for c in schema.features}
 
 
@@ -227,10 +279,14 @@ def _serialized(data, split: str) -> list[bytes]:
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
 
 
-def _prune(model_dir: str, removed: list[int]) -> list[int]:
-    """Remove old versions beyond --keep (chosen before the new version was published)."""
-    for v in removed:
-        shutil.rmtree(os.path.join(model_dir, str(v)), ignore_errors=True)
+def _prune(model_dir: str, keep: int | None) -> list[int]:
+    """Remove old versions beyond --keep, never the one served nor the one a rollback returns to."""
+    if not keep:
+        return []
+    with versions.locked(model_dir):
+        removed = versions.prune(model_dir, keep)
+        for v in removed:
+            shutil.rmtree(versions.version_path(model_dir, v), ignore_errors=True)
     return removed
 
 
@@ -248,7 +304,9 @@ def quality_text(test: dict[str, Any] | None) -> str:
 
 
 def result(final: str) -> StageResult:
-    """A published version for `tfpipe run`: its name and version, and the TFLite variants kept or dropped."""
+    """A published version for `tfpipe run`: its name and version, the TFLite variants kept or dropped,
+    and the gate's decision. A version held or refused leaves the baseline served: the outputs name
+    the baseline (what the later steps serve and load-test), the stage's exit code is 1."""
     path = os.path.join(final, "assets.extra", "export.json")
     with open(path) as f:
         m = json.load(f)
@@ -257,4 +315,13 @@ def result(final: str) -> StageResult:
     dropped = [f"{v['variant']} dropped, {v['drop']:.1%} less accurate" for v in variants if v.get("dropped")]
     summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
                + (f" ({'; '.join(dropped)})" if dropped else "") + quality_text(m.get("test")))
-    return StageResult(path, summary, ExportOutputs(final, m["name"], m["version"]))
+    decision, baseline = m.get("decision", "published"), m.get("baseline")
+    if decision in ("held", "refused"):
+        served = os.path.join(os.path.dirname(os.path.dirname(final)), str(baseline))
+        summary += f"; {decision.upper()}, version {baseline} still served: {m['reason']}"
+        return StageResult(path, summary, ExportOutputs(served, m["name"], baseline, candidate=m["version"],
+                                                        decision=decision), code=1)
+    if decision == "promoted":
+        summary += f"; promoted over version {baseline}: {m['reason']}"
+    return StageResult(path, summary, ExportOutputs(final, m["name"], m["version"], candidate=m["version"],
+                                                    decision=decision))

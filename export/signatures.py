@@ -38,10 +38,16 @@ class _RenamedKeywords(logging.Filter):
 logging.getLogger("absl").addFilter(_RenamedKeywords())
 
 
-def serving_dtype(feature) -> tf.DType:
+def serving_dtype(feature, keep: dict[str, tf.DType] | None = None) -> tf.DType:
     """The serving_default input dtype of a schema feature. An int64 tensor cannot say that
     a value is missing, so an int feature that was missing in the data (nullable) is taken as
-    float64 with NaN for missing, the way the model reads it; the others keep int64."""
+    float64 with NaN for missing, the way the model reads it; the others keep int64.
+
+    `keep`: the input dtypes of the version served now, by column. An int feature keeps the served
+    version's int64 or float64 (both reach the model as float64), so that a day whose rows happen to
+    miss a value, or miss none, does not change what the served version's clients send."""
+    if keep and feature.type == "int" and keep.get(feature.name) in (tf.int64, tf.float64):
+        return keep[feature.name]
     if feature.type == "int" and feature.nullable:
         return tf.float64
     return TF_DTYPES[feature.type]
@@ -55,7 +61,7 @@ def input_renames(schema: Schema) -> dict[str, str]:
 class ServingModule(tf.Module):
     """Wraps the end-to-end Keras model with TF Serving signatures."""
 
-    def __init__(self, model: keras.Model, schema: Schema):
+    def __init__(self, model: keras.Model, schema: Schema, keep: dict[str, tf.DType] | None = None):
         super().__init__()
         self.model = model
         self._schema = schema
@@ -66,7 +72,8 @@ class ServingModule(tf.Module):
         # TensorFlow names a signature's inputs after their specs, which must be graph names;
         # `finish_signatures` gives the inputs their columns' own names back once it is saved.
         names = schema.graph_names()
-        spec = {c.name: tf.TensorSpec([None], serving_dtype(c), name=names[c.name]) for c in schema.features}
+        self.dtypes = {c.name: serving_dtype(c, keep) for c in schema.features}  # see serving_dtype's `keep`
+        spec = {c.name: tf.TensorSpec([None], self.dtypes[c.name], name=names[c.name]) for c in schema.features}
         self.serve = tf.function(self._serve_raw, input_signature=[spec])
         self.serve_examples = tf.function(
             self._serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="examples")])

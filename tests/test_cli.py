@@ -21,8 +21,9 @@ FLAGS = {
              "--force --grad-accum-steps --hidden --image-size --learning-rate --log-device-placement --min-epochs --model --out "
              "--patience "
              "--precision --profile --scaling --seed --shuffle-buffer --strategy --target --time-limit --xla",
-    "export": "--allow-drop --allow-weak --base --data --drop-confidence --keep --max-accuracy-drop --max-rmse-rise "
-              "--model --name --tflite --tolerance --version --warmup-records",
+    "export": "--allow-drop --allow-weak --base --breaking-change --data --drop-confidence --gate-confidence --keep "
+              "--max-accuracy-drop --max-rmse-rise --model --name --promote --slice --slice-min-rows --tflite "
+              "--thresholds --tolerance --version --warmup-records",
     "loadtest": "--batch-size --data --duration --expect-workers --grpc-target --label --master --master-bind "
                 "--max-requests --model --model-path --out --payload --rate --replay --signature --slo --speed --sweep "
                 "--target --users --version --warmup --warmup-records --web --web-port --worker --workers",

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import raw_records, run_cli, spawn_cli
+from tfpipe import versions
 from tfpipe.stage import ExportOutputs
 
 
@@ -35,7 +36,7 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     v1 = tmp_path / "penguins" / "1"
     r = result(str(v1))  # what tfpipe run shows and keeps of it
     assert r.summary.startswith("penguins version 1: SavedModel")
-    assert r.outputs == ExportOutputs(str(v1), "penguins", 1)
+    assert r.outputs == ExportOutputs(str(v1), "penguins", 1, candidate=1, decision="published") and r.code == 0
     loaded = tf.saved_model.load(str(v1))
     assert set(loaded.signatures) == {"serving_default", "predict_examples", "classification"}
     from tensorflow.core.protobuf import saved_model_pb2
@@ -97,13 +98,17 @@ def test_export_signatures_versions_and_warmup(tmp_path, penguins_trained):
     assert meta["version"] == 1 and meta["reload_check"]["max_abs_diff"] <= 1e-5
     assert meta["lineage"]["data_fingerprint"] == json.load(open(os.path.join(data, "data.json")))["fingerprint"]
 
-    # The next export is the next version; --keep prunes old ones but never the new one.
+    # The next export is the next version, judged against version 1 (the same model: promoted);
+    # --keep prunes old versions but never the one served nor the one a rollback returns to.
+    model = str(tmp_path / "penguins")
     assert export(penguins_trained, tmp_path, "--keep", "1").returncode == 0
-    assert sorted(os.listdir(tmp_path / "penguins")) == [".tfpipe-last-version", "2"]
+    assert versions.numeric_versions(model) == [1, 2] and versions.served(model) == 2
+    assert versions.history(model)[-1]["event"] == "promoted"
     # Versions are never reused, even after the old ones are gone.
     os.rename(tmp_path / "penguins" / "2", tmp_path / "gone")
-    assert export(penguins_trained, tmp_path).returncode == 0
-    assert sorted(os.listdir(tmp_path / "penguins")) == [".tfpipe-last-version", "3"]
+    assert export(penguins_trained, tmp_path, "--keep", "1").returncode == 0
+    assert versions.numeric_versions(model) == [1, 3]  # 1: what a rollback from 3 serves
+    assert json.load(open(tmp_path / "penguins" / "3" / "assets.extra" / "export.json"))["baseline"] == 1
 
 
 def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
@@ -111,7 +116,7 @@ def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
     proc = spawn_cli("export", "--model", train, "--data", data, "--base", str(tmp_path), "--name", "penguins",
                      "--tflite", "", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not glob.glob(str(tmp_path / "penguins" / ".tmp-*")) and time.time() < deadline:
+    while not glob.glob(str(tmp_path / "penguins" / ".*.tmp-*")) and time.time() < deadline:
         assert proc.poll() is None
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
@@ -120,7 +125,8 @@ def test_killed_export_leaves_no_numeric_version(tmp_path, penguins_trained):
     assert not [n for n in names if n.isdigit()]  # a server polling the base path sees nothing
     res = export(penguins_trained, tmp_path)
     assert res.returncode == 0
-    assert sorted(n for n in os.listdir(tmp_path / "penguins") if not n.startswith(".tfpipe")) == ["1"]
+    names = os.listdir(tmp_path / "penguins")
+    assert [n for n in names if n.isdigit()] == ["1"] and not [n for n in names if ".tmp-" in n]
 
 
 def test_tflite_variants_are_measured_and_gated(tmp_path, penguins_trained):

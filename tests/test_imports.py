@@ -18,7 +18,7 @@ FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.t
            "skew": "tfpipe.skew", "tune": "tfpipe.tune", "examples": "tfpipe.examples"}
 STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
-           "tfpipe.manifest", "tfpipe.steps")
+           "tfpipe.manifest", "tfpipe.steps", "tfpipe.rollout")
 
 
 def modules() -> dict[str, str]:
@@ -108,6 +108,9 @@ def allowed(importer: str, imported: str) -> bool:
     ("tfpipe.tune.job", "tfpipe.serve.tfserving.configs", True),
     ("tfpipe.tune.job", "tfpipe.train.data", False),
     ("tfpipe.serve.server", "tfpipe.tune.search", False),
+    ("tfpipe.export.job", "tfpipe.versions", True),
+    ("tfpipe.serve.tfserving.configs", "tfpipe.versions", True),
+    ("tfpipe.export.job", "tfpipe.rollout", False),
 ])
 def test_the_rules_themselves(importer, imported, ok):
     assert allowed(importer, imported) is ok

@@ -417,7 +417,9 @@ def test_the_registry_runs_each_step_after_the_steps_it_reads():
 
 @pytest.mark.parametrize("kind, stored, want", [
     ("ExportOutputs", {"path": "/m/p/1", "name": "p", "version": 1, "manifest": "x", "sha256": "y"},
-     ("/m/p/1", "p", 1)),
+     ("/m/p/1", "p", 1, None, "published")),  # stored before exports had a gate: the defaults
+    ("ExportOutputs", {"path": "/m/p/1", "name": "p", "version": 1, "candidate": 2, "decision": "held"},
+     ("/m/p/1", "p", 1, 2, "held")),
     ("SkewOutputs", {"path": "/s", "passed": None}, ("/s", None)),
     ("ExportOutputs", {"path": "/m/p/1", "name": "p"}, KeyError("ExportOutputs: the stored outputs lack version")),
     ("DataOutputs", {"manifest": "x"}, KeyError("DataOutputs: the stored outputs lack path, fingerprint")),

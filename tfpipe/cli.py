@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from tfpipe import __version__, quiet_native_stderr
 from tfpipe.config import Config, load_config, validate
 from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, UserError
+from tfpipe.rollout import add_rollout_commands
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()
@@ -115,8 +116,9 @@ def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[Ba
     cfg = _section(args, load_config(args.config), section, model)
     check(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
     with quiet_native_stderr(not args.debug):
-        importlib.import_module(module).run(cfg, log=lambda line: print(line, flush=True))
-    return 0
+        stage = importlib.import_module(module)
+        out = stage.run(cfg, log=lambda line: print(line, flush=True))
+        return stage.result(out).code  # 1: a gate said no (the export's new version held or refused)
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
@@ -206,7 +208,7 @@ def run_request_config(args: argparse.Namespace) -> tuple[Config, str | None, st
     """The config, its path and the workdir of `tfpipe run`/`tfpipe show`. Three cases:
     --config FILE; --input FILE with no --config (the user's own data: workdir runs/<file stem>,
     model named after the file, every other setting the stages' defaults); neither (the demo)."""
-    from tfpipe.run import DEMO_CONFIG, default_workdir, own_data_name
+    from tfpipe.run import DEMO_CONFIG, default_workdir, exported_model_name, own_data_name
 
     inputs = getattr(args, "input", None)
     overrides = list(getattr(args, "set", None) or [])
@@ -218,7 +220,9 @@ def run_request_config(args: argparse.Namespace) -> tuple[Config, str | None, st
         path = args.config or DEMO_CONFIG
         config = _images_found(load_config(path, overrides))
         return config, path, args.workdir or default_workdir(config, path)
-    name = own_data_name(inputs)
+    # A workdir that already exported a model keeps its name: the second day's file is judged
+    # against the version served under it, whatever the new file is called.
+    name = (exported_model_name(args.workdir) if args.workdir else None) or own_data_name(inputs)
     config = _images_found(load_config(None, [f"export.name={json.dumps(name)}"] + overrides))
     if not config.data.label and config.data.format != "images" and args.command == "run":
         raise ConfigError(f"tfpipe run --input {' '.join(inputs)}: name the column to predict with --label COLUMN"
@@ -315,8 +319,14 @@ _STAGE_COMMANDS = (
             "come from real eval rows. The SavedModel is reloaded and checked against the Keras "
             "model before an atomic rename publishes it. An image model's serving_default takes "
             "encoded image bytes (image_bytes), predict_pixels uint8 pixels, classification "
-            "serialized Examples; its TFLite variants take uint8 pixels."),
-        epilog="example: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models",
+            "serialized Examples; its TFLite variants take uint8 pixels. When BASE/NAME already serves "
+            "a version, the new one is judged against it on the same rows (the new test split and the "
+            "one the served version kept): served only if it is not worse beyond the noise, meets "
+            "--thresholds and keeps the served version's signatures; otherwise it is kept in "
+            "BASE/NAME/candidates/ for `tfpipe promote`, the served version is untouched, and the exit "
+            "status is 1."),
+        epilog=("examples: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models; "
+                "tfpipe export ... --thresholds 'accuracy>=0.8' 'accuracy>=baseline-0.01' --slice company"),
     ),
     _StageCommand(
         "loadtest", "tfpipe.loadtest.config:LoadtestConfig", cmd_loadtest,
@@ -404,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=stage.handler, **({"accepts_extra": True} if stage.accepts_extra else {}))
     _add_run(sub, common)
     _add_show(sub, common)
+    add_rollout_commands(sub, common)
     return parser
 
 

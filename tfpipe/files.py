@@ -4,12 +4,14 @@ the standard library, so that every stage may import it (docs/architecture.md)."
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -51,31 +53,80 @@ def read_json(path: str) -> Any:
 
 
 def write_json(path: str, payload: Any) -> None:
-    """Write JSON (indented, keys in the given order) and flush it to disk."""
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write JSON (indented, keys in the given order) atomically and durably (`write_atomic`)."""
+    write_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def write_atomic(path: str, content: str | bytes) -> None:
+    """Replace the file `path` with `content`: written to a temporary sibling of the one naming
+    scheme (`.NAME.tmp-PID-RANDOM`), synced, renamed over `path`, the folder synced. A reader sees
+    the old file or the new one, never a part; a crash leaves at most the temporary file, which
+    the next write of `path` removes once its process is gone."""
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _sync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _temp_name(out: str) -> str:
+    """A new temporary name beside `out`, those of killed processes for the same name removed first."""
+    parent, name = os.path.split(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    clean_stale(parent, f".{name}.tmp-")
+    return os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def temp_dir(out: str) -> str:
     """A new empty directory beside `out` (`.NAME.tmp-PID-RANDOM`) to build it in. Those left
     by runs that were killed (their process is gone) are removed first."""
-    parent, name = os.path.split(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    clean_stale(parent, f".{name}.tmp-")
-    tmp = os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = _temp_name(out)
     os.makedirs(tmp)
     return tmp
 
 
+@contextlib.contextmanager
+def publish(out: str) -> Iterator[str]:
+    """Build the directory `out` whole or not at all: yields a new temporary sibling
+    (`temp_dir`); when the block ends normally it is synced and put in place of `out`
+    (`publish_dir`), when it raises it is removed and `out` is left as it was."""
+    tmp = temp_dir(out)
+    try:
+        yield tmp
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def move(src: str, dst: str) -> None:
+    """Rename `src` to `dst` (a path that must not exist) and sync both folders: after it returns
+    a crash leaves `dst`, never both or neither."""
+    if os.path.lexists(dst):
+        raise FileExistsError(f"{dst} already exists")
+    os.rename(src, dst)
+    for folder in {os.path.dirname(os.path.abspath(src)), os.path.dirname(os.path.abspath(dst))}:
+        _sync_dir(folder)
+
+
 def clean_stale(parent: str, prefix: str) -> list[str]:
-    """Remove `parent/PREFIX<pid>-...` directories whose process is gone; returns them."""
+    """Remove `parent/PREFIX<pid>-...` directories and files whose process is gone; returns them."""
     removed = []
     for path in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + "*")):
         pid = os.path.basename(path)[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
             removed.append(path)
     return removed
 

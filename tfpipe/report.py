@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from tfpipe.files import read_json
+from tfpipe.files import read_json, write_atomic
 from tfpipe.loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
@@ -183,7 +183,30 @@ def export_section(entry: dict, e: dict) -> str:
             + baseline_paragraph(e.get("test"))
             + (table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", "verdict"], rows)
                + f"<div>{sizes}</div>" if rows else "<p>No TFLite variant was built.</p>")
-            + samples_section(e))
+            + samples_section(e) + gate_section(e))
+
+
+def gate_section(e: dict) -> str:
+    """The second day: the new version against the version served before it, side by side on the
+    same rows (overall and per slice), the signature check, and the decision with its reason."""
+    gate = e.get("gate")
+    decision = e.get("decision", "published")
+    if not gate:
+        return ""
+    verdict = {"promoted": "PROMOTED", "held": "HELD", "refused": "REFUSED"}.get(decision, decision)
+    css = "" if decision == "promoted" else " class='bad'"
+    rows = [[c["data"], c["slice"] or "all rows", f"{c['rows']:,}", c["metric"], _fmt(c["candidate"]),
+             _fmt(c["baseline"]), _fmt(c["p_value"]), c["rule"], "pass" if c["passed"] else "FAIL"]
+            for c in gate["checks"]]
+    breaks = "".join(f"<li>{_esc(b)}</li>" for b in gate["breaking_changes"])
+    notes = "".join(f"<li>{_esc(n)}</li>" for n in gate["notes"])
+    return (f"<h3>Against version {_esc(e.get('baseline'))}, the version served before</h3>"
+            f"<p{css}><b>{verdict}</b>: {_esc(e.get('reason'))}</p>"
+            + table_html(["rows", "slice", "count", "metric", f"version {e['version']}",
+                          f"version {e.get('baseline')}", "p", "rule", "verdict"], rows)
+            + (f"<p class='bad'>Signature changes that would break the served version's clients:</p><ul>{breaks}</ul>"
+               if breaks else "<p>The new version serves every input and output of the served one.</p>")
+            + (f"<ul>{notes}</ul>" if notes else ""))
 
 
 def baseline_paragraph(test: dict | None) -> str:
@@ -285,7 +308,4 @@ def write_run_report(workdir: str, manifest: dict, path: str) -> None:
 {body}
 </body></html>
 """
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(doc)
-    os.replace(tmp, path)
+    write_atomic(path, doc)

@@ -75,6 +75,12 @@ def own_data_name(inputs: list[str]) -> str:
     return name
 
 
+def exported_model_name(workdir: str) -> str | None:
+    """The name of the model a run in `workdir` exported, if one did."""
+    outputs = ((read_manifest(workdir) or {}).get("steps", {}).get("export") or {}).get("outputs") or {}
+    return outputs.get("name")
+
+
 def shown(path: str) -> str:
     """A path as the user would type it: relative under the current directory, else absolute."""
     rel = os.path.relpath(path)
@@ -424,7 +430,8 @@ def _run_locked(r: Run, console: Console) -> int:
     return code
 
 
-GATES = {"loadtest": "the load test MISSED its SLO", "skew": "the served traffic is SKEWED from the training data"}
+GATES = {"export": "the new version was NOT PROMOTED (the served one stays; tfpipe history shows why)",
+         "loadtest": "the load test MISSED its SLO", "skew": "the served traffic is SKEWED from the training data"}
 
 
 def _misses(r: Run) -> str:

@@ -8,6 +8,7 @@ import os
 from tfpipe.errors import RunError
 from tfpipe.files import file_sha256
 from tfpipe.manifest import read_manifest
+from tfpipe.rollout import history_lines
 from tfpipe.steps import STEPS
 
 
@@ -53,6 +54,11 @@ def show(workdir: str, as_json: bool = False) -> int:
     print()
     for line in lineage(manifest):
         print(line)
+    export = steps.get("export", {})
+    if export.get("status") == "done" and export.get("outputs", {}).get("path"):
+        print()
+        for line in history_lines(os.path.dirname(export["outputs"]["path"])):
+            print(line)
     return 0
 
 
@@ -69,7 +75,9 @@ def lineage(manifest: dict) -> list[str]:
             d = json.load(f)
     except (OSError, KeyError, ValueError):
         return ["lineage: the exported model's or the data's manifest is gone"]
-    lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})",
+    held = e.get("decision") in ("held", "refused")
+    lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})"
+             + (f", {e['decision']}: version {e['baseline']} stays served" if held else ""),
              f"  <- train run {e['lineage']['train_fingerprint'][:16]} ({e['lineage']['train']})",
              f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} "
              f"{'images' if d.get('kind') == 'images' else 'rows'} read, "

@@ -27,10 +27,12 @@ class StageOutputs:
     def from_json(cls: type[O], stored: dict[str, Any]) -> O:
         """The outputs as a run manifest stored them (other keys in `stored`, the manifest's path
         and hash, are the run's own)."""
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in stored]
+        required = [f for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [f.name for f in required if f.name not in stored]
         if missing:
             raise KeyError(f"{cls.__name__}: the stored outputs lack {', '.join(missing)}")
-        return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: stored[f.name] for f in dataclasses.fields(cls) if f.name in stored})
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,14 @@ class TrainOutputs(StageOutputs):
 
 @dataclass(frozen=True)
 class ExportOutputs(StageOutputs):
-    """The published version (`path` is its directory, base/name/version)."""
+    """The version served after the export (`path` is its directory, base/name/version): the new
+    one when it was published or promoted, the baseline when the gate held or refused the new one
+    (`candidate`, kept in base/name/candidates/); `decision` says which."""
 
     name: str
     version: int
+    candidate: int | None = None
+    decision: str = "published"
 
 
 @dataclass(frozen=True)

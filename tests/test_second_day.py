@@ -1,0 +1,167 @@
+"""The second day: a retrained penguins model goes live only after it has beaten the served one on
+the same rows; a worse one, or one that would break the served one's clients, is kept as a
+candidate while the served version goes on answering; promote and rollback by hand; the history.
+Real data stage, training, export and server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import time
+
+import pytest
+import requests
+from conftest import run_cli
+
+from tfpipe import versions
+
+pytestmark = pytest.mark.xdist_group("second_day")
+
+
+def _data(csv_path: str, out: str, **settings) -> str:
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run
+
+    return run(DataConfig(input=[csv_path], label="species", out=out, **settings), log=lambda _: None)
+
+
+def _train(data: str, out: str, epochs: int) -> str:
+    res = run_cli("train", "--data", data, "--out", out, "--epochs", str(epochs), "--learning-rate", "0.01")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _rows(penguins_csv: str) -> tuple[list[str], list[dict[str, str]]]:
+    with open(penguins_csv, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames), list(reader)
+
+
+def _write(path: str, header: list[str], rows: list[dict[str, str]]) -> str:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, header)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory, penguins_csv, penguins_trained):
+    """Trained models for the story: day 1 on half the rows; day 2 on all of them (the suite's
+    shared penguins model); day 2 with every label shuffled; day 2 without the island column."""
+    root = tmp_path_factory.mktemp("days")
+    header, rows = _rows(penguins_csv)
+    half = _write(str(root / "half.csv"), header, rows[::2])
+    shuffled_rows = [dict(r) for r in rows]
+    species = [r["species"] for r in rows]
+    random.Random(0).shuffle(species)
+    for r, s in zip(shuffled_rows, species):
+        r["species"] = s
+    shuffled = _write(str(root / "shuffled.csv"), header, shuffled_rows)
+    day1_data = _data(half, str(root / "day1-data"))
+    return {
+        "day1": (day1_data, _train(day1_data, str(root / "day1-train"), 15)),
+        "more rows": penguins_trained,
+        "shuffled": (d := _data(shuffled, str(root / "shuffled-data")), _train(d, str(root / "shuffled-train"), 5)),
+        "no island": (d := _data(penguins_csv, str(root / "noisland-data"), exclude=["island"]),
+                      _train(d, str(root / "noisland-train"), 5)),
+    }
+
+
+def export(model: tuple[str, str], base, *flags: str):
+    data, train = model
+    return run_cli("export", "--model", train, "--data", data, "--base", str(base), "--name", "penguins",
+                   "--tflite", "", "--warmup-records", "5", *flags)
+
+
+def served_version(url: str) -> tuple[int, float]:
+    """(the version the server answers unversioned requests from, one prediction's top score)."""
+    row = {"bill_length_mm": 39.1, "bill_depth_mm": 18.7, "flipper_length_mm": 181, "body_mass_g": 3750,
+           "island": "Torgersen", "sex": "male", "year": 2007}
+    status = requests.get(f"{url}/v1/models/penguins", timeout=30).json()["model_version_status"]
+    available = [int(s["version"]) for s in status if s["state"] == "AVAILABLE"]
+    r = requests.post(f"{url}/v1/models/penguins:predict", json={"instances": [row]}, timeout=30)
+    assert r.status_code == 200, r.text
+    return max(available), max(r.json()["predictions"][0]["probabilities"])
+
+
+def wait_served(url: str, version: int, timeout: float = 60) -> None:
+    deadline, seen = time.time() + timeout, None
+    while time.time() < deadline:
+        status = requests.get(f"{url}/v1/models/penguins", timeout=30).json()["model_version_status"]
+        seen = {int(s["version"]): s["state"] for s in status}
+        if seen.get(version) == "AVAILABLE" and all(s == "END" for v, s in seen.items() if v != version):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"version {version} did not take over: {seen}")
+
+
+def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, days):
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    base = tmp_path / "models"
+    model = str(base / "penguins")
+    res = export(days["day1"], base)
+    assert res.returncode == 0, res.stderr
+    assert versions.served(model) == 1 and [e["event"] for e in versions.history(model)] == ["published"]
+    assert os.path.exists(os.path.join(model, "1", "assets.extra", "test_data", "data.json"))  # kept for day 2
+
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="penguins", model_base_path=model,
+                        file_system_poll_wait_seconds=1)
+    with ServerThread(opts) as server:
+        url = f"http://127.0.0.1:{server.rest_port}"
+        assert served_version(url)[0] == 1
+
+        # Labels shuffled: no better than chance on day 1's rows, where the served version is right.
+        res = export(days["shuffled"], base, "--slice", "island")
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "held" in res.stdout and "previous test split" in res.stdout
+        assert versions.served(model) == 1 and versions.candidates(model) == [2]
+        time.sleep(1.5)  # more than one poll of the base path: nothing new to load
+        assert served_version(url)[0] == 1
+        manifest = json.load(open(os.path.join(model, "candidates", "2", "assets.extra", "export.json")))
+        assert manifest["decision"] == "held" and not manifest["gate"]["passed"]
+        assert any(c["slice"] and c["slice"].startswith("island=") for c in manifest["gate"]["checks"])
+
+        # All the rows: at least as good on both days' test rows, so it is served.
+        res = export(days["more rows"], base)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "promoted" in res.stdout
+        assert versions.served(model) == 3
+        wait_served(url, 3)
+
+        # A model without the island column would break clients that send it: refused, named.
+        res = export(days["no island"], base)
+        assert res.returncode == 1
+        assert "refused" in res.stdout and "input 'island' removed" in res.stdout
+        assert versions.served(model) == 3 and versions.candidates(model) == [2, 4]
+
+        # Back to the day before, by hand; then the held candidate promoted by hand.
+        res = run_cli("rollback", model, "--reason", "checked by hand")
+        assert res.returncode == 0, res.stderr
+        assert versions.served(model) == 1 and versions.candidates(model) == [2, 3, 4]
+        wait_served(url, 1)
+        res = run_cli("promote", model, "--version", "3")
+        assert res.returncode == 0, res.stderr
+        wait_served(url, 3)
+
+    res = run_cli("history", model)
+    assert res.returncode == 0
+    events = [line.split()[1] for line in res.stdout.splitlines()[1:]]
+    assert events == ["published", "held", "promoted", "refused", "rolled", "promoted"], res.stdout
+    assert "checked by hand" in res.stdout
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--promote", "never"), "--promote never"),
+    (("--thresholds", "accuracy>=1.01"), "accuracy>=1.01"),
+])
+def test_a_held_version_says_why(tmp_path, days, flags, message):
+    base = tmp_path / "models"
+    assert export(days["day1"], base).returncode == 0
+    res = export(days["more rows"], base, *flags)
+    assert res.returncode == 1 and message in res.stdout, res.stdout
+    assert versions.served(str(base / "penguins")) == 1

@@ -1,0 +1,112 @@
+"""`tfpipe promote` and `tfpipe rollback`: which version of a model is served, changed by hand on
+the model base path (tfpipe/versions.py holds the layout and the rules), and the model's history
+as `tfpipe show` prints it. A server polling the base path, tfpipe's or `tensorflow_model_server`,
+follows within its poll interval, loading the version it now wants before unloading the other."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tfpipe import versions
+from tfpipe.errors import ConfigError
+
+
+def model_dir_of(path: str) -> str:
+    """The model base path's model directory (BASE/NAME) that `path` names: that directory itself,
+    or a `tfpipe run` workdir whose export/models holds one model."""
+    models = os.path.join(path, "export", "models")
+    if os.path.isdir(models):
+        names = sorted(d for d in os.listdir(models) if os.path.isdir(os.path.join(models, d)))
+        if len(names) == 1:
+            return os.path.join(models, names[0])
+        raise ConfigError(f"{models} holds {len(names)} models ({', '.join(names) or 'none'}): name one of them, "
+                          f"e.g. {os.path.join(models, names[0] if names else 'NAME')}")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{path} does not exist: name a model directory (BASE/NAME, the one holding its "
+                          "numbered versions) or a tfpipe run workdir")
+    if not versions.numeric_versions(path) and not versions.candidates(path):
+        raise ConfigError(f"{path} holds no model versions (numbered directories, or candidates/): name a model "
+                          "directory BASE/NAME or a tfpipe run workdir")
+    return path
+
+
+def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
+    model_dir = model_dir_of(args.model)
+    try:
+        entry = versions.promote(model_dir, args.version, args.reason or "promoted by hand")
+    except versions.VersionError as e:
+        raise ConfigError(str(e)) from None
+    print(f"{model_dir}: version {entry['version']} is served (was {entry['served_before']}); a server polling "
+          "the base path follows within its poll interval")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, extra: list[str]) -> int:
+    model_dir = model_dir_of(args.model)
+    try:
+        entry = versions.rollback(model_dir, args.to, args.reason or "rolled back by hand")
+    except versions.VersionError as e:
+        raise ConfigError(str(e)) from None
+    print(f"{model_dir}: version {entry['version']} is served again; version {entry['rolled_back_from']} is kept "
+          f"in {versions.CANDIDATES}/ (tfpipe promote {args.model} --version {entry['rolled_back_from']} serves it "
+          "again)")
+    return 0
+
+
+def history_lines(model_dir: str) -> list[str]:
+    """The model's versions and history as `tfpipe show` prints them."""
+    now = versions.served(model_dir)
+    held = versions.candidates(model_dir)
+    lines = [f"model {os.path.basename(model_dir)} ({model_dir}): "
+             + (f"version {now} served" if now is not None else "no version served")
+             + (f"; candidates {', '.join(map(str, held))}" if held else "")]
+    events = versions.history(model_dir)
+    if not events:
+        lines.append("  no history recorded")
+    for e in events:
+        before = e.get("served_before")
+        change = f" (served before: {before})" if before is not None and before != e.get("version") else ""
+        lines.append(f"  {e.get('time', '?')}  {e.get('event', '?'):<11} version {e.get('version')}{change}: "
+                     f"{e.get('reason', '')}")
+    return lines
+
+
+def cmd_history(args: argparse.Namespace, extra: list[str]) -> int:
+    for line in history_lines(model_dir_of(args.model)):
+        print(line)
+    return 0
+
+
+def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
+    """The `promote`, `rollback` and `history` subcommands."""
+    where = ("a model directory BASE/NAME (the one holding its numbered versions), or a tfpipe run workdir "
+             "(its export/models/NAME)")
+    p = sub.add_parser(
+        "promote", parents=[common], help="serve a version kept as a candidate (or any older one)",
+        description="Makes VERSION the version served from the model base path: a candidate the export's gate held "
+                    "(BASE/NAME/candidates/VERSION) is renamed into the served range, and any higher version is "
+                    "moved to candidates/ (kept, promotable again). Recorded in the model's history with --reason. "
+                    "A server polling the base path (tfpipe serve, tensorflow_model_server) loads it, then unloads "
+                    "the one it replaces: no request fails.",
+        epilog="example: tfpipe promote runs/penguins --version 3 --reason 'checked by hand'")
+    p.add_argument("model", metavar="MODEL", help=where)
+    p.add_argument("--version", type=int, metavar="N", help="the version to serve (default: the newest candidate)")
+    p.add_argument("--reason", metavar="TEXT", help="why, for the history")
+    p.set_defaults(handler=cmd_promote)
+    r = sub.add_parser(
+        "rollback", parents=[common], help="serve the version served before the current one again",
+        description="Serves again the version that was served before the current one (or --to N): the current "
+                    "version is moved to BASE/NAME/candidates/ (kept: `tfpipe promote` serves it again). Versions "
+                    "a rollback may return to are never removed by `tfpipe export --keep`.",
+        epilog="example: tfpipe rollback runs/penguins --reason 'p99 doubled'")
+    r.add_argument("model", metavar="MODEL", help=where)
+    r.add_argument("--to", type=int, metavar="N", help="the version to serve (default: the one served before)")
+    r.add_argument("--reason", metavar="TEXT", help="why, for the history")
+    r.set_defaults(handler=cmd_rollback)
+    h = sub.add_parser(
+        "history", parents=[common], help="which version of a model served when, and why",
+        description="Prints the model's served version, its candidates, and every event of its history "
+                    "(published, promoted, held, refused, rolled back) with the reason recorded.")
+    h.add_argument("model", metavar="MODEL", help=where)
+    h.set_defaults(handler=cmd_history)
