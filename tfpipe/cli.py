@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from tfpipe import __version__, quiet_native_stderr
 from tfpipe.config import Config, load_config, validate
 from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, UserError
-from tfpipe.rollout import add_rollout_commands
+from tfpipe.rollout.commands import add_rollout_commands
 
 # Set when SIGINT/SIGTERM arrives: Beam re-raises an interrupt inside a DoFn as another error.
 _interrupted = threading.Event()

@@ -8,7 +8,7 @@ import os
 from tfpipe.errors import RunError
 from tfpipe.files import file_sha256
 from tfpipe.manifest import read_manifest
-from tfpipe.rollout import history_lines
+from tfpipe.rollout.commands import history_lines
 from tfpipe.steps import STEPS
 
 
