@@ -50,6 +50,9 @@ class ExportConfig(BaseModel):
     gate_confidence: float = Field(0.95, ge=0.5, lt=1, description="the new version is held when it is worse than "
                                    "the served one beyond the test rows' sampling noise at this confidence "
                                    "(McNemar's exact test for classes, a paired bootstrap of the RMSE)")
+    serving_gate: bool = Field(False, description="keep a version that passes as a candidate (decision 'passed') "
+                               "for a serving gate to promote: tfpipe run's rollout step load-tests it beside the "
+                               "served one first")
     slice: list[str] = Field(default_factory=list, description="columns whose every value (with enough rows) "
                              "is checked on its own, e.g. --slice island")
     slice_min_rows: int = Field(10, ge=1, description="a slice with fewer test rows than this is not judged")

@@ -60,7 +60,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
         parts["test_data"] = keep_test_data(tmp, data)
         gate, decision, why = _judge(tmp, model_dir, baseline, data, parts.get("test"), config, log)
         with versions.locked(model_dir):
-            if decision == "promoted" and versions.served(model_dir) != baseline:
+            if decision in ("promoted", "passed") and versions.served(model_dir) != baseline:
                 # a version put in service meanwhile (a rollback by hand): this one was judged against another
                 decision, why = "held", (f"version {versions.served(model_dir)} was put in service while this one "
                                          f"was judged against version {baseline}: judge it again")
@@ -131,7 +131,8 @@ def _publish(tmp: str, model_dir: str, version: int, baseline: int | None, decis
     if decision in ("published", "promoted"):
         versions.serve_version(model_dir, version, decision, why)
         return os.path.join(model_dir, str(version))
-    versions.record(model_dir, decision, version, why, served_before=baseline)
+    versions.record(model_dir, "passed offline" if decision == "passed" else decision, version, why,
+                    served_before=baseline)
     return candidate
 
 
@@ -316,11 +317,12 @@ def result(final: str) -> StageResult:
     summary = (f"{m['name']} version {m['version']}: SavedModel" + (f" + TFLite {', '.join(kept)}" if kept else "")
                + (f" ({'; '.join(dropped)})" if dropped else "") + quality_text(m.get("test")))
     decision, baseline = m.get("decision", "published"), m.get("baseline")
-    if decision in ("held", "refused"):
+    if decision in ("held", "refused", "passed"):
         served = os.path.join(os.path.dirname(os.path.dirname(final)), str(baseline))
-        summary += f"; {decision.upper()}, version {baseline} still served: {m['reason']}"
+        summary += (f"; passed the offline gate against version {baseline}, kept as a candidate for the serving gate"
+                    if decision == "passed" else f"; {decision.upper()}, version {baseline} still served: {m['reason']}")
         return StageResult(path, summary, ExportOutputs(served, m["name"], baseline, candidate=m["version"],
-                                                        decision=decision), code=1)
+                                                        decision=decision), code=0 if decision == "passed" else 1)
     if decision == "promoted":
         summary += f"; promoted over version {baseline}: {m['reason']}"
     return StageResult(path, summary, ExportOutputs(final, m["name"], m["version"], candidate=m["version"],

@@ -187,7 +187,8 @@ def _has(data: DataDir, column: str) -> bool:
 
 
 def decide(record: dict[str, Any], config) -> tuple[str, str]:
-    """(promoted | held | refused, why) from the gate's record and --promote / --breaking-change."""
+    """(promoted | passed | held | refused, why) from the gate's record and --promote / --breaking-change;
+    passed: the offline gate says yes and a serving gate (--serving-gate) decides."""
     if record["breaking_changes"] and not config.breaking_change:
         return "refused", ("the candidate would break the baseline's clients: " + "; ".join(record["breaking_changes"])
                            + " (--breaking-change to allow it)")
@@ -198,8 +199,9 @@ def decide(record: dict[str, Any], config) -> tuple[str, str]:
             return "promoted", "--promote always, though " + "; ".join(record["failed"])
         return "held", "; ".join(record["failed"])
     rows = sum(d["rows"] for d in record["data"])
-    return "promoted", (f"not worse than the baseline beyond the noise on {rows} rows"
-                        + (", and every threshold holds" if record["thresholds"] else ""))
+    why = f"not worse than the baseline beyond the noise on {rows} rows" + (
+        ", and every threshold holds" if record["thresholds"] else "")
+    return ("passed" if config.serving_gate else "promoted"), why
 
 
 def stored_splits(version_dir: str) -> list[str]:

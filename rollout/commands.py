@@ -9,7 +9,7 @@ import argparse
 import os
 
 from tfpipe import versions
-from tfpipe.errors import ConfigError
+from tfpipe.rollout.errors import RolloutError
 
 
 def model_dir_of(path: str) -> str:
@@ -20,13 +20,13 @@ def model_dir_of(path: str) -> str:
         names = sorted(d for d in os.listdir(models) if os.path.isdir(os.path.join(models, d)))
         if len(names) == 1:
             return os.path.join(models, names[0])
-        raise ConfigError(f"{models} holds {len(names)} models ({', '.join(names) or 'none'}): name one of them, "
+        raise RolloutError(f"{models} holds {len(names)} models ({', '.join(names) or 'none'}): name one of them, "
                           f"e.g. {os.path.join(models, names[0] if names else 'NAME')}")
     if not os.path.isdir(path):
-        raise ConfigError(f"{path} does not exist: name a model directory (BASE/NAME, the one holding its "
+        raise RolloutError(f"{path} does not exist: name a model directory (BASE/NAME, the one holding its "
                           "numbered versions) or a tfpipe run workdir")
     if not versions.numeric_versions(path) and not versions.candidates(path):
-        raise ConfigError(f"{path} holds no model versions (numbered directories, or candidates/): name a model "
+        raise RolloutError(f"{path} holds no model versions (numbered directories, or candidates/): name a model "
                           "directory BASE/NAME or a tfpipe run workdir")
     return path
 
@@ -36,7 +36,7 @@ def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         entry = versions.promote(model_dir, args.version, args.reason or "promoted by hand")
     except versions.VersionError as e:
-        raise ConfigError(str(e)) from None
+        raise RolloutError(str(e)) from None
     print(f"{model_dir}: version {entry['version']} is served (was {entry['served_before']}); a server polling "
           "the base path follows within its poll interval")
     return 0
@@ -47,7 +47,7 @@ def cmd_rollback(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         entry = versions.rollback(model_dir, args.to, args.reason or "rolled back by hand")
     except versions.VersionError as e:
-        raise ConfigError(str(e)) from None
+        raise RolloutError(str(e)) from None
     print(f"{model_dir}: version {entry['version']} is served again; version {entry['rolled_back_from']} is kept "
           f"in {versions.CANDIDATES}/ (tfpipe promote {args.model} --version {entry['rolled_back_from']} serves it "
           "again)")

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe.files import write_json
+from tfpipe.versions import candidate_model, candidate_path
 from tfpipe.serve.config import ServeConfig
 from tfpipe.serve.errors import ServeError
 from tfpipe.stage import ServeOutputs, StageResult
@@ -106,9 +107,11 @@ class Deployment:
             server.request_logs.update(model_server_config_pb2.ModelServerConfig())  # writes the queue, closes
 
     def deploy(self, name: str, base_path: str, version: int, rows: RowSource, tolerance: float,
-               log: Callable[[str], None], notes: dict[str, Any] | None = None) -> dict[str, Any]:
+               log: Callable[[str], None], notes: dict[str, Any] | None = None,
+               candidate: int | None = None) -> dict[str, Any]:
         """Write the configs for model `name` at `base_path`, (re)start the server on them, check it
-        against that version's SavedModel on `rows`, write serve.json (with `notes`); return its content."""
+        against that version's SavedModel on `rows`, write serve.json (with `notes`); return its content.
+        `candidate`: a version in BASE/NAME/candidates/ to serve beside it as NAME-candidate (checked too)."""
         from tfpipe.serve.flags import ServeOptions
         from tfpipe.serve.tfserving.launcher import server_flags, write_configs
 
@@ -124,10 +127,19 @@ class Deployment:
         seed = ServeOptions(model_name=name, model_base_path=base_path, enable_batching=c.batching_on(),
                             batching_parameters_file=batching if c.batching_on() else "")
         paths = write_configs(seed, self.config_dir)
+        if candidate is not None:
+            from tfpipe.serve.tfserving.configs import add_candidate
+
+            add_candidate(paths["models"], name, base_path, candidate)
         server = self.start()
         log(f"embedded server: gRPC {c.host}:{server.grpc_port}, REST {c.host}:{server.rest_port}")
         model_path = os.path.join(base_path, str(version))
         check = check_served(server, model_path, name, rows, c.check_rows, tolerance, log)
+        if candidate is not None:
+            notes = {**(notes or {}), "candidate": {
+                "model": candidate_model(name), "version": candidate,
+                "check": check_served(server, candidate_path(base_path, candidate), candidate_model(name), rows,
+                                      c.check_rows, tolerance, log)}}
         result = {
             "model": name, "version": version, "model_path": model_path, "configs": paths,
             # the ports this deployment's server listened on (fixed ones: --set serve.port=8500 ...)
@@ -301,4 +313,8 @@ def result(out: str, noun: str, tuned: str = "") -> StageResult:
     summary = (f"{served['model']} version {served['version']} on the embedded server: REST and gRPC answers match "
                f"the SavedModel on {check['rows']} {noun} (max diff {check['max_abs_diff']:.1e})"
                + (f"; batching tuned: {tuned}" if tuned else ""))
+    candidate = served.get("candidate")
+    if candidate:
+        summary += (f"; version {candidate['version']} beside it as {candidate['model']} (matches its SavedModel "
+                    f"too), for the serving gate")
     return StageResult(path, summary, ServeOutputs(out))

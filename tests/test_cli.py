@@ -22,7 +22,7 @@ FLAGS = {
              "--patience "
              "--precision --profile --scaling --seed --shuffle-buffer --strategy --target --time-limit --xla",
     "export": "--allow-drop --allow-weak --base --breaking-change --data --drop-confidence --gate-confidence --keep "
-              "--max-accuracy-drop --max-rmse-rise --model --name --promote --slice --slice-min-rows --tflite "
+              "--max-accuracy-drop --max-rmse-rise --model --name --promote --serving-gate --slice --slice-min-rows --tflite "
               "--thresholds --tolerance --version --warmup-records",
     "loadtest": "--batch-size --data --duration --expect-workers --grpc-target --label --master --master-bind "
                 "--max-requests --model --model-path --out --payload --rate --replay --signature --slo --speed --sweep "

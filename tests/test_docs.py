@@ -125,3 +125,16 @@ def test_the_readme_fits_a_first_hour():
     first_two = [b for lang, b in FENCE.findall(text) if lang == "sh"][:2]
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert first_two[0].strip().endswith("tfpipe run") and first_two[1].strip() in ci  # CI runs the test command
+
+
+def test_the_configuration_page_holds_a_valid_config():
+    """Every key the example config of docs/configuration.md shows is one the config file takes."""
+    import tomllib
+
+    from tfpipe.config import Config, validate
+
+    blocks = [b for lang, b in FENCE.findall(open(os.path.join(ROOT, "docs", "configuration.md")).read())
+              if lang == "toml"]
+    assert blocks
+    config = validate(Config, tomllib.loads(blocks[0]), source="docs/configuration.md")
+    assert config.rollout.serving_gate and config.export.thresholds

@@ -15,10 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # repository folder -> installed package (pyproject.toml's package-dir)
 FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.train",
            "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest",
-           "skew": "tfpipe.skew", "tune": "tfpipe.tune", "examples": "tfpipe.examples"}
-STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune")
+           "skew": "tfpipe.skew", "tune": "tfpipe.tune", "rollout": "tfpipe.rollout", "examples": "tfpipe.examples"}
+STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
-           "tfpipe.manifest", "tfpipe.steps", "tfpipe.rollout")
+           "tfpipe.manifest", "tfpipe.steps")
 
 
 def modules() -> dict[str, str]:
@@ -72,8 +72,8 @@ def allowed(importer: str, imported: str) -> bool:
         return True
     if src in STAGES and imported in DRIVERS:
         return False  # no stage imports the CLI or the orchestrator
-    if src == "skew":
-        return True  # the last stage reads the others' outputs with their own readers and charts
+    if src in ("skew", "rollout"):
+        return True  # the last stages read the others' outputs with their own readers, load tests and charts
     if src == "tune":
         return dst in ("serve", "loadtest")  # it starts servers and load-tests them
     if src in ("pipeline", "serve", "loadtest"):
@@ -110,7 +110,8 @@ def allowed(importer: str, imported: str) -> bool:
     ("tfpipe.serve.server", "tfpipe.tune.search", False),
     ("tfpipe.export.job", "tfpipe.versions", True),
     ("tfpipe.serve.tfserving.configs", "tfpipe.versions", True),
-    ("tfpipe.export.job", "tfpipe.rollout", False),
+    ("tfpipe.export.job", "tfpipe.rollout.job", False),
+    ("tfpipe.rollout.job", "tfpipe.loadtest.job", True),
 ])
 def test_the_rules_themselves(importer, imported, ok):
     assert allowed(importer, imported) is ok

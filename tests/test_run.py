@@ -19,15 +19,16 @@ import time
 
 import numpy as np
 import pytest
-
 from browser import render
 from conftest import ROOT, backup_epoch, run_cli, spawn_cli
+
+from tfpipe import versions
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
 # worker may run other files in between, which would tear down and rebuild module-scoped ones
 pytestmark = pytest.mark.xdist_group("run")
 
-STEPS = ["data", "train", "export", "serve", "loadtest", "skew"]
+STEPS = ["data", "train", "export", "serve", "loadtest", "skew", "rollout"]
 
 
 @pytest.fixture(scope="session")
@@ -284,7 +285,11 @@ def test_batching_tune_reruns_serve_onwards_and_serves_the_tuned_config(run_copy
 def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_copy, config):
     workdir = run_copy
     data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]
-    args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003"]
+    # Version 2 is a second day: judged offline against version 1, served beside it and load-tested
+    # in one short round each (loose bounds: the serving gate's own tests judge speed), then promoted.
+    args = ["run", "--config", config, "--workdir", workdir, "--set", "train.learning_rate=0.003",
+            "--set", "rollout.rounds=1", "--set", "rollout.duration=1s", "--set", "rollout.max_p99_rise=3",
+            "--set", "rollout.max_cpu_rise=3"]
 
     # Start the changed run and kill it hard once training has backed up two epochs.
     proc = spawn_cli(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -317,8 +322,19 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     assert train["resumed_from_epoch"] >= 2
     assert "resuming from the backup of epoch" in open(os.path.join(workdir, "logs", "train.log")).read()
     export = load(os.path.join(workdir, "export", "models", "penguins", "2", "assets.extra", "export.json"))
-    assert export["lineage"]["train_fingerprint"] == train["fingerprint"]
-    assert load(os.path.join(workdir, "serve", "serve.json"))["version"] == 2
+    assert export["lineage"]["train_fingerprint"] == train["fingerprint"] and export["decision"] == "passed"
+    served = load(os.path.join(workdir, "serve", "serve.json"))
+    assert served["version"] == 1 and served["candidate"]["version"] == 2  # side by side for the gate
+    assert served["candidate"]["check"]["rows"] > 0  # the candidate's REST and gRPC answers were checked too
+    rollout = load(os.path.join(workdir, "rollout", "rollout.json"))
+    assert rollout["decision"] == "promoted" and rollout["served"] == 2, rollout
+    for arm in ("served", "new"):
+        (measured,) = rollout["serving"]["rounds"][arm]
+        assert measured["requests"] > 0 and measured["cpu_us"] > 0
+    assert "version 2 PROMOTED" in res.stdout
+    model = os.path.join(workdir, "export", "models", "penguins")
+    assert [e["event"] for e in versions.history(model)] == ["published", "passed offline", "promoted"]
+    assert versions.served(model) == 2
 
 
 def test_a_failing_step_says_where_and_points_at_its_log(tmp_path, config):
@@ -382,6 +398,7 @@ def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(f
     from tfpipe.export.job import result as export_result
     from tfpipe.loadtest.job import result as loadtest_result
     from tfpipe.pipeline.launch import result as data_result
+    from tfpipe.rollout.job import result as rollout_result
     from tfpipe.serve.deploy import result as serve_result
     from tfpipe.skew.job import result as skew_result
     from tfpipe.stage import ServeOutputs
@@ -397,7 +414,8 @@ def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(f
     assert served.outputs == ServeOutputs(at("serve")) and served.manifest == at("serve", "serve.json")
     now = {"data": data_result(at("data")), "train": train_result(at("train")),
            "export": export_result(at("export", "models", "penguins", "1")), "serve": served,
-           "loadtest": loadtest_result(at("loadtest")), "skew": skew_result(at("skew"))}
+           "loadtest": loadtest_result(at("loadtest")), "skew": skew_result(at("skew")),
+           "rollout": rollout_result(at("rollout"))}
     assert list(now) == STEPS
     for name, r in now.items():
         stored = steps[name]

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.export.config import ExportConfig
 from tfpipe.loadtest.config import LoadtestConfig
+from tfpipe.rollout.config import RolloutConfig
 from tfpipe.serve.config import ServeConfig
 from tfpipe.skew.config import SkewConfig
 from tfpipe.train.config import TrainConfig
@@ -39,6 +40,7 @@ class Config(BaseModel):
     loadtest: LoadtestConfig = Field(default_factory=LoadtestConfig)
     skew: SkewConfig = Field(default_factory=SkewConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:

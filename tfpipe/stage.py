@@ -81,6 +81,15 @@ class SkewOutputs(StageOutputs):
 
 
 @dataclass(frozen=True)
+class RolloutOutputs(StageOutputs):
+    """The rollout step's directory, its decision on the new version (published, promoted, held,
+    refused) and the version served after it."""
+
+    decision: str
+    served: int
+
+
+@dataclass(frozen=True)
 class StageResult:
     """A stage's manifest file (its hash goes into the later steps' fingerprints), its typed
     outputs, a one-line summary, and the stage's exit code (1 when its gate, an SLO or the skew

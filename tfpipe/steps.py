@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tfpipe.files import digest, file_sha256
+from tfpipe.files import digest, file_sha256, read_json
 from tfpipe.stage import (
     DataOutputs,
     ExportOutputs,
     LoadtestOutputs,
+    RolloutOutputs,
     ServeOutputs,
     SkewOutputs,
     StageOutputs,
@@ -123,8 +124,14 @@ def run_export(config: Config, inputs: StepInputs, log: Log) -> StageResult:
 
     cfg = config.export.model_copy(update={"model": inputs.of("train", TrainOutputs).path,
                                            "data": inputs.of("data", DataOutputs).path,
-                                           "base": inputs.path("export", "models")})
+                                           "base": inputs.path("export", "models"),
+                                           # the run's rollout step promotes, after its serving gate
+                                           "serving_gate": config.rollout.serving_gate})
     return result(run(cfg, log=log))
+
+
+def export_settings(config: Config) -> dict[str, Any]:
+    return {**config.export.fingerprint_fields(), "serving_gate": config.rollout.serving_gate}
 
 
 # ---- serve ------------------------------------------------------------------------------------------
@@ -150,9 +157,11 @@ def run_serve(config: Config, inputs: StepInputs, log: Log) -> StageResult:
         deployment.reconfigure(config.serve.with_batching(best))
         notes["tune"] = inputs.path("tune", "tune.json")
     # the version's parent: TF Serving's model_base_path, where a later export adds the next version
+    # a new version that passed the offline gate is served beside, as NAME-candidate, for the rollout step
+    candidate = export.candidate if export.decision == "passed" else None
     deployment.deploy(export.name, os.path.dirname(export.path), export.version,
                       lambda signature, n: rows_from_data(data.path, signature, n),
-                      config.export.tolerance, log, notes=notes)
+                      config.export.tolerance, log, notes=notes, candidate=candidate)
     return result(inputs.path("serve"), "images" if config.data.format == "images" else "rows", tuned)
 
 
@@ -223,13 +232,47 @@ def run_skew(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     return result(out, run(cfg, log=log))
 
 
+# ---- rollout ------------------------------------------------------------------------------------------
+
+def rollout_settings(config: Config) -> dict[str, Any]:
+    return {**config.rollout.fingerprint_fields(), "users": config.loadtest.users, "slo": config.loadtest.slo,
+            "protocol": config.serve.protocol}
+
+
+def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
+    from tfpipe.rollout.job import Target, Versions, result, run
+
+    from tfpipe.versions import VersionError, version_path
+
+    export = inputs.of("export", ExportOutputs)
+    model_dir = os.path.dirname(export.path)
+    try:  # the new version's own record says why the export decided as it did
+        manifest = read_json(os.path.join(version_path(model_dir, export.candidate), "assets.extra", "export.json"))
+    except VersionError:  # removed since (--keep, or by hand)
+        manifest = None
+    seen = Versions(model_dir, export.name, export.version, export.candidate, export.decision,
+                    (manifest or {}).get("reason", ""))
+    target = None
+    if export.decision == "passed" and config.rollout.serving_gate:
+        server = inputs.server().start()
+        address = (f"http://127.0.0.1:{server.rest_port}" if config.serve.protocol == "rest"
+                   else f"grpc://127.0.0.1:{server.grpc_port}")
+        target = Target(address, lambda model: sum(n for (m, _, _), n in list(server.metrics.requests.items())
+                                                   if m == model),
+                        inputs.of("data", DataOutputs).path, config.loadtest.users, config.loadtest.slo)
+    out = inputs.path("rollout")
+    run(config.rollout, seen, target, out, log=lambda line: log("  " + line))
+    return result(out)
+
+
 REGISTRY = (
     Step("data", (), DataOutputs, data_settings, run_data, sources=data_sources),
     Step("train", ("data",), TrainOutputs, lambda c: c.train.fingerprint_fields(), run_train),
-    Step("export", ("data", "train"), ExportOutputs, lambda c: c.export.fingerprint_fields(), run_export),
+    Step("export", ("data", "train"), ExportOutputs, export_settings, run_export),
     Step("serve", ("data", "export"), ServeOutputs, serve_settings, run_serve),
     Step("loadtest", ("data", "export", "serve"), LoadtestOutputs, loadtest_settings, run_loadtest),
     Step("skew", ("data", "export", "loadtest"), SkewOutputs, lambda c: c.skew.fingerprint_fields(), run_skew),
+    Step("rollout", ("data", "export", "serve", "loadtest", "skew"), RolloutOutputs, rollout_settings, run_rollout),
 )
 STEPS = tuple(s.name for s in REGISTRY)
 BY_NAME = {s.name: s for s in REGISTRY}

@@ -36,6 +36,12 @@ HISTORY = "rollout.jsonl"
 _LOCK = ".rollout.lock"
 
 
+def candidate_model(name: str) -> str:
+    """The model name under which a server serves a candidate beside the served version (a second
+    entry of models.config whose base path is BASE/NAME/candidates, with a `specific` policy)."""
+    return f"{name}-candidate"
+
+
 class VersionError(Exception):
     """A promotion or rollback that cannot be done (no such version, nothing to roll back to)."""
 

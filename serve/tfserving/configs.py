@@ -11,7 +11,9 @@ from google.protobuf import text_format
 from tensorflow.core.protobuf import config_pb2
 from tensorflow_serving.config import model_server_config_pb2, platform_config_pb2
 
+from tfpipe.files import write_atomic
 from tfpipe.serve.errors import ServeError
+from tfpipe.versions import CANDIDATES, candidate_model
 from tfpipe.serve.flags import ServeOptions
 from tfpipe.serve.tfserving.protos import (
     POOL,
@@ -187,8 +189,18 @@ def channel_arguments(text: str) -> list[tuple[str, int | str]]:
 
 
 def write_text_proto(path: str, message) -> str:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(message))
-    os.replace(tmp, path)
+    write_atomic(path, text_format.MessageToString(message))
     return path
+
+
+def add_candidate(path: str, name: str, base_path: str, version: int) -> str:
+    """Add to the models.config at `path` the candidate `version` of model `name` (kept in
+    BASE/NAME/candidates/, which TF Serving's default policy never serves) as a model of its own,
+    NAME-candidate: its base path the candidates folder, a `specific` version policy naming it.
+    A client, a load test or a canary router calls it by that name beside the served one."""
+    config = read_text_proto(path, model_server_config_pb2.ModelServerConfig(), "models config")
+    entry = config.model_config_list.config.add(name=candidate_model(name),
+                                                base_path=os.path.join(os.path.abspath(base_path), CANDIDATES),
+                                                model_platform="tensorflow")
+    entry.model_version_policy.specific.versions.append(version)
+    return write_text_proto(path, config)

@@ -1,0 +1,104 @@
+"""The rollout step's serving gate: a new version load-tested beside the served one on the same
+requests, in alternating rounds, held when slower or costlier beyond the allowed share and the
+served version's own spread; the checks on figures (table-driven), then a real slow candidate on a
+real server, held on latency while the served version keeps answering."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tfpipe import versions
+from tfpipe.rollout.config import RolloutConfig
+from tfpipe.rollout.job import checks, spread, summarise
+
+
+def figures(p99: float, cpu: float, errors: int = 0, slo_ok: bool | None = None, p99_spread: float = 0.0,
+            cpu_spread: float = 0.0) -> dict:
+    return {"p99_ms": p99, "cpu_us": cpu, "errors": errors, "slo_ok": slo_ok, "p99_spread": p99_spread,
+            "cpu_spread": cpu_spread, "requests": 1000}
+
+
+@pytest.mark.parametrize("served,new,slo,failed", [
+    (figures(10, 100), figures(14, 120), False, []),  # within +50% p99, +25% CPU
+    (figures(10, 100), figures(16, 100), False, ["p99"]),
+    (figures(10, 100), figures(10, 130), False, ["CPU"]),
+    (figures(10, 100, p99_spread=0.8), figures(17, 100), False, []),  # the served version's own spread is wider
+    (figures(10, 100), figures(10, 100, errors=3), False, ["errors"]),
+    (figures(10, 100, errors=3), figures(10, 100, errors=3), False, []),
+    (figures(10, 100, slo_ok=True), figures(10, 100, slo_ok=False), True, ["slo"]),
+    (figures(0, 0), figures(5, 5), False, []),  # nothing measured on the served side: no bound to hold
+    (figures(10, 100), {**figures(0, 0), "unmeasured": ["no step measured any request"]}, False, ["measured"]),
+])
+def test_serving_checks(served, new, slo, failed):
+    found = checks(RolloutConfig(), {"served": served, "new": new}, slo)
+    assert [c["check"] for c in found if not c["passed"]] == failed
+    assert all(c["text"] for c in found)
+
+
+@pytest.mark.parametrize("values,want", [([10.0], 0.0), ([10.0, 12.0], 0.2), ([0.0, 5.0], 0.0), ([4.0, 5.0, 6.0], 0.5)])
+def test_spread(values, want):
+    assert spread(values) == pytest.approx(want)
+
+
+def test_the_ratio_is_taken_round_by_round():
+    from tfpipe.rollout.job import paired_ratio
+
+    # the machine slowed down in round 2 for both: the pairs still say 1.1x
+    served = [{"p99_ms": 10.0}, {"p99_ms": 30.0}, {"p99_ms": 10.0}]
+    new = [{"p99_ms": 11.0}, {"p99_ms": 33.0}, {"p99_ms": 11.0}]
+    assert paired_ratio(new, served, "p99_ms") == pytest.approx(1.1)
+    ratios = {"p99_ms": 1.1, "cpu_us": 1.0}
+    summary = {"served": figures(16.7, 100), "new": figures(18.3, 100), "ratios": ratios}
+    assert all(c["passed"] for c in checks(RolloutConfig(max_p99_rise=0.2), summary, False))
+    summary["ratios"] = {"p99_ms": 1.3, "cpu_us": 1.0}
+    assert [c["check"] for c in checks(RolloutConfig(max_p99_rise=0.2), summary, False) if not c["passed"]] == ["p99"]
+    assert paired_ratio(new, [{"p99_ms": 0.0}] * 3, "p99_ms") is None
+
+
+def test_summarise_takes_medians_and_all_rounds_for_the_slo():
+    rounds = [{"p99_ms": 10.0, "cpu_us": 90.0, "errors": 0, "requests": 100, "slo_ok": True},
+              {"p99_ms": 30.0, "cpu_us": 110.0, "errors": 1, "requests": 120, "slo_ok": False},
+              {"p99_ms": 12.0, "cpu_us": 100.0, "errors": 0, "requests": 90, "slo_ok": True}]
+    s = summarise(rounds)
+    assert (s["p99_ms"], s["cpu_us"], s["errors"], s["requests"], s["slo_ok"]) == (12.0, 100.0, 1, 310, False)
+    assert s["p99_spread"] == pytest.approx(2.0)
+
+
+def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_path):
+    from serving_models import save_half, save_slow
+
+    from tfpipe.rollout.job import Target, Versions, result, run
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+    from tfpipe.serve.tfserving.configs import add_candidate, write_text_proto
+    from tensorflow_serving.config import model_server_config_pb2
+
+    model = tmp_path / "models" / "half"
+    save_half(str(model / "1"), b=2.0)
+    save_slow(str(model / versions.CANDIDATES / "2"))  # tens of milliseconds a call
+    config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.config.add(name="half", base_path=str(model), model_platform="tensorflow")
+    models_config = write_text_proto(str(tmp_path / "models.config"), config)
+    add_candidate(models_config, "half", str(model), 2)
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps({"instances": [2.0]}))
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=models_config)
+    with ServerThread(opts) as server:
+        target = Target(f"http://127.0.0.1:{server.rest_port}",
+                        lambda name: sum(n for (m, _, _), n in list(server.metrics.requests.items()) if m == name),
+                        None, 2, "", payload=str(payload))
+        seen = Versions(str(model), "half", 1, 2, "passed", "passed offline")
+        out = str(tmp_path / "rollout")
+        run(RolloutConfig(rounds=1, duration="1s", warmup="0.5s"), seen, target, out, log=lambda _: None)
+    r = result(out)
+    assert r.code == 1 and r.outputs.decision == "held" and r.outputs.served == 1
+    record = json.load(open(os.path.join(out, "rollout.json")))
+    served, new = record["serving"]["summary"]["served"], record["serving"]["summary"]["new"]
+    assert new["p99_ms"] > served["p99_ms"] and served["requests"] > 0 and new["requests"] > 0
+    assert served["cpu_us"] > 0 and new["cpu_us"] > served["cpu_us"]  # the busy loop costs CPU too
+    assert "p99" in record["reason"] and "too slow" in record["reason"]
+    assert versions.served(str(model)) == 1 and versions.candidates(str(model)) == [2]
+    assert versions.history(str(model))[-1]["event"] == "held"
