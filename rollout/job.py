@@ -54,11 +54,18 @@ class Target:
     payload: str | None = None  # a JSON request body file, instead of rows from `data`
 
 
-def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, log: Log = print) -> str:
-    """Decide, promote or hold, and publish `out` (rollout.json, and the rounds' load tests)."""
+def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, log: Log = print,
+        data: str | None = None) -> str:
+    """Decide, promote or hold, and publish `out` (rollout.json, and the rounds' load tests). `data`:
+    the new data directory, compared with the served version's data (reported, not a gate)."""
+    from tfpipe.rollout.drift import drift_line, new_data_against_served
+
     with publish(out) as tmp:
         record: dict[str, Any] = {"stage": "rollout", "model": seen.name, "served_before": seen.served,
-                                  "new": seen.new, "export_decision": seen.decision}
+                                  "new": seen.new, "export_decision": seen.decision, "drift": None}
+        if data and seen.new is not None and seen.decision != "published":
+            record["drift"] = new_data_against_served(data, versions.version_path(seen.model_dir, seen.served))
+            log(drift_line(record["drift"]))
         if seen.decision != "passed" or seen.new is None:
             # the export published the first version, or held or refused the new one itself
             record.update(decision=seen.decision, reason=seen.reason, serving=None)

@@ -93,8 +93,8 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
     features = []
     for c in schema.features:
         threshold = per_feature.get(c.name, default)
-        features.append(_feature(c.name, c.type, train.columns[c.name], traffic.columns[c.name], train_stats[c.name],
-                                 serving_stats[c.name], threshold, n_eff, each))
+        features.append(feature_verdict(c.name, c.type, train.columns[c.name], traffic.columns[c.name],
+                                        train_stats[c.name], serving_stats[c.name], threshold, n_eff, each))
     flagged = [f["name"] for f in features if f["flagged"]]
     noisy = [f["name"] for f in features if f["verdict"] == "within noise"]
     result = {
@@ -171,8 +171,9 @@ def _codes(col) -> np.ndarray:
     return codes
 
 
-def _feature(name: str, type_: str, train_col, serving_col, train_stats: dict, serving_stats: dict,
-             threshold: float, n_eff: float | None = None, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+def feature_verdict(name: str, type_: str, train_col, serving_col, train_stats: dict, serving_stats: dict,
+                    threshold: float, n_eff: float | None = None,
+                    confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
     """One feature's comparison and verdict: skewed when a distance is over its threshold and beyond
     its noise bound, "within noise" when it is over the threshold only."""
     t_values, s_values = train_col.values[train_col.present], serving_col.values[serving_col.present]

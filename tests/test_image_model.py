@@ -317,7 +317,7 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
     out, workdir = digits["stdout"], Path(digits["workdir"])
     assert "1,797 images -> train" in out and "REST and gRPC answers match the SavedModel" in out
     steps = _json(workdir / "manifest.json")["steps"]
-    assert all(s["status"] == "done" for s in steps.values()) and len(steps) == 6
+    assert all(s["status"] == "done" for s in steps.values()) and len(steps) == 7
     assert steps["skew"]["summary"] == "skipped: image data (skew compares tabular features)"
     report = (workdir / "report.html").read_text()
     assert "Sample test images" in report and report.count('src="data:image/png;base64,') == 24

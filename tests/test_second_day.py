@@ -62,7 +62,7 @@ def days(tmp_path_factory, penguins_csv, penguins_trained):
     shuffled = _write(str(root / "shuffled.csv"), header, shuffled_rows)
     day1_data = _data(half, str(root / "day1-data"))
     return {
-        "day1": (day1_data, _train(day1_data, str(root / "day1-train"), 15)),
+        "day1": (day1_data, _train(day1_data, str(root / "day1-train"), 10)),
         "more rows": penguins_trained,
         "shuffled": (d := _data(shuffled, str(root / "shuffled-data")), _train(d, str(root / "shuffled-train"), 5)),
         "no island": (d := _data(penguins_csv, str(root / "noisland-data"), exclude=["island"]),
@@ -155,13 +155,74 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
     assert "checked by hand" in res.stdout
 
 
-@pytest.mark.parametrize("flags,message", [
-    (("--promote", "never"), "--promote never"),
-    (("--thresholds", "accuracy>=1.01"), "accuracy>=1.01"),
-])
-def test_a_held_version_says_why(tmp_path, days, flags, message):
+def test_a_threshold_holds_a_version_that_the_noise_rule_would_pass(tmp_path, days):
     base = tmp_path / "models"
     assert export(days["day1"], base).returncode == 0
-    res = export(days["more rows"], base, *flags)
-    assert res.returncode == 1 and message in res.stdout, res.stdout
-    assert versions.served(str(base / "penguins")) == 1
+    res = export(days["more rows"], base, "--thresholds", "accuracy>=1.01")
+    assert res.returncode == 1 and "held" in res.stdout and "accuracy>=1.01" in res.stdout, res.stdout
+    assert versions.served(str(base / "penguins")) == 1 and versions.candidates(str(base / "penguins")) == [2]
+
+
+def _record(passed: bool, breaks: list[str] = ()) -> dict:
+    return {"breaking_changes": list(breaks), "passed": passed, "failed": [] if passed else ["x worse"],
+            "data": [{"rows": 30}, {"rows": 20}], "thresholds": []}
+
+
+@pytest.mark.parametrize("record,settings,want", [
+    (_record(True), {}, ("promoted", "not worse than the baseline beyond the noise on 50 rows")),
+    (_record(True), {"serving_gate": True}, ("passed", "not worse")),
+    (_record(False), {}, ("held", "x worse")),
+    (_record(False), {"promote": "always"}, ("promoted", "--promote always, though x worse")),
+    (_record(True), {"promote": "never"}, ("held", "--promote never")),
+    (_record(True, ["serving_default: input 'a' removed"]), {"promote": "always"},
+     ("refused", "serving_default: input 'a' removed (--breaking-change to allow it)")),
+    (_record(True, ["serving_default: input 'a' removed"]), {"breaking_change": True}, ("promoted", "not worse")),
+])
+def test_the_decision(record, settings, want):
+    from tfpipe.export.config import ExportConfig
+    from tfpipe.export.judge import decide
+
+    decision, why = decide(record, ExportConfig(**settings))
+    assert decision == want[0] and want[1] in why, why
+
+
+def test_the_new_data_is_compared_with_the_data_of_the_served_version(tmp_path, days, penguins_csv):
+    """The same rows have not moved; a column shifted by 20 mm has, and only it; and the first day's
+    half of the rows (every second one, and the file alternates the sexes) has moved in `sex`."""
+    from tfpipe.export.judge import keep_test_data
+    from tfpipe.rollout.drift import drift_line, new_data_against_served
+    from tfpipe.train.datadir import load_data_dir
+
+    served = tmp_path / "1"
+    keep_test_data(str(served), load_data_dir(days["more rows"][0]))  # what a version of all the rows keeps
+    same = new_data_against_served(days["no island"][0], str(served))  # the same rows, island left out
+    assert same["drifted"] == [] and len(same["features"]) == 6 and same["only_served"] == ["island"], same
+    assert "no feature moved" in drift_line(same)
+    assert new_data_against_served(days["day1"][0], str(served))["drifted"] == ["sex"]
+    header, rows = _rows(penguins_csv)
+    for r in rows:
+        if r["bill_length_mm"] not in ("", "NA"):
+            r["bill_length_mm"] = str(float(r["bill_length_mm"]) + 20)
+    shifted = _data(_write(str(tmp_path / "shifted.csv"), header, rows), str(tmp_path / "shifted-data"))
+    moved = new_data_against_served(shifted, str(served))
+    assert moved["drifted"] == ["bill_length_mm"], moved["features"]
+    assert "bill_length_mm moved beyond the noise" in drift_line(moved)
+
+
+@pytest.mark.parametrize("a,b,measure,moved", [
+    ([50, 50], [48, 52], "l_infinity", False),
+    ([50, 50], [10, 90], "l_infinity", True),
+    ([5, 5, 5, 5], [100, 100, 100, 100], "jensen_shannon", False),
+    ([5, 5, 5, 5], [400, 0, 0, 0], "jensen_shannon", True),
+])
+def test_two_sample_bound(a, b, measure, moved):
+    import numpy as np
+
+    from tfpipe.rollout.drift import js_pairs, two_sample_bound
+
+    a, b = np.array(a, float), np.array(b, float)
+    fa, fb = a / a.sum(), b / b.sum()
+    d = np.abs(fa - fb).max() if measure == "l_infinity" else js_pairs(fa[None, :], fb[None, :])[0]
+    bound = two_sample_bound(a, b, measure, 0.99)
+    assert bool(d > bound) is moved, (d, bound)
+    assert two_sample_bound(np.zeros(2), b[:2], measure, 0.99) is None

@@ -347,7 +347,7 @@ def test_the_servers_signature_call_answers_like_the_public_call(models):
     from tfpipe.serve.errors import ServingError
     from tfpipe.serve.core.servable import Servable, _keyword_caller
 
-    version = next((models / "penguins").iterdir())
+    version = next(p for p in (models / "penguins").iterdir() if p.name.isdigit())
     servable = Servable("penguins", int(version.name), str(version))
     sig = servable.signature("")
     assert "_flat_caller" in sig.call.__qualname__  # the packed path was built for this model
@@ -1102,7 +1102,7 @@ def test_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    source = next((models / "penguins").iterdir())
+    source = next(p for p in (models / "penguins").iterdir() if p.name.isdigit())
     base = tmp_path / "penguins"
     shutil.copytree(source, base / "1")
     (tmp_path / "batching.config").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 1000 }\n"

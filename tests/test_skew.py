@@ -192,10 +192,10 @@ def _column(values):
     (["red"] * 4 + ["green"] * 3 + ["blue"] * 3, None, "ok"),
 ])
 def test_categorical_verdict_weighs_the_distance_against_the_noise(serving, n_eff, verdict):
-    from tfpipe.skew.job import _feature
+    from tfpipe.skew.job import feature_verdict
 
     train = _column(["red"] * 400 + ["green"] * 300 + ["blue"] * 300)
-    f = _feature("color", "string", train, _column(serving), {}, {}, 0.1, n_eff, 0.99)
+    f = feature_verdict("color", "string", train, _column(serving), {}, {}, 0.1, n_eff, 0.99)
     assert f["verdict"] == verdict and f["flagged"] == (verdict == "skewed")
     assert f["noise_bound"] is not None and f["measure"] == "l_infinity"
     if verdict == "within noise":
@@ -206,16 +206,16 @@ def test_categorical_verdict_weighs_the_distance_against_the_noise(serving, n_ef
 
 
 def test_numeric_verdict_flags_a_shift_that_a_small_sample_cannot_explain():
-    from tfpipe.skew.job import _feature
+    from tfpipe.skew.job import feature_verdict
 
     rng = np.random.default_rng(3)
     train_values = rng.normal(50, 10, 2000)
     stats = {"min": float(train_values.min()), "max": float(train_values.max()),
              "quantiles": {str(q): float(np.quantile(train_values, q)) for q in (0.01, 0.05, 0.1, 0.25, 0.5, 0.75,
                                                                               0.9, 0.95, 0.99)}}
-    same = _feature("x", "float", _column(train_values), _column(rng.normal(50, 10, 30)), stats, {}, 0.1)
+    same = feature_verdict("x", "float", _column(train_values), _column(rng.normal(50, 10, 30)), stats, {}, 0.1)
     assert not same["flagged"] and same["noise_bound"] > 0.05  # 30 rows on 10 bins are noisy
-    moved = _feature("x", "float", _column(train_values), _column(rng.normal(80, 10, 30)), stats, {}, 0.1)
+    moved = feature_verdict("x", "float", _column(train_values), _column(rng.normal(80, 10, 30)), stats, {}, 0.1)
     assert moved["verdict"] == "skewed" and moved["distance"] > moved["noise_bound"]
 
 
@@ -337,13 +337,13 @@ def test_the_confidence_holds_for_all_features_together(confidence, features, ea
 def test_a_feature_never_sent_is_skewed_only_when_training_had_it_often_enough(train_present, flagged):
     """The Chicago taxi sample has pickup_census_tract in 1 training row of 12,002: traffic without
     it is not skew; a feature training had in half its rows and the traffic never sends is."""
-    from tfpipe.skew.job import _feature
+    from tfpipe.skew.job import feature_verdict
 
     values = np.full(1200, np.nan)
     values[:train_present] = 17031081401.0
     train = _column(values)
     serving = _column(np.full(300, np.nan))
     stats = {"min": 17031081401.0, "max": 17031081401.0, "quantiles": {"0.5": 17031081401.0}}
-    f = _feature("tract", "int", train, serving, stats, {}, 0.1, 45.0, 0.999)
+    f = feature_verdict("tract", "int", train, serving, stats, {}, 0.1, 45.0, 0.999)
     assert f["flagged"] is flagged
     assert ("never sent: missing from every request" in f["reasons"]) is flagged

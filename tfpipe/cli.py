@@ -541,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of our output went away (`tfpipe history ... | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a bug, not a user error: say so, keep the traceback for --debug
         if _interrupted.is_set():
             print(f"tfpipe {args.command}: interrupted; no output was published", file=sys.stderr)

@@ -209,6 +209,32 @@ def gate_section(e: dict) -> str:
             + (f"<ul>{notes}</ul>" if notes else ""))
 
 
+def rollout_section(entry: dict, r: dict) -> str:
+    """The one verdict on a new version: the decision and why, the serving gate's rounds side by side,
+    and how the new data compares with the served version's."""
+    if r.get("new") is None or r.get("export_decision") == "published":
+        return f"<p>Version {_esc(r.get('served'))} published: the first version of {_esc(r.get('model'))}.</p>"
+    css = "" if r["decision"] == "promoted" else " class='bad'"
+    body = (f"<p{css}><b>Version {_esc(r['new'])} {_esc(r['decision'].upper())}</b>: {_esc(r['reason'])}. "
+            f"Version {_esc(r['served'])} is served.</p>")
+    serving = r.get("serving")
+    if serving:
+        rows = [[f"{arm} {i + 1}", f"{x['requests']:,}", _fmt(x["p99_ms"]), _fmt(x["cpu_us"]), str(x["errors"])]
+                for i in range(len(serving["rounds"]["served"]))
+                for arm, x in (("served", serving["rounds"]["served"][i]), ("new", serving["rounds"]["new"][i]))]
+        body += (table_html(["round", "requests", "p99 ms", "CPU us/request", "errors"], rows)
+                 + "<ul>" + "".join(f"<li>{_esc(c['text'])}</li>" for c in serving["checks"]) + "</ul>")
+    drift = r.get("drift")
+    if drift:
+        rows = [[f["name"], f["measure"], _fmt(f["distance"]), _fmt(f["noise_bound"]), f["verdict"]]
+                for f in drift["features"]]
+        body += (f"<h3>The new data against the served version's</h3><p>{_esc(drift['sample'])} against "
+                 f"{_esc(drift['reference'])}; a feature moved when its distance is over {drift['threshold']:g} "
+                 "and beyond the two-sample noise bound. Reported, not a gate.</p>"
+                 + table_html(["feature", "measure", "distance", "noise bound", "verdict"], rows))
+    return body
+
+
 def baseline_paragraph(test: dict | None) -> str:
     """The served model's test metric against the trivial baseline's (export.json's `test`), with
     a warning when the model is no better."""
@@ -289,7 +315,8 @@ def skew_report_section(entry: dict, result: dict) -> str:
 def write_run_report(workdir: str, manifest: dict, path: str) -> None:
     sections = [("Data", "data", data_section), ("Training", "train", train_section),
                 ("Export", "export", export_section), ("Serving", "serve", serve_section),
-                ("Load test", "loadtest", load_section), ("Training/serving skew", "skew", skew_report_section)]
+                ("Load test", "loadtest", load_section), ("Training/serving skew", "skew", skew_report_section),
+                ("Rollout", "rollout", rollout_section)]
     body = ""
     for title, step, fn in sections:
         entry = _done(manifest, step)

@@ -140,6 +140,8 @@ def serve_version(model_dir: str, version: int, event: str, reason: str, **extra
         if not os.path.isdir(source):
             raise VersionError(f"{model_dir} has no version {version} (versions: {_listing(model_dir)})")
         move(source, os.path.join(model_dir, str(version)))
+        with contextlib.suppress(OSError):  # no candidate left: no empty folder beside the versions
+            os.rmdir(os.path.join(model_dir, CANDIDATES))
     # The wanted version first, then the higher ones out: a poller between the two renames sees
     # the higher one still (it keeps serving), never no version at all.
     for higher in [v for v in numeric_versions(model_dir) if v > version]:
