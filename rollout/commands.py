@@ -31,10 +31,23 @@ def model_dir_of(path: str) -> str:
     return path
 
 
+def _configs(args: argparse.Namespace, model_dir: str):
+    """With --models-config: the step that moves that file (and the --server running it) to the new
+    version once it is in the served range, before the old one leaves it (rollout/tfserving.py)."""
+    if not args.models_config:
+        if args.server:
+            raise RolloutError("--server needs --models-config: the file the server runs, whose labels move")
+        return None
+    from tfpipe.rollout.tfserving import move_stable
+
+    name = args.name or os.path.basename(os.path.normpath(model_dir))
+    return lambda before, version: move_stable(args.models_config, name, before, version, args.server, print)
+
+
 def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
     model_dir = model_dir_of(args.model)
     try:
-        entry = versions.promote(model_dir, args.version, args.reason or "promoted by hand")
+        entry = versions.promote(model_dir, args.version, args.reason or "promoted by hand", _configs(args, model_dir))
     except versions.VersionError as e:
         raise RolloutError(str(e)) from None
     print(f"{model_dir}: version {entry['version']} is served (was {entry['served_before']}); a server polling "
@@ -45,7 +58,7 @@ def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_rollback(args: argparse.Namespace, extra: list[str]) -> int:
     model_dir = model_dir_of(args.model)
     try:
-        entry = versions.rollback(model_dir, args.to, args.reason or "rolled back by hand")
+        entry = versions.rollback(model_dir, args.to, args.reason or "rolled back by hand", _configs(args, model_dir))
     except versions.VersionError as e:
         raise RolloutError(str(e)) from None
     print(f"{model_dir}: version {entry['version']} is served again; version {entry['rolled_back_from']} is kept "
@@ -78,6 +91,16 @@ def cmd_history(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models-config", metavar="FILE", help="also move this models.config (TF Serving's text proto) "
+                   "to the version: a `specific` version policy and the label `stable` on it")
+    p.add_argument("--server", metavar="HOST:PORT", help="with --models-config: the gRPC address of the server "
+                   "running it (tensorflow_model_server or tfpipe serve), sent each step of the move "
+                   "(HandleReloadConfigRequest): the new version loads beside the old one, then the label moves")
+    p.add_argument("--name", metavar="NAME", help="the model's name in the models.config (default: the model "
+                   "directory's name)")
+
+
 def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     """The `promote`, `rollback` and `history` subcommands."""
     where = ("a model directory BASE/NAME (the one holding its numbered versions), or a tfpipe run workdir "
@@ -93,6 +116,7 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=where)
     p.add_argument("--version", type=int, metavar="N", help="the version to serve (default: the newest candidate)")
     p.add_argument("--reason", metavar="TEXT", help="why, for the history")
+    _add_config_flags(p)
     p.set_defaults(handler=cmd_promote)
     r = sub.add_parser(
         "rollback", parents=[common], help="serve the version served before the current one again",
@@ -103,6 +127,7 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     r.add_argument("model", metavar="MODEL", help=where)
     r.add_argument("--to", type=int, metavar="N", help="the version to serve (default: the one served before)")
     r.add_argument("--reason", metavar="TEXT", help="why, for the history")
+    _add_config_flags(r)
     r.set_defaults(handler=cmd_rollback)
     h = sub.add_parser(
         "history", parents=[common], help="which version of a model served when, and why",

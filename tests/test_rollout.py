@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -102,3 +103,88 @@ def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_
     assert "p99" in record["reason"] and "too slow" in record["reason"]
     assert versions.served(str(model)) == 1 and versions.candidates(str(model)) == [2]
     assert versions.history(str(model))[-1]["event"] == "held"
+
+
+def test_promote_and_rollback_move_a_models_config_label_on_a_running_server_without_a_failed_request(tmp_path):
+    """A server running a models.config with a `specific` policy and the label `stable` (what
+    tensorflow_model_server takes): `tfpipe promote --models-config --server` loads the new version
+    beside the old one, then moves the label; clients calling by label and unversioned are answered
+    all along; the file parses with the official protos and says what the server serves."""
+    import threading
+
+    import requests
+    from conftest import run_cli
+    from google.protobuf import text_format
+    from serving_models import save_half
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    model = tmp_path / "half"
+    save_half(str(model / "1"), b=2.0)
+    save_half(str(model / versions.CANDIDATES / "2"), b=3.0)
+    path = tmp_path / "models.config"
+    path.write_text('model_config_list { config { name: "half" base_path: "%s" model_platform: "tensorflow" '
+                    'model_version_policy { specific { versions: 1 } } version_labels { key: "stable" value: 1 } } }'
+                    % model)
+    with ServerThread(ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=str(path))) as s:
+        url, stop, answers = f"http://127.0.0.1:{s.rest_port}/v1/models/half", threading.Event(), []
+
+        def client(route: str) -> None:
+            session = requests.Session()
+            while not stop.is_set():
+                r = session.post(f"{url}{route}:predict", json={"instances": [2.0]}, timeout=30)
+                answers.append((route, r.status_code, r.json().get("predictions", [r.text])[0]))
+
+        clients = [threading.Thread(target=client, args=(route,)) for route in ("", "/labels/stable")]
+        for t in clients:
+            t.start()
+        try:
+            flags = ("--models-config", str(path), "--server", f"127.0.0.1:{s.grpc_port}")
+            res = run_cli("promote", str(model), "--version", "2", *flags)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert "loads version 2 beside 1" in res.stdout
+            promoted = len(answers)
+            res = run_cli("rollback", str(model), *flags)
+            assert res.returncode == 0, res.stdout + res.stderr
+            rolled = len(answers)
+            deadline = time.monotonic() + 30
+            while len(answers) < rolled + 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join()
+    codes = [code for _, code, _ in answers]
+    assert set(codes) == {200} and len(answers) > 50, ({c: codes.count(c) for c in set(codes)},
+                                                       [(i, a) for i, a in enumerate(answers) if a[1] != 200][:3],
+                                                       (promoted, rolled))
+    assert {y for _, _, y in answers[promoted - 5:promoted]} <= {3.0, 4.0}
+    assert {y for _, _, y in answers[rolled + 5:]} == {3.0}  # back on version 1, by label and unversioned
+    config = text_format.Parse(path.read_text(), model_server_config_pb2.ModelServerConfig())
+    entry = config.model_config_list.config[0]
+    assert list(entry.model_version_policy.specific.versions) == [1] and dict(entry.version_labels) == {"stable": 1}
+    assert versions.served(str(model)) == 1 and versions.candidates(str(model)) == [2]
+
+
+def test_the_configs_for_a_label_and_a_candidate_parse_with_the_official_protos(tmp_path):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.rollout.tfserving import pinned, write_config
+    from tfpipe.serve.tfserving.configs import add_candidate
+
+    config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.config.add(name="taxi", base_path="/m/taxi", model_platform="tensorflow")
+    path = str(tmp_path / "models.config")
+    write_config(path, pinned(config, "taxi", [3, 4], {"stable": 3}))
+    add_candidate(path, "taxi", "/m/taxi", 5)
+    parsed = text_format.Parse(open(path).read(), model_server_config_pb2.ModelServerConfig())
+    served, candidate = parsed.model_config_list.config
+    assert (served.name, list(served.model_version_policy.specific.versions), dict(served.version_labels)) == (
+        "taxi", [3, 4], {"stable": 3})
+    assert (candidate.name, candidate.base_path, list(candidate.model_version_policy.specific.versions)) == (
+        "taxi-candidate", os.path.join("/m/taxi", versions.CANDIDATES), [5])
+    with pytest.raises(Exception, match="no model 'other'"):
+        pinned(config, "other", [1], {})

@@ -25,7 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -130,10 +130,13 @@ def locked(model_dir: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def serve_version(model_dir: str, version: int, event: str, reason: str, **extra: Any) -> dict[str, Any]:
+def serve_version(model_dir: str, version: int, event: str, reason: str,
+                  prepare: Callable[[int | None, int], None] | None = None, **extra: Any) -> dict[str, Any]:
     """Make `version` the one served: a candidate is renamed into the numeric range, and every
     numeric version above it is renamed out to `candidates/` (kept, promotable again). Records
-    `event` with the version served before; returns the entry. Call it holding `locked`."""
+    `event` with the version served before; returns the entry. Call it holding `locked`.
+    `prepare(before, version)` runs once `version` is in the numeric range and before any version
+    leaves it (a models.config moved to the new version: rollout/tfserving.py)."""
     before = served(model_dir)
     if version not in numeric_versions(model_dir):
         source = candidate_path(model_dir, version)
@@ -142,6 +145,8 @@ def serve_version(model_dir: str, version: int, event: str, reason: str, **extra
         move(source, os.path.join(model_dir, str(version)))
         with contextlib.suppress(OSError):  # no candidate left: no empty folder beside the versions
             os.rmdir(os.path.join(model_dir, CANDIDATES))
+    if prepare is not None:
+        prepare(before, version)
     # The wanted version first, then the higher ones out: a poller between the two renames sees
     # the higher one still (it keeps serving), never no version at all.
     for higher in [v for v in numeric_versions(model_dir) if v > version]:
@@ -150,8 +155,10 @@ def serve_version(model_dir: str, version: int, event: str, reason: str, **extra
     return record(model_dir, event, version, reason, served_before=before, **extra)
 
 
-def promote(model_dir: str, version: int | None = None, reason: str = "promoted by hand") -> dict[str, Any]:
-    """Serve `version` (default: the newest candidate); returns the history entry."""
+def promote(model_dir: str, version: int | None = None, reason: str = "promoted by hand",
+            prepare: Callable[[int | None, int], None] | None = None) -> dict[str, Any]:
+    """Serve `version` (default: the newest candidate); returns the history entry (`prepare`: see
+    serve_version)."""
     with locked(model_dir):
         if version is None:
             held = candidates(model_dir)
@@ -160,7 +167,7 @@ def promote(model_dir: str, version: int | None = None, reason: str = "promoted 
             version = held[-1]
         if version == served(model_dir):
             raise VersionError(f"version {version} is already the one served from {model_dir}")
-        return serve_version(model_dir, version, "promoted", reason)
+        return serve_version(model_dir, version, "promoted", reason, prepare)
 
 
 def previous(model_dir: str) -> int | None:
@@ -179,9 +186,10 @@ def previous(model_dir: str) -> int | None:
     return lower[-1] if lower else None
 
 
-def rollback(model_dir: str, to: int | None = None, reason: str = "rolled back by hand") -> dict[str, Any]:
+def rollback(model_dir: str, to: int | None = None, reason: str = "rolled back by hand",
+             prepare: Callable[[int | None, int], None] | None = None) -> dict[str, Any]:
     """Serve `to` (default: the version served before the current one) in place of the current
-    one, which is kept in `candidates/`; returns the history entry."""
+    one, which is kept in `candidates/`; returns the history entry (`prepare`: see serve_version)."""
     with locked(model_dir):
         now = served(model_dir)
         if now is None:
@@ -191,7 +199,7 @@ def rollback(model_dir: str, to: int | None = None, reason: str = "rolled back b
             raise VersionError(f"{model_dir} serves version {now} and has no earlier version to roll back to")
         if target == now:
             raise VersionError(f"version {target} is already the one served from {model_dir}")
-        return serve_version(model_dir, target, "rolled back", reason, rolled_back_from=now)
+        return serve_version(model_dir, target, "rolled back", reason, prepare, rolled_back_from=now)
 
 
 def protected(model_dir: str) -> set[int]:

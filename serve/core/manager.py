@@ -239,10 +239,16 @@ class ModelManager:
         for m in removed:
             for s in list(m.versions.values()):
                 self._retire(m, s)
+        try:  # labels whose versions are AVAILABLE now move before a version they left is retired
+            self._set_labels(config)
+            moved = True
+        except ServingError:  # one names a version still to load: after the loads, as before
+            moved = False
         if self._polled:
             self.poll()
             self.wait_for(new)
-        self._set_labels(config)
+        if not moved:
+            self._set_labels(config)
 
     def models(self) -> list[Model]:
         with self._lock:
