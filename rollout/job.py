@@ -63,12 +63,19 @@ def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, 
     with publish(out) as tmp:
         record: dict[str, Any] = {"stage": "rollout", "model": seen.name, "served_before": seen.served,
                                   "new": seen.new, "export_decision": seen.decision, "drift": None}
+        act = seen.decision == "passed"  # whether this step promotes or holds the new version itself
         if data and seen.new is not None and seen.decision != "published":
             record["drift"] = new_data_against_served(data, versions.version_path(seen.model_dir, seen.served))
             log(drift_line(record["drift"]))
         if seen.decision != "passed" or seen.new is None:
             # the export published the first version, or held or refused the new one itself
             record.update(decision=seen.decision, reason=seen.reason, serving=None)
+        elif seen.new not in versions.candidates(seen.model_dir):  # a rerun after it was promoted, or removed
+            now = versions.served(seen.model_dir)
+            record.update(decision="promoted" if now == seen.new else "held", serving=None,
+                          reason=f"version {seen.new} is no longer a candidate (version {now} is served): "
+                                 "nothing left to judge")
+            act = False
         elif not config.serving_gate or target is None:
             record.update(decision="promoted", serving=None,
                           reason=f"passed the offline gate ({seen.reason}); the serving gate is off")
@@ -79,10 +86,10 @@ def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, 
             record.update(decision="held" if failed else "promoted",
                           reason="; ".join(failed) if failed else
                           f"passed the offline gate ({seen.reason}) and the serving gate")
-        if record["decision"] == "promoted" and seen.decision == "passed":
+        if act and record["decision"] == "promoted":
             with versions.locked(seen.model_dir):
                 versions.serve_version(seen.model_dir, seen.new, "promoted", record["reason"])
-        elif record["decision"] == "held" and seen.decision == "passed":
+        elif act and record["decision"] == "held":
             with versions.locked(seen.model_dir):
                 versions.record(seen.model_dir, "held", seen.new, record["reason"], served_before=seen.served)
         record["served"] = versions.served(seen.model_dir)

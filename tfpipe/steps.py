@@ -242,7 +242,7 @@ def rollout_settings(config: Config) -> dict[str, Any]:
 def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     from tfpipe.rollout.job import Target, Versions, result, run
 
-    from tfpipe.versions import VersionError, version_path
+    from tfpipe.versions import VersionError, candidates, version_path
 
     export = inputs.of("export", ExportOutputs)
     model_dir = os.path.dirname(export.path)
@@ -253,7 +253,7 @@ def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     seen = Versions(model_dir, export.name, export.version, export.candidate, export.decision,
                     (manifest or {}).get("reason", ""))
     target = None
-    if export.decision == "passed" and config.rollout.serving_gate:
+    if export.decision == "passed" and config.rollout.serving_gate and export.candidate in candidates(model_dir):
         server = inputs.server().start()
         address = (f"http://127.0.0.1:{server.rest_port}" if config.serve.protocol == "rest"
                    else f"grpc://127.0.0.1:{server.grpc_port}")
