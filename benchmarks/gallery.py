@@ -1,7 +1,9 @@
 """A gallery of real tables, each written as the file a user would bring to `tfpipe run` (issue #35).
 
     python benchmarks/gallery.py DIR          write every table (and two image folders) into DIR
-    python benchmarks/gallery.py DIR --list   only print what the gallery holds
+    python benchmarks/gallery.py --list       only print what the gallery holds
+
+The packages it reads come with the development extras (pip install -e ".[dev]").
 
 Every table comes from data shipped inside an installable package (no download at run time):
 palmerpenguins, scikit-learn's bundled `load_*` sets, statsmodels' datasets, vega_datasets'
@@ -293,10 +295,12 @@ def write_gallery(out: str, only: str | None = None) -> list[Written]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", help="directory to write the gallery into")
+    p.add_argument("out", nargs="?", help="directory to write the gallery into")
     p.add_argument("--only", help="comma list of entry names (default: all)")
     p.add_argument("--list", action="store_true", help="print the entries without writing anything")
     args = p.parse_args(argv)
+    if not args.list and not args.out:
+        p.error("name the directory to write the gallery into (or --list)")
     if args.list:
         for e in select(args.only):
             print(f"{e.name}\t{e.file}\tlabel={e.label or '(folder names)'}\t{e.task}\t{', '.join(e.covers)}")

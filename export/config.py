@@ -20,7 +20,8 @@ class ExportConfig(BaseModel):
     name: str = Field("model", pattern=r"^[A-Za-z0-9_.-]+$", description="model name under the base path")
     version: int | None = Field(None, ge=1, description="version number (default: one more than the highest so far)")
     warmup_records: int = Field(100, ge=0, le=1000, description="TF Serving warmup requests built from eval rows")
-    keep: int | None = Field(None, ge=1, description="keep only the newest N versions (never the one just written)")
+    keep: int | None = Field(None, ge=1, description="keep only the newest N versions, and the newest N candidates "
+                             "(never the one just written, the one served, nor the one a rollback returns to)")
     tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras, and "
                              "the served model from the SavedModel (regression: relative to the label's size)")
     tflite: str = Field("auto", description="TFLite variants to build and measure, comma-separated ('' for none); "
@@ -52,7 +53,7 @@ class ExportConfig(BaseModel):
                                    "(McNemar's exact test for classes, a paired bootstrap of the RMSE)")
     serving_gate: bool = Field(False, description="keep a version that passes as a candidate (decision 'passed') "
                                "for a serving gate to promote: tfpipe run's rollout step load-tests it beside the "
-                               "served one first")
+                               "served one first; on its own, `tfpipe promote` serves it")
     slice: list[str] = Field(default_factory=list, description="columns whose every value (with enough rows) "
                              "is checked on its own, e.g. --slice island")
     slice_min_rows: int = Field(10, ge=1, description="a slice with fewer test rows than this is not judged")

@@ -216,11 +216,11 @@ class Check:
 
     def text(self) -> str:
         """One line for a user, e.g. "new test split, island=Dream (45 rows): accuracy 0.911 vs
-        baseline 0.956, p=0.03: worse beyond the noise at 95% confidence"."""
+        0.956 served, p=0.03: worse beyond the noise at 95% confidence"."""
         where = f"{self.data}, {self.slice}" if self.slice else self.data
         what = f"{self.metric} {_number(self.metric, self.candidate)}"
         if self.baseline is not None:
-            what += f" vs baseline {_number(self.metric, self.baseline)}"
+            what += f" vs {_number(self.metric, self.baseline)} served"
         if self.p_value is not None:
             judged = self.rule if self.passed else self.rule.removeprefix("not ")
             return f"{where} ({_rows(self.rows)}): {what}, p={self.p_value:.2g}: {judged}"

@@ -68,6 +68,7 @@ def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
                 "stage": "export", "tfpipe_version": __version__,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "config": config.model_dump(mode="json"), "name": config.name, "version": version,
+                "model_dir": model_dir,  # where it is now: tfpipe.versions.version_path (promotions move it)
                 "path": (os.path.join(model_dir, str(version)) if decision in ("published", "promoted")
                          else versions.candidate_path(model_dir, version)),
                 "lineage": {"train": train_dir, "train_fingerprint": read_json(os.path.join(train_dir, "train.json"))

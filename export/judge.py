@@ -198,9 +198,11 @@ def decide(record: dict[str, Any], config) -> tuple[str, str]:
         if config.promote == "always":
             return "promoted", "--promote always, though " + "; ".join(record["failed"])
         return "held", "; ".join(record["failed"])
-    rows = sum(d["rows"] for d in record["data"])
-    why = f"not worse than the baseline beyond the noise on {rows} rows" + (
-        ", and every threshold holds" if record["thresholds"] else "")
+    overall = [c for c in record["checks"] if c["slice"] is None and c["p_value"] is not None]
+    figures = "; ".join(f"{c['data']} ({c['rows']} rows): {c['metric']} {c['candidate']:.4g} vs "
+                        f"{c['baseline']:.4g} served, p={c['p_value']:.2g}" for c in overall)
+    why = ("not worse than the served version beyond the noise" + (f" ({figures})" if figures else "")
+           + (", and every threshold holds" if record["thresholds"] else ""))
     return ("passed" if config.serving_gate else "promoted"), why
 
 

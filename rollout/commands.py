@@ -78,10 +78,13 @@ def history_lines(model_dir: str) -> list[str]:
     if not events:
         lines.append("  no history recorded")
     for e in events:
-        before = e.get("served_before")
-        change = f" (served before: {before})" if before is not None and before != e.get("version") else ""
-        lines.append(f"  {e.get('time', '?')}  {e.get('event', '?'):<11} version {e.get('version')}{change}: "
-                     f"{e.get('reason', '')}")
+        before, event = e.get("served_before"), e.get("event", "?")
+        if event == "rolled back":  # the version named is the one served again
+            what = f"rolled back to version {e.get('version')} (from {e.get('rolled_back_from', before)})"
+        else:
+            change = f" (served before: {before})" if before is not None and before != e.get("version") else ""
+            what = f"{event:<14} version {e.get('version')}{change}"
+        lines.append(f"  {e.get('time', '?')}  {what}: {e.get('reason', '')}")
     return lines
 
 
@@ -107,8 +110,8 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
              "(its export/models/NAME)")
     p = sub.add_parser(
         "promote", parents=[common], help="serve a version kept as a candidate (or any older one)",
-        description="Makes VERSION the version served from the model base path: a candidate the export's gate held "
-                    "(BASE/NAME/candidates/VERSION) is renamed into the served range, and any higher version is "
+        description="Makes --version N the version served from the model base path: a candidate (one a gate held, "
+                    "or one rolled back from, in BASE/NAME/candidates/N) is renamed into the served range, and any higher version is "
                     "moved to candidates/ (kept, promotable again). Recorded in the model's history with --reason. "
                     "A server polling the base path (tfpipe serve, tensorflow_model_server) loads it, then unloads "
                     "the one it replaces: no request fails.",
@@ -132,6 +135,6 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     h = sub.add_parser(
         "history", parents=[common], help="which version of a model served when, and why",
         description="Prints the model's served version, its candidates, and every event of its history "
-                    "(published, promoted, held, refused, rolled back) with the reason recorded.")
+                    "(published, passed offline, promoted, held, refused, rolled back) with the reason recorded.")
     h.add_argument("model", metavar="MODEL", help=where)
     h.set_defaults(handler=cmd_history)

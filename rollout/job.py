@@ -212,8 +212,14 @@ def result(out: str) -> StageResult:
     if r is None:
         raise FileNotFoundError(path)
     held_here = r["decision"] == "held" and r["export_decision"] == "passed"
-    if r["new"] is None or r["export_decision"] in ("published", "held", "refused"):
-        summary = f"{r['model']} version {r['served']} served ({r['export_decision']} by the export)"
+    if r["new"] is None or r["export_decision"] == "published":
+        summary = f"{r['model']} version {r['served']} served (published by the export)"
+    elif r["export_decision"] in ("held", "refused"):
+        summary = f"{r['model']} version {r['new']} {r['export_decision']} by the export; version {r['served']} served"
     else:
         summary = f"{r['model']} version {r['new']} {r['decision'].upper()}: {r['reason']}; version {r['served']} served"
+    drift = r.get("drift")
+    if drift is not None:
+        summary += (f"; the new data: {', '.join(drift['drifted'])} moved against the served version's"
+                    if drift["drifted"] else "; the new data: no feature moved beyond the noise")
     return StageResult(path, summary, RolloutOutputs(out, r["decision"], r["served"]), code=1 if held_here else 0)

@@ -290,7 +290,7 @@ def test_thresholds_in_compare(text, passed):
     assert check.passed is passed
     ok, lines = verdict([noise, check])
     assert ok is passed
-    line = f"previous test split (400 rows): accuracy 0.940 vs baseline 0.950: fails {text}"
+    line = f"previous test split (400 rows): accuracy 0.940 vs 0.950 served: fails {text}"
     assert lines == ([] if passed else [line])
 
 
@@ -318,7 +318,7 @@ def test_compare_refuses_what_does_not_fit(kwargs, message):
 
 def test_a_check_reads_as_one_line_and_as_json():
     check = Check("new test split", "island=Dream", 45, "accuracy", 41 / 45, 43 / 45, 0.03, noise_rule(0.95), False)
-    assert check.text() == ("new test split, island=Dream (45 rows): accuracy 0.911 vs baseline 0.956, p=0.03: "
+    assert check.text() == ("new test split, island=Dream (45 rows): accuracy 0.911 vs 0.956 served, p=0.03: "
                             "worse beyond the noise at 95% confidence")
     check.passed = True
     assert check.text().endswith(": not worse beyond the noise at 95% confidence")

@@ -6,6 +6,7 @@ works on its own copy of it, so every test stands alone, in any order."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -335,6 +336,13 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     model = os.path.join(workdir, "export", "models", "penguins")
     assert [e["event"] for e in versions.history(model)] == ["published", "passed offline", "promoted"]
     assert versions.served(model) == 2
+    # The promotion moved version 2's folder out of candidates/: the run's records still hold, and the
+    # same command again is all cached (it exported a third version when they pointed at the old folder).
+    again = run_cli(*args, timeout=120)
+    assert again.returncode == 0 and set(states(again.stdout).values()) == {"cached"}, again.stdout
+    shown = run_cli("show", "--workdir", workdir)
+    assert f"lineage: model penguins version 2 ({os.path.join(model, '2')}), served" in shown.stdout, shown.stdout
+    assert "changed or removed since" not in shown.stdout
 
 
 def test_a_failing_step_says_where_and_points_at_its_log(tmp_path, config):
@@ -417,6 +425,11 @@ def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(f
            "loadtest": loadtest_result(at("loadtest")), "skew": skew_result(at("skew")),
            "rollout": rollout_result(at("rollout"))}
     assert list(now) == STEPS
+    # the export step keeps its version's export.json where it stays (the version's folder moves when
+    # it is promoted or rolled back): the same bytes
+    kept = at("export", "export.json")
+    assert open(kept, "rb").read() == open(now["export"].manifest, "rb").read()
+    now["export"] = dataclasses.replace(now["export"], manifest=kept)
     for name, r in now.items():
         stored = steps[name]
         assert BY_NAME[name].outputs.from_json(stored["outputs"]) == r.outputs, name

@@ -164,12 +164,15 @@ def test_a_threshold_holds_a_version_that_the_noise_rule_would_pass(tmp_path, da
 
 
 def _record(passed: bool, breaks: list[str] = ()) -> dict:
+    check = {"data": "new test split", "slice": None, "rows": 30, "metric": "accuracy", "candidate": 0.9,
+             "baseline": 0.92, "p_value": 0.5}
     return {"breaking_changes": list(breaks), "passed": passed, "failed": [] if passed else ["x worse"],
-            "data": [{"rows": 30}, {"rows": 20}], "thresholds": []}
+            "data": [{"rows": 30}, {"rows": 20}], "thresholds": [], "checks": [check]}
 
 
 @pytest.mark.parametrize("record,settings,want", [
-    (_record(True), {}, ("promoted", "not worse than the baseline beyond the noise on 50 rows")),
+    (_record(True), {}, ("promoted", "not worse than the served version beyond the noise (new test split (30 rows): "
+                                     "accuracy 0.9 vs 0.92 served, p=0.5)")),
     (_record(True), {"serving_gate": True}, ("passed", "not worse")),
     (_record(False), {}, ("held", "x worse")),
     (_record(False), {"promote": "always"}, ("promoted", "--promote always, though x worse")),

@@ -4,12 +4,14 @@ network, so it opens from the file system anywhere."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
 from typing import Any
 
 from tfpipe.files import read_json, write_atomic
+from tfpipe.versions import VersionError, version_path
 from tfpipe.loadtest.report import STYLE, bar_chart, line_chart, loadtest_section, table_html
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
@@ -48,8 +50,12 @@ def lineage_section(manifest: dict) -> str:
     e = read_json(export["outputs"]["manifest"]) or {}
     d = read_json(data["outputs"]["manifest"]) or {}
     inputs = "".join(_input_item(i) for i in d.get("inputs", []))
+    where = e.get("path")
+    if e.get("model_dir"):  # promotions and rollbacks move a version's folder: where it is now
+        with contextlib.suppress(VersionError):
+            where = version_path(e["model_dir"], e["version"])
     return (f"<p>Model <b>{_esc(e.get('name'))}</b> version <b>{_esc(e.get('version'))}</b> "
-            f"(<code>{_esc(e.get('path'))}</code>) was exported from the train run with fingerprint "
+            f"(<code>{_esc(where)}</code>) was exported from the train run with fingerprint "
             f"<code>{_esc(e.get('lineage', {}).get('train_fingerprint', '')[:16])}</code>, which was trained on the "
             f"data snapshot <code>{_esc(e.get('lineage', {}).get('data_fingerprint', '')[:16])}</code> made from:</p>"
             f"<ul>{inputs}</ul>")

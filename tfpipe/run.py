@@ -430,8 +430,7 @@ def _run_locked(r: Run, console: Console) -> int:
     return code
 
 
-GATES = {"export": "the new version was NOT PROMOTED by the offline gate (the served one stays; tfpipe history "
-                   "shows why)",
+GATES = {"export": "the export did NOT PROMOTE the new version (the served one stays; tfpipe history shows why)",
          "rollout": "the new version was NOT PROMOTED by the serving gate (the served one stays; tfpipe history "
                     "shows why)",
          "loadtest": "the load test MISSED its SLO", "skew": "the served traffic is SKEWED from the training data"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -10,6 +11,7 @@ from tfpipe.files import file_sha256
 from tfpipe.manifest import read_manifest
 from tfpipe.rollout.commands import history_lines
 from tfpipe.steps import STEPS
+from tfpipe.versions import VersionError, served, version_path
 
 
 def show(workdir: str, as_json: bool = False) -> int:
@@ -75,9 +77,13 @@ def lineage(manifest: dict) -> list[str]:
             d = json.load(f)
     except (OSError, KeyError, ValueError):
         return ["lineage: the exported model's or the data's manifest is gone"]
-    held = e.get("decision") in ("held", "refused")
-    lines = [f"lineage: model {e['name']} version {e['version']} ({e['path']})"
-             + (f", {e['decision']}: version {e['baseline']} stays served" if held else ""),
+    where, state = e["path"], ""
+    if e.get("model_dir"):  # promotions and rollbacks move a version's folder: where it is now
+        with contextlib.suppress(VersionError):
+            where = version_path(e["model_dir"], e["version"])
+        now = served(e["model_dir"])
+        state = ", served" if now == e["version"] else f", not served (version {now} is)"
+    lines = [f"lineage: model {e['name']} version {e['version']} ({where}){state}",
              f"  <- train run {e['lineage']['train_fingerprint'][:16]} ({e['lineage']['train']})",
              f"  <- data snapshot {e['lineage']['data_fingerprint'][:16]} ({d['counts']['read']:,} "
              f"{'images' if d.get('kind') == 'images' else 'rows'} read, "

@@ -14,13 +14,14 @@ this module without loading TensorFlow, Beam or gRPC.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tfpipe.files import digest, file_sha256, read_json
+from tfpipe.files import digest, file_sha256, read_json, write_atomic
 from tfpipe.stage import (
     DataOutputs,
     ExportOutputs,
@@ -127,7 +128,12 @@ def run_export(config: Config, inputs: StepInputs, log: Log) -> StageResult:
                                            "base": inputs.path("export", "models"),
                                            # the run's rollout step promotes, after its serving gate
                                            "serving_gate": config.rollout.serving_gate})
-    return result(run(cfg, log=log))
+    done = result(run(cfg, log=log))
+    # The version's folder moves when it is promoted or rolled back (candidates/N <-> N): the run keeps
+    # (and fingerprints) a copy of its export.json where it stays.
+    kept = inputs.path("export", "export.json")
+    write_atomic(kept, open(done.manifest, "rb").read())
+    return dataclasses.replace(done, manifest=kept)
 
 
 def export_settings(config: Config) -> dict[str, Any]:
