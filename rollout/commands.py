@@ -105,7 +105,10 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
-    """The `promote`, `rollback` and `history` subcommands."""
+    """The `promote`, `rollback` and `history` subcommands (no config file: they take a model and
+    change or show its versions; `common`'s --config would mean nothing to them)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     where = ("a model directory BASE/NAME (the one holding its numbered versions), or a tfpipe run workdir "
              "(its export/models/NAME)")
     p = sub.add_parser(
