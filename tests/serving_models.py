@@ -71,7 +71,8 @@ class Threshold(tf.Module):
         super().__init__()
         self.t = tf.Variable(t)
         self.predict = tf.function(self._predict, input_signature=[{
-            "x": tf.TensorSpec([None], tf.float32, name="x"), "island": tf.TensorSpec([None], tf.string, name="island")}])
+            "x": tf.TensorSpec([None], tf.float32, name="x"),
+            "island": tf.TensorSpec([None], tf.string, name="island")}])
         self.classify = tf.function(self._classify, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
 
     def _predict(self, inputs):

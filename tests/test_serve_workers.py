@@ -101,12 +101,14 @@ def _health(grpc_port: int, *services: str) -> dict[str, str]:
     # shadow traffic's counters and histogram sum; the candidate's version is the same everywhere
     (["tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 3\n"
       "tfpipe_serving_shadow_errors_total{model=\"m\",status=\"INTERNAL\"} 1\n"
-      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 30\ntfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 6\n"
+      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 30\n"
+      "tfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 6\n"
       "tfpipe_serving_shadow_latency_seconds_bucket{model=\"m\",le=\"0.5\"} 3\n"
       "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n",
       "tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 4\n"
       "tfpipe_serving_shadow_errors_total{model=\"m\",status=\"INTERNAL\"} 2\n"
-      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 40\ntfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 1\n"
+      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 40\n"
+      "tfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 1\n"
       "tfpipe_serving_shadow_latency_seconds_bucket{model=\"m\",le=\"0.5\"} 4\n"
       "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n"],
      "tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 7\n"

@@ -48,8 +48,8 @@ def _scrape(rest_port: int) -> str:
 def _total(page: str, name: str, **labels: str) -> float:
     """The sum of a metric's series whose labels include `labels`."""
     total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", page, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+    for m in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", page, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m[1] or ""))
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m[2])
     return total
@@ -184,14 +184,19 @@ def test_clients_get_only_the_served_answers_and_the_candidate_is_recorded(tmp_p
 def test_flipped_classes_are_counted_per_slice(tmp_path):
     """A threshold classifier served at t=5, its candidate at t=7: of x = 0..9 the rows 6 and 7 flip
     from "big" to "small", 20%, by Predict (classes and class_ids) and by Classify (the top class);
-    --shadow_slice=island splits them (even x on island a, odd on b) into counts that add up."""
+    --shadow_slice=island splits them (even x on island a, odd on b) into counts that add up. Batching
+    is on: the served calls go through the batch queue, the candidate's do not."""
+    from draining import BATCHING
     from serving_models import save_threshold
 
     base, reports = tmp_path / "thr", tmp_path / "reports"
     save_threshold(str(base / "1"), 5.0)
     save_threshold(str(base / "candidates" / "2"), 7.0)
+    (tmp_path / "batching.config").write_text(BATCHING)
     proc, grpc_port, rest_port = _serve(tmp_path, "--model_name=thr", f"--model_base_path={base}", "--shadow=1",
-                                        "--shadow_slice=island", f"--shadow_report_dir={reports}")
+                                        "--shadow_slice=island", f"--shadow_report_dir={reports}",
+                                        "--enable_batching",
+                                        f"--batching_parameters_file={tmp_path / 'batching.config'}")
     rows = [{"x": float(x), "island": "a" if x % 2 == 0 else "b"} for x in range(10)]
     try:
         proc.output.wait_for(r"loaded thr candidate 2 for shadow traffic")
@@ -202,6 +207,7 @@ def test_flipped_classes_are_counted_per_slice(tmp_path):
         (answer,) = _paced(rest_port, "thr", lambda: _rest(rest_port, "thr:classify", body), 1)
         assert [max(r, key=lambda p: p[1])[0] for r in answer["results"]] == ["small"] * 6 + ["big"] * 4
         page = _scrape(rest_port)
+        assert _total(page, "tfpipe_serving_batch_size_count") == 4  # the served calls only
         assert _total(page, "tfpipe_serving_shadow_flipped_rows_total", api="predict") == 6
         assert _total(page, "tfpipe_serving_shadow_class_rows_total", api="predict") == 30
         assert _total(page, "tfpipe_serving_shadow_flipped_rows_total", api="classify") == 2
