@@ -323,38 +323,42 @@ def compare(served: dict[str, np.ndarray], candidate: dict[str, np.ndarray]):
         c = candidate.get(name)
         if c is None:
             raise Mismatch("MISSING_OUTPUT", f"the candidate has no output {name!r}")
-        s, c = np.asarray(s), np.asarray(c)
         if s.shape != c.shape:
             raise Mismatch("SHAPE_MISMATCH", f"output {name!r}: the candidate's shape is {list(c.shape)}, the served "
                                              f"version's {list(s.shape)}")
-        text_s, text_c = s.dtype.kind in "OSU", c.dtype.kind in "OSU"
-        if text_s != text_c or (s.dtype.kind == "f") != (c.dtype.kind == "f"):
+        kind_s, kind_c = s.dtype.kind, c.dtype.kind
+        if (kind_s in "OSU") != (kind_c in "OSU") or (kind_s == "f") != (kind_c == "f"):
             raise Mismatch("DTYPE_MISMATCH", f"output {name!r}: the candidate's dtype is {c.dtype.name}, the served "
                                              f"version's {s.dtype.name}")
         n = s.shape[0] if s.ndim else 1
         rows = n if rows is None else rows
-        flat_s, flat_c = s.reshape(n, -1), c.reshape(n, -1)
-        if s.dtype.kind == "f":
-            d = relative_difference(flat_s, flat_c)
-            d = d.max(axis=1) if d.shape[1] else np.zeros(n)
+        if kind_s == "f":
+            d = relative_difference(s, c)
+            if d.ndim != 1:  # a row's largest over its values
+                d = d.reshape(n, -1)
+                d = d.max(axis=1) if d.shape[1] else np.zeros(n)
             d = d if n == rows else np.full(rows, d.max(initial=0.0))
             rel = d if rel is None else np.maximum(rel, d)
         else:
-            f = (flat_s != flat_c).any(axis=1)
+            f = s != c
+            if f.ndim != 1:
+                f = f.reshape(n, -1).any(axis=1)
             f = f if n == rows else np.full(rows, bool(f.any()))
             flips = f if flips is None else flips | f
     return flips, rel
 
 
 def relative_difference(s: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """|c - s| / max(|s|, 1e-12), elementwise in float64: NaN against NaN is 0, against a number inf."""
-    s64, c64 = s.astype(np.float64), c.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(c64 - s64) / np.maximum(np.abs(s64), _TINY)
-    both = np.isnan(s64) & np.isnan(c64)
-    d = np.where(both, 0.0, d)
-    d = np.where(s64 == c64, 0.0, d)  # the same infinity
-    return np.where(np.isnan(d), np.inf, d)
+    """|c - s| / max(|s|, 1e-12), elementwise, in the outputs' float dtype (float64 for float16):
+    NaN against NaN is 0, against a number inf; the same infinity is 0."""
+    if s.dtype.itemsize < 4 or c.dtype != s.dtype:
+        s, c = s.astype(np.float64), c.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        d = np.abs(c - s) / np.maximum(np.abs(s), _TINY)
+        if np.isnan(d).any():  # NaN or infinity among the values: the rare case
+            d = np.where((np.isnan(s) & np.isnan(c)) | (s == c), 0.0, d)
+            d = np.where(np.isnan(d), np.inf, d)
+    return d
 
 
 def worst_rows(served: dict, got: dict, compared, rows: _Rows, floor: tuple[int, float], k: int = 5) -> list[dict]:
@@ -364,6 +368,8 @@ def worst_rows(served: dict, got: dict, compared, rows: _Rows, floor: tuple[int,
     n = _row_count(flips, rel)
     f = flips if flips is not None else np.zeros(n, bool)
     r = rel if rel is not None else np.zeros(n)
+    if not n or (int(f.any()), float(r.max())) <= max(floor, (0, 0.0)):  # none beats the floor: the usual case
+        return []
     order = np.lexsort((-r, -f.astype(np.int8)))[:k]
     out = []
     for i in order:
