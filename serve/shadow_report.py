@@ -366,8 +366,8 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
 def _record_lines(r: dict[str, Any], slice_column: str) -> list[str]:
     s = r["summary"]
     lines = [f"  candidate {r['candidate_version']} vs served {r['served_version']}, {r['api']} "
-             f"{r['signature']}: {r['mirrored']} request(s) mirrored, {r['skipped']} skipped (the candidate's "
-             f"calls in flight at their bound), {s['errors']} candidate error(s)"]
+             f"{r['signature']}: {r['mirrored']} request(s) mirrored, {r['skipped']} skipped, {s['errors']} "
+             "candidate error(s)"]
     lines.append(f"    {s['rows']} row(s) compared" + (f"; {_agreement_text(s)}" if s["rows"] else ""))
     lat = [s["served_latency_p50"], s["served_latency_p99"], s["candidate_latency_p50"], s["candidate_latency_p99"]]
     if any(v is not None for v in lat):

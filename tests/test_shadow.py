@@ -175,7 +175,8 @@ def test_clients_get_only_the_served_answers_and_the_candidate_is_recorded(tmp_p
     assert regress["mirrored"] == 1 and regress["summary"]["rel_diff_max"] == pytest.approx(1 / 3)
     assert regress["worst"][0]["inputs"] == {"x": [2.0]} and regress["worst"][0]["candidate"] == {"outputs": 4.0}
     text = run_cli("shadow", str(reports)).stdout
-    assert "candidate 2 vs served 1, predict serving_default: 16 request(s) mirrored, 0 skipped" in text, text
+    assert "candidate 2 vs served 1, predict serving_default: 16 request(s) mirrored, 0 skipped, 0 candidate error(s)" \
+        in text, text
     assert "relative difference median 0.3333, p90 0.3333, p99 0.3333, max 0.3333" in text, text
 
 

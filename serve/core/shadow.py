@@ -389,9 +389,11 @@ def _answer(outputs: dict[str, np.ndarray], i: int, n: int, only=None) -> dict[s
 
 def jsonable(value) -> Any:
     """A numpy value (or row) as JSON takes it: bytes as text (base64 when not UTF-8), infinities and
-    NaN as text."""
+    NaN as text, float32 as its shortest decimal."""
     if isinstance(value, np.ndarray):
         return [jsonable(v) for v in value]
+    if isinstance(value, (np.float32, np.float16)) and np.isfinite(value):
+        return float(str(value))  # the shortest text that reads back as the same float32: 46.8, not 46.799999
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, bytes):
