@@ -1,11 +1,14 @@
 """`tfpipe promote` and `tfpipe rollback`: which version of a model is served, changed by hand on
 the model base path (tfpipe/versions.py holds the layout and the rules), and the model's history
 as `tfpipe show` prints it. A server polling the base path, tfpipe's or `tensorflow_model_server`,
-follows within its poll interval, loading the version it now wants before unloading the other."""
+follows within its poll interval, loading the version it now wants before unloading the other.
+`tfpipe shadow DIR`: how a candidate answered the live requests mirrored to it (`tfpipe serve
+--shadow`), from every server process's report file (serve/shadow_report.py holds the format)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from tfpipe import versions
@@ -104,9 +107,26 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                    "directory's name)")
 
 
+def cmd_shadow(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.serve.shadow_report import merge_reports, report_lines
+
+    if not os.path.isdir(args.dir):
+        raise RolloutError(f"{args.dir} is not a directory: name the --shadow_report_dir the server wrote to")
+    try:
+        merged = merge_reports(args.dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise RolloutError(str(e)) from None
+    if args.json:
+        print(json.dumps(merged, indent=1))
+    else:
+        for line in report_lines(merged):
+            print(line)
+    return 0
+
+
 def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
-    """The `promote`, `rollback` and `history` subcommands (no config file: they take a model and
-    change or show its versions; `common`'s --config would mean nothing to them)."""
+    """The `promote`, `rollback`, `history` and `shadow` subcommands (no config file: they take a model
+    or a folder and change or show its versions; `common`'s --config would mean nothing to them)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     where = ("a model directory BASE/NAME (the one holding its numbered versions), or a tfpipe run workdir "
@@ -141,3 +161,15 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
                     "(published, passed offline, promoted, held, refused, rolled back) with the reason recorded.")
     h.add_argument("model", metavar="MODEL", help=where)
     h.set_defaults(handler=cmd_history)
+    s = sub.add_parser(
+        "shadow", parents=[common], help="how a candidate answered the live requests mirrored to it (serve --shadow)",
+        description="Merges the report files every server process wrote in DIR (tfpipe serve --shadow=SHARE "
+                    "--shadow_report_dir=DIR: DIR/shadow-MODEL-PID.json) and prints, per model, candidate and served "
+                    "version, API and signature: the requests mirrored and skipped, the share of rows whose class "
+                    "flipped, the relative differences of float outputs (median, p90, p99, max), the candidate's "
+                    "errors, both versions' latency (p50, p99), the same per value of --shadow_slice's input, and "
+                    "the rows that differ most with their inputs and both answers.",
+        epilog="example: tfpipe shadow /var/log/tfpipe/shadow --json")
+    s.add_argument("dir", metavar="DIR", help="the directory given to tfpipe serve --shadow_report_dir")
+    s.add_argument("--json", action="store_true", help="print the merged report as JSON")
+    s.set_defaults(handler=cmd_shadow)

@@ -27,6 +27,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _share(text: str) -> float:
+    """A share of requests, 0 to 1 (--shadow)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share of requests from 0 to 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share of requests from 0 to 1 (0: off, 1: every request), "
+                                         f"got {text}")
+    return value
+
+
 @dataclass(frozen=True)
 class Flag:
     """One flag: the parser's argument, ServeOptions' field and its --help line are all made
@@ -184,8 +196,28 @@ REQUEST_LOG_FLAGS: list[Flag] = [
          shown_default="16: 1 GiB with the default file size"),
 ]
 
-ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS
-_TYPES = {int: int, float: float, str: str, _bool: bool}
+SHADOW_HELP = (
+    "Mirror a share of live requests to each model's newest candidate (BASE/NAME/candidates/N, as\n"
+    "tfpipe export keeps them) and record how it would have answered: clients get only the served\n"
+    "version's answers. `tfpipe shadow DIR` prints what --shadow_report_dir collected.")
+SHADOW_FLAGS: list[Flag] = [
+    Flag("shadow", _share, 0.0, "Embedded server: for every model whose base path has a candidates/ folder, mirror "
+         "this share (0 to 1, drawn per request) of the Predict, Classify and Regress requests that name no version "
+         "or label to its newest candidate (when newer than the versions served), loaded and warmed up beside the "
+         "served version and followed at each base-path poll. The candidate runs after the served answer, on a "
+         "thread of its own, at most 2 calls in flight (more are skipped and counted); its answers, errors and "
+         "latency are compared with the served ones (Prometheus tfpipe_serving_shadow_*, --shadow_report_dir)",
+         metavar="SHARE", shown_default="0: off"),
+    Flag("shadow_slice", str, "", "With --shadow: also break the agreement down per value of this input (a string or "
+         "int input of the signature, one value per row; for Classify and Regress, a feature of the tf.Examples)",
+         metavar="COLUMN", shown_default=""),
+    Flag("shadow_report_dir", str, "", "With --shadow: each server process writes DIR/shadow-MODEL-PID.json at every "
+         "base-path poll and at its stop; `tfpipe shadow DIR` merges and prints them. Default: metrics only",
+         metavar="DIR", shown_default=""),
+]
+
+ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS + SHADOW_FLAGS
+_TYPES = {int: int, float: float, str: str, _bool: bool, _share: float}
 
 
 def _tags(self) -> list[str]:
@@ -236,7 +268,8 @@ def _add(group, f: Flag, tf_serving: bool = False) -> None:
                            action=_Given, metavar="true|false", help=_help(f, tf_serving))
     else:
         group.add_argument(*names, dest=f.name, type=f.kind, default=f.default, action=_Given, choices=f.choices,
-                           metavar=f.metavar or (None if f.choices else f.kind.__name__.upper()), help=_help(f, tf_serving))
+                           metavar=f.metavar or (None if f.choices else f.kind.__name__.upper()),
+                           help=_help(f, tf_serving))
 
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
@@ -250,6 +283,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     logs = parser.add_argument_group("request logging (embedded server)", REQUEST_LOG_HELP)
     for f in REQUEST_LOG_FLAGS:
         _add(logs, f)
+    shadow = parser.add_argument_group("shadow traffic (embedded server)", SHADOW_HELP)
+    for f in SHADOW_FLAGS:
+        _add(shadow, f)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

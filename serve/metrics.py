@@ -44,6 +44,12 @@ class Metrics:
         # other counts under model="", so that clients' names (any number, any length) are not kept
         self.known_model = lambda name: True
         self.grpc_in_flight = 0  # gRPC calls in a handler now (on the event loop: no lock), for the drain
+        # shadow traffic (--shadow), by (model, api, signature): requests by outcome (mirrored, skipped),
+        # the candidate's errors by status, its rows with a class output and those flipped, its latency
+        self.shadow_requests: dict[tuple, int] = defaultdict(int)
+        self.shadow_errors: dict[tuple, int] = defaultdict(int)
+        self.shadow_rows: dict[tuple, list[int]] = {}
+        self.shadow_latency: dict[tuple, _Histogram] = {}
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
         if not self.known_model(model):
@@ -60,15 +66,38 @@ class Metrics:
         with self._lock:
             self.request_logs[(model, status)] += 1
 
+    def shadow_skipped(self, model: str, api: str, signature: str) -> None:
+        """A request drawn for shadow traffic and not mirrored: the candidate's calls in flight were at their bound."""
+        with self._lock:
+            self.shadow_requests[(model, api, signature, "skipped")] += 1
+
+    def shadow_mirrored(self, model: str, api: str, signature: str, seconds: float, error: str | None,
+                        class_rows: int, flipped: int) -> None:
+        """A mirrored request the candidate answered in `seconds`: its error status (None: it answered
+        and its outputs compared), and its rows with a class output, and of them those that flipped."""
+        key = (model, api, signature)
+        with self._lock:
+            self.shadow_requests[(*key, "mirrored")] += 1
+            if error is not None:
+                self.shadow_errors[(*key, error)] += 1
+            rows = self.shadow_rows.setdefault(key, [0, 0])
+            rows[0] += class_rows
+            rows[1] += flipped
+            if key not in self.shadow_latency:
+                self.shadow_latency[key] = _Histogram(LATENCY_BUCKETS_S)
+            self.shadow_latency[key].observe(seconds)
+
     def batch(self, rows: int, padded: int) -> None:
         with self._lock:
             self.batch_sizes.observe(rows)
             self.padded_rows += padded - rows
 
     def render(self, loaded: dict[str, list[int]], queue_depth: int, queues: int = 0,
-               load_bytes: dict[tuple[str, int], int] | None = None, live_servables: int = 0) -> str:
+               load_bytes: dict[tuple[str, int], int] | None = None, live_servables: int = 0,
+               shadowed: dict[str, int | None] | None = None) -> str:
         """The Prometheus page; `live_servables`: versions not yet freed (unloaded ones that requests
-        or batch queues still hold count too)."""
+        or batch queues still hold count too); `shadowed`: with --shadow, each model with a
+        candidates/ folder and the candidate it mirrors to now."""
         out = []
         with self._lock:
             out += ["# HELP tfpipe_serving_requests_total Requests by model, API and final status.",
@@ -98,6 +127,8 @@ class Metrics:
                 for (model, status), n in sorted(self.request_logs.items()):
                     out.append(f"tfpipe_serving_request_log_records_total"
                                f"{_labels([('model', model), ('status', status)])} {n}")
+            if shadowed is not None:
+                out += self._shadow_lines(shadowed)
         out += ["# HELP tfpipe_serving_request_log_queue_depth Log records waiting for the writer threads.",
                 "# TYPE tfpipe_serving_request_log_queue_depth gauge",
                 f"tfpipe_serving_request_log_queue_depth {self.request_log_depth()}"]
@@ -120,6 +151,47 @@ class Metrics:
             for v in versions:
                 out.append(f"tfpipe_serving_version_available{_labels([('model', model), ('version', v)])} 1")
         return "\n".join(out) + "\n"
+
+
+    def _shadow_lines(self, shadowed: dict[str, int | None]) -> list[str]:
+        """Shadow traffic's series (called holding the lock)."""
+        out = ["# HELP tfpipe_serving_shadow_requests_total Requests drawn for shadow traffic by model, API, signature "
+               "and outcome: mirrored to the candidate, or skipped (its calls in flight were at their bound).",
+               "# TYPE tfpipe_serving_shadow_requests_total counter"]
+        for (model, api, sig, outcome), n in sorted(self.shadow_requests.items()):
+            labels = _labels([("model", model), ("api", api), ("signature", sig), ("outcome", outcome)])
+            out.append(f"tfpipe_serving_shadow_requests_total{labels} {n}")
+        out += ["# HELP tfpipe_serving_shadow_errors_total Mirrored requests the candidate failed, by status (its "
+                "own, or MISSING_OUTPUT, SHAPE_MISMATCH, DTYPE_MISMATCH against the served answer).",
+                "# TYPE tfpipe_serving_shadow_errors_total counter"]
+        for (model, api, sig, status), n in sorted(self.shadow_errors.items()):
+            labels = _labels([("model", model), ("api", api), ("signature", sig), ("status", status)])
+            out.append(f"tfpipe_serving_shadow_errors_total{labels} {n}")
+        rows = sorted(self.shadow_rows.items())
+        out += ["# HELP tfpipe_serving_shadow_class_rows_total Rows of mirrored requests with a class output "
+                "(string or int) compared.", "# TYPE tfpipe_serving_shadow_class_rows_total counter"]
+        out += [f"tfpipe_serving_shadow_class_rows_total{_shadow_labels(k)} {n}" for k, (n, _) in rows]
+        out += ["# HELP tfpipe_serving_shadow_flipped_rows_total Of those rows, the ones whose class the candidate "
+                "answers differently.", "# TYPE tfpipe_serving_shadow_flipped_rows_total counter"]
+        out += [f"tfpipe_serving_shadow_flipped_rows_total{_shadow_labels(k)} {n}" for k, (_, n) in rows]
+        out += ["# HELP tfpipe_serving_shadow_latency_seconds The candidate's model call for a mirrored request.",
+                "# TYPE tfpipe_serving_shadow_latency_seconds histogram"]
+        for key, h in sorted(self.shadow_latency.items()):
+            out += _histogram("tfpipe_serving_shadow_latency_seconds", _shadow_pairs(key), h)
+        out += ["# HELP tfpipe_serving_shadow_candidate_version The candidate each model's shadow traffic goes to "
+                "(none: the model has a candidates/ folder and no candidate newer than its served versions loaded).",
+                "# TYPE tfpipe_serving_shadow_candidate_version gauge"]
+        out += [f"tfpipe_serving_shadow_candidate_version{_labels([('model', m)])} {v}"
+                for m, v in sorted(shadowed.items()) if v is not None]
+        return out
+
+
+def _shadow_pairs(key: tuple) -> list[tuple[str, str]]:
+    return [("model", key[0]), ("api", key[1]), ("signature", key[2])]
+
+
+def _shadow_labels(key: tuple) -> str:
+    return _labels(_shadow_pairs(key))
 
 
 def rss_bytes() -> int:

@@ -34,6 +34,7 @@ from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
+from tfpipe.serve.core.shadow import Shadow, check_options
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
 from tfpipe.serve.metrics import Metrics
@@ -70,6 +71,10 @@ class EmbeddedServer:
         if opts.port == 0 and not opts.grpc_socket_path:
             raise ServeError("At least one of server_options.grpc_port or server_options.grpc_socket_path must be "
                              "set (--port=0 turns TCP gRPC off: give --grpc_socket_path)")
+        check_options(opts.shadow, opts.shadow_report_dir)
+        for flag in ("shadow_slice", "shadow_report_dir"):
+            if getattr(opts, flag) and not opts.shadow:
+                log(f"--{flag} is ignored without --shadow")
         self.config = model_server_config(opts, log)
         self.bundle = session_bundle_config(opts)
         self.batch_options = None
@@ -100,17 +105,23 @@ class EmbeddedServer:
                 options=ManagerOptions(load_threads=opts.num_load_threads, unload_threads=opts.num_unload_threads,
                                        max_load_retries=opts.max_num_load_retries,
                                        retry_interval_seconds=opts.load_retry_interval_micros / 1e6,
-                                       allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models),
+                                       allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models,
+                                       shadow=opts.shadow > 0),
                 log=log, on_unload=self._unloaded, on_config=self.request_logs.update)
         except ServingError as e:
             self.request_logs.close()
             raise ServeError(f"model config: {e.message}") from None
         self.metrics.known_model = self.manager.serves
+        self.shadow = None
+        if opts.shadow > 0:
+            self.shadow = Shadow(self.manager, opts.shadow, opts.shadow_slice, opts.shadow_report_dir, self.metrics,
+                                 log)
+            self.manager.on_poll = self.shadow.polled
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         self._executors = [ThreadPoolExecutor(max(1, opts.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
-                                   per_model_batching=settings.per_model_batching)
+                                   per_model_batching=settings.per_model_batching, shadow=self.shadow)
         self.grpc = self.health = self.group = None
         self.grpc_port = self.rest_port = None
         self._rest: RestApi | None = None
@@ -256,7 +267,8 @@ class EmbeddedServer:
         """This process's Prometheus page."""
         batcher, manager = self.inference.batcher, self.manager
         return self.metrics.render(manager.loaded(), batcher.depth() if batcher else 0,
-                                   batcher.queue_count() if batcher else 0, manager.load_sizes(), len(LIVE))
+                                   batcher.queue_count() if batcher else 0, manager.load_sizes(), len(LIVE),
+                                   manager.shadowed() if self.shadow is not None else None)
 
     async def _start_rest(self) -> None:
         o = self.opts
@@ -381,6 +393,8 @@ class EmbeddedServer:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
         if self.group is not None:
             self.group.close()
+        if self.shadow is not None:
+            self.shadow.close()  # its last reports
         self.manager.stop()
         self.request_logs.close()
         if self.batcher:

@@ -83,7 +83,10 @@ PORT_LINE = re.compile(r"Exporting HTTP/REST API at|Running gRPC ModelServer at"
 SUMMED = ("tfpipe_serving_requests_total", "tfpipe_serving_request_latency_seconds", "tfpipe_serving_batch_size",
           "tfpipe_serving_batch_padding_rows_total", "tfpipe_serving_batch_queue_depth",
           "tfpipe_serving_batch_queues", "tfpipe_serving_request_log_records_total",
-          "tfpipe_serving_request_log_queue_depth", "tfpipe_serving_live_servables", "process_resident_memory_bytes")
+          "tfpipe_serving_request_log_queue_depth", "tfpipe_serving_live_servables", "process_resident_memory_bytes",
+          "tfpipe_serving_shadow_requests_total", "tfpipe_serving_shadow_errors_total",
+          "tfpipe_serving_shadow_class_rows_total", "tfpipe_serving_shadow_flipped_rows_total",
+          "tfpipe_serving_shadow_latency_seconds")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 

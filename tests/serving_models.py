@@ -61,6 +61,47 @@ class Slow(tf.Module):
         return {"y": x + 1.0 + acc * 0.0}
 
 
+class Threshold(tf.Module):
+    """A classifier of one float `x`: "big" (id 1) above `t`, else "small" (0). Its predict signature
+    also takes a string `island` (passed over: a column to slice by) and answers `classes`,
+    `class_ids` and `probability` (sigmoid(x - t)); its `classification` signature takes tf.Examples
+    with a float feature `x` and answers both classes and their scores per row."""
+
+    def __init__(self, t: float):
+        super().__init__()
+        self.t = tf.Variable(t)
+        self.predict = tf.function(self._predict, input_signature=[{
+            "x": tf.TensorSpec([None], tf.float32, name="x"),
+            "island": tf.TensorSpec([None], tf.string, name="island")}])
+        self.classify = tf.function(self._classify, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+
+    def _predict(self, inputs):
+        x = inputs["x"]
+        big = x > self.t
+        return {"classes": tf.where(big, "big", "small"), "class_ids": tf.cast(big, tf.int64),
+                "probability": tf.sigmoid(x - self.t)}
+
+    def _classify(self, serialized):
+        x = tf.io.parse_example(serialized, {"x": tf.io.FixedLenFeature([], tf.float32)})["x"]
+        p = tf.sigmoid(x - self.t)
+        return {"classes": tf.tile(tf.constant([["small", "big"]]), [tf.shape(x)[0], 1]),
+                "scores": tf.stack([1.0 - p, p], axis=1)}
+
+
+def save_threshold(path: str, t: float) -> str:
+    m = Threshold(t)
+    tf.saved_model.save(m, path, signatures={"serving_default": m.predict, "classification": m.classify})
+    return path
+
+
+def save_predict(path: str, fn) -> str:
+    """A SavedModel whose serving_default is `fn(x)` on one float input `x` of shape [None]."""
+    m = tf.Module()
+    m.f = tf.function(fn, input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    tf.saved_model.save(m, path, signatures={"serving_default": m.f})
+    return path
+
+
 def save_half(path: str, b: float = 2.0, warmup: int = 0) -> str:
     m = Half(b)
     tf.saved_model.save(m, path, signatures={"serving_default": m.predict, "regress_x": m.regress})

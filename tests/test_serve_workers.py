@@ -98,6 +98,24 @@ def _health(grpc_port: int, *services: str) -> dict[str, str]:
       "tfpipe_serving_requests_total{model=\"m\",status=\"NOT_FOUND\"} 1\nprocess_resident_memory_bytes 10\n"],
      "tfpipe_serving_requests_total{model=\"m\",status=\"OK\"} 2\n"
      "tfpipe_serving_requests_total{model=\"m\",status=\"NOT_FOUND\"} 1\nprocess_resident_memory_bytes 10\n"),
+    # shadow traffic's counters and histogram sum; the candidate's version is the same everywhere
+    (["tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 3\n"
+      "tfpipe_serving_shadow_errors_total{model=\"m\",status=\"INTERNAL\"} 1\n"
+      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 30\n"
+      "tfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 6\n"
+      "tfpipe_serving_shadow_latency_seconds_bucket{model=\"m\",le=\"0.5\"} 3\n"
+      "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n",
+      "tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 4\n"
+      "tfpipe_serving_shadow_errors_total{model=\"m\",status=\"INTERNAL\"} 2\n"
+      "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 40\n"
+      "tfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 1\n"
+      "tfpipe_serving_shadow_latency_seconds_bucket{model=\"m\",le=\"0.5\"} 4\n"
+      "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n"],
+     "tfpipe_serving_shadow_requests_total{model=\"m\",outcome=\"mirrored\"} 7\n"
+     "tfpipe_serving_shadow_errors_total{model=\"m\",status=\"INTERNAL\"} 3\n"
+     "tfpipe_serving_shadow_class_rows_total{model=\"m\"} 70\ntfpipe_serving_shadow_flipped_rows_total{model=\"m\"} 7\n"
+     "tfpipe_serving_shadow_latency_seconds_bucket{model=\"m\",le=\"0.5\"} 7\n"
+     "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n"),
 ])
 def test_worker_metrics_merge_into_one_page(pages, want):
     from tfpipe.serve.workers import merge_prometheus

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from operator import itemgetter
@@ -26,6 +27,7 @@ from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.model_info import metadata_response, status_response
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
+from tfpipe.serve.core.shadow import Shadow
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 
 Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
@@ -42,24 +44,35 @@ class Prediction:
 
 class Inference:
     """`per_model_batching`: each version batches with its own batching_params.pbtxt (and
-    without one, not at all), as --enable_per_model_batching_parameters does."""
+    without one, not at all), as --enable_per_model_batching_parameters does. `shadow`: with
+    --shadow, Predict, Classify and Regress that name no version or label are handed to it once
+    answered (it mirrors a share of them to the model's candidate, off the request's path)."""
 
     def __init__(self, manager: ModelManager, batcher: BatchScheduler | None = None,
-                 executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False):
+                 executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False,
+                 shadow: Shadow | None = None):
         self.manager, self.batcher, self.executor = manager, batcher, executor
         self.per_model_batching = per_model_batching
+        self.shadow = shadow
         self._options: dict[int, BatchOptions | None] = {}
 
     # ---- blocking: called on the caller's thread -------------------------------------
 
     def classify(self, name, version, label, signature_name: str, examples: list[bytes]):
         servable = self.manager.resolve(name, version, label)
+        t0 = time.perf_counter()
         sig, classes, scores = servable.classify(signature_name, examples, self._runner(servable))
+        if self.shadow is not None and version is None and not label:
+            seconds = time.perf_counter() - t0
+            self.shadow.examples("classify", servable, sig.name, examples, (classes, scores), seconds)
         return servable, sig, classes, scores
 
     def regress(self, name, version, label, signature_name: str, examples: list[bytes]):
         servable = self.manager.resolve(name, version, label)
+        t0 = time.perf_counter()
         sig, values = servable.regress(signature_name, examples, self._runner(servable))
+        if self.shadow is not None and version is None and not label:
+            self.shadow.examples("regress", servable, sig.name, examples, (values,), time.perf_counter() - t0)
         return servable, sig, values
 
     def multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
@@ -114,11 +127,14 @@ class Inference:
         inputs = decode(sig)
         checked, keep = servable.check_inputs(sig, inputs), servable.output_filter(sig, output_filter)
         loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
         future = self._submit(servable, sig, checked, loop)
         if future is None:
             outputs = await loop.run_in_executor(executor or self.executor, servable.run, sig, checked, keep)
         else:  # waits without holding a thread
             outputs = _keep(await future, keep)
+        if self.shadow is not None and spec[1] is None and not spec[2]:
+            self.shadow.predict(servable, sig.name, checked, outputs, time.perf_counter() - t0)
         return Prediction(servable, sig, inputs, outputs)
 
     async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes]):

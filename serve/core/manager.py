@@ -13,7 +13,13 @@ Follows TF Serving's ServerCore with the AvailabilityPreservingPolicy:
     version AVAILABLE; a model whose versions all failed is an error; a base path that does
     not exist, or holds no version, is reported and polled until one appears;
   * version labels may point only at AVAILABLE versions, unless
-    --allow_version_labels_for_unavailable_models (then only new labels may).
+    --allow_version_labels_for_unavailable_models (then only new labels may);
+  * with shadow traffic on (`ManagerOptions.shadow`, --shadow), each model whose base path has a
+    `candidates/` folder also loads its newest candidate (BASE/NAME/candidates/N, when N is newer
+    than every version in the served range) with the same loading and warmup, re-checked at each
+    poll: a newer candidate replaces it, one that left the folder (promoted, removed) is unloaded.
+    A candidate is never resolved by a request nor shown in status; a failed load is logged once
+    and not retried until its directory changes.
 Loads run on --num_load_threads threads (0: one after another), unloads on
 --num_unload_threads (0: in the thread that decides them). After an unload the freed
 model's memory is handed back to the operating system (cyclic garbage collected, then
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.core.servable import Servable
+from tfpipe.versions import CANDIDATES
 from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, quoted, unknown
 from tfpipe.serve.metrics import rss_bytes
 
@@ -51,6 +58,7 @@ class ManagerOptions:
     max_load_retries: int = 5
     retry_interval_seconds: float = 60.0
     allow_unavailable_labels: bool = False
+    shadow: bool = False  # also load each model's newest candidate (shadow traffic)
 
 
 @dataclass
@@ -72,10 +80,16 @@ class Model:
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, VersionState] = field(default_factory=dict)
     finding: str = ""  # what the last poll found wrong at the base path (logged when it changes)
+    candidate: bool = False  # the entry of a model's candidates (base path BASE/NAME/candidates), for shadow traffic
+    newest_on_disk: int | None = None  # the highest version the last poll found (served models)
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    def what(self, version: int) -> str:
+        """How the log names one of its versions."""
+        return f"candidate {version}" if self.candidate else f"version {version}"
 
     @property
     def policy(self):
@@ -191,6 +205,8 @@ class ModelManager:
         self._changed = threading.Condition(self._lock)  # notified on every state change
         self._poll_lock = threading.Lock()  # one poll at a time: the poller and config reloads
         self._models: dict[str, Model] = {}
+        self._shadows: dict[str, Model] = {}  # served model's name -> its candidates' entry (options.shadow)
+        self.on_poll: Callable[[], None] | None = None  # called after every poll (shadow traffic's report)
         self._labels: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -321,7 +337,7 @@ class ModelManager:
         self._stop.set()
         with self._lock:
             self._changed.notify_all()
-            for m in self._models.values():
+            for m in [*self._models.values(), *self._shadows.values()]:
                 for s in m.versions.values():
                     s.cancel.set()
         self._loaders.shutdown(wait=False, cancel_futures=True)
@@ -339,14 +355,46 @@ class ModelManager:
         with self._poll_lock:
             for model in self.models():
                 self._poll_model(model)
+            if self.options.shadow:
+                for model in self._sync_shadows():
+                    self._poll_model(model)
+        if self.on_poll is not None:
+            self.on_poll()
+
+    def _sync_shadows(self) -> list[Model]:
+        """The candidates' entries, one per served model whose base path has a candidates/ folder now;
+        the entries of the others (folder gone, model gone) are dropped and their candidate unloaded."""
+        with self._lock:
+            served, old = dict(self._models), self._shadows
+        keep = {}
+        for name, model in served.items():
+            folder = os.path.join(model.config.base_path, CANDIDATES)
+            if not os.path.isdir(folder):
+                continue
+            entry = old.get(name)
+            if entry is None or entry.config.base_path != folder:
+                entry = Model(model_server_config_pb2.ModelConfig(name=name, base_path=folder), candidate=True)
+            keep[name] = entry
+        with self._lock:
+            self._shadows = keep
+        for gone in [m for n, m in old.items() if keep.get(n) is not m]:
+            for s in list(gone.versions.values()):
+                self._retire(gone, s)
+        return list(keep.values())
+
+    def _current(self, model: Model) -> bool:
+        """Whether `model` is still an entry of the config (or, a candidates' one, of the shadows)."""
+        return (self._shadows if model.candidate else self._models).get(model.name) is model
 
     def _poll_model(self, model: Model) -> None:
         on_disk = versions_on_disk(model.config.base_path)
-        finding = base_path_finding(model.name, model.config.base_path, on_disk, model.policy)
-        if finding != model.finding:
-            model.finding = finding
-            if finding:
-                self.log(finding)
+        if not model.candidate:
+            model.newest_on_disk = max(on_disk) if on_disk else None
+            finding = base_path_finding(model.name, model.config.base_path, on_disk, model.policy)
+            if finding != model.finding:
+                model.finding = finding
+                if finding:
+                    self.log(finding)
         with self._lock:
             wanted = self._wanted(model, on_disk)
             for v, s in model.versions.items():
@@ -367,6 +415,11 @@ class ModelManager:
         directory changes."""
         failed = {v for v, s in model.versions.items()
                   if s.state == END and s.error_code == FAILED and on_disk.get(v, (None, None))[1] == s.mtime}
+        if model.candidate:  # the newest candidate, if newer than the served range (not an older one instead)
+            served = self._models.get(model.name)
+            newest = max(on_disk, default=None)
+            above = served is None or served.newest_on_disk is None or (newest or 0) > served.newest_on_disk
+            return [newest] if newest is not None and newest not in failed and above else []
         return wanted_versions(model.policy, on_disk, failed)
 
     def _settle(self, model: Model, wanted: set[int] | None = None) -> None:
@@ -374,7 +427,7 @@ class ModelManager:
         with self._lock:
             if wanted is None:
                 wanted = set(self._wanted(model, versions_on_disk(model.config.base_path)))
-            if self._models.get(model.name) is not model:
+            if not self._current(model):
                 return
             stale = sorted((s for v, s in model.versions.items() if s.state == AVAILABLE and v not in wanted),
                            key=lambda s: s.version)
@@ -417,10 +470,10 @@ class ModelManager:
         with self._lock:
             s.state = END
             self._changed.notify_all()
-        self.log(f"unloaded {model.name} version {s.version} ({time.monotonic() - t0:.2f}s, freed: {not alive()})")
+        self.log(f"unloaded {model.name} {model.what(s.version)} ({time.monotonic() - t0:.2f}s, freed: {not alive()})")
 
     def _load(self, model: Model, s: VersionState, path: str) -> None:
-        attempts = 1 + max(0, self.options.max_load_retries)
+        attempts = 1 + (0 if model.candidate else max(0, self.options.max_load_retries))
         t0, rss0 = time.perf_counter(), rss_bytes()
         servable, error = None, ""
         for attempt in range(1, attempts + 1):
@@ -450,12 +503,13 @@ class ModelManager:
                     s.error_message = error or "the load was cancelled"
                 self._changed.notify_all()
             if s.error_code == FAILED:
-                self.log(f"version {s.version} of {model.name} failed to load: {s.error_message}")
+                self.log(f"{model.what(s.version)} of {model.name} failed to load: {s.error_message}"
+                         + ("; not shadowed, nor loaded again until its directory changes" if model.candidate else ""))
             self._settle(model)
             return
         s.load_seconds, s.load_rss_bytes = time.perf_counter() - t0, max(0, rss_bytes() - rss0)
         with self._lock:
-            live = s.state == LOADING and self._models.get(model.name) is model and not self._stop.is_set()
+            live = s.state == LOADING and self._current(model) and not self._stop.is_set()
             if live:
                 s.servable, s.state, s.error_code, s.error_message = servable, AVAILABLE, "OK", ""
             self._changed.notify_all()
@@ -465,10 +519,11 @@ class ModelManager:
             if self.on_unload:
                 self.on_unload(servable)
             return
-        self.log(f"loaded {model.name} version {s.version} in {s.load_seconds:.2f}s, +{s.load_rss_bytes / 2**20:.1f} MiB"
+        self.log(f"loaded {model.name} {model.what(s.version)}{' for shadow traffic' if model.candidate else ''} "
+                 f"in {s.load_seconds:.2f}s, +{s.load_rss_bytes / 2**20:.1f} MiB"
                  + (f" ({s.warmup_records} warmup requests)" if s.warmup_records else ""))
         for key, why in servable.broken.items():
-            self.log(f"  signature {key!r} of {model.name} version {s.version} could not be loaded and answers an "
+            self.log(f"  signature {key!r} of {model.name} {model.what(s.version)} could not be loaded and answers an "
                      f"error when called: {why}")
         self._settle(model)
 
@@ -510,6 +565,18 @@ class ModelManager:
             elif not states:
                 raise not_found(f"Could not find any versions of model {quoted(name)}")
             return [VersionState(s.version, s.state, s.error_code, s.error_message) for s in states]
+
+    def candidate(self, name: str) -> Servable | None:
+        """The candidate of model `name` loaded for shadow traffic (AVAILABLE), or None."""
+        with self._lock:
+            entry = self._shadows.get(name)
+            available = entry.available() if entry is not None else {}
+            return available[max(available)] if available else None
+
+    def shadowed(self) -> dict[str, int | None]:
+        """Each model whose base path has a candidates/ folder -> its candidate loaded now (None: none)."""
+        with self._lock:
+            return {name: max(m.available(), default=None) for name, m in self._shadows.items()}
 
     def serves(self, name: str) -> bool:
         """Whether `name` is one of the models of the current config."""

@@ -28,6 +28,9 @@ def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str
     """models.config, batching.config (with --enable_batching) and monitoring.config (always:
     Prometheus on at the usual path unless a monitoring file says otherwise) in config_dir.
     `base_paths` rewrites each model's base_path (the container sees its own paths)."""
+    if opts.shadow > 0:
+        raise ServeError(f"--shadow={opts.shadow:g}: tensorflow_model_server has no shadow traffic; it needs "
+                         "--backend embedded")
     os.makedirs(config_dir, exist_ok=True)
     config = model_server_config(opts)
     logged = [c.name for c in config.model_config_list.config if c.HasField("logging_config")]
