@@ -329,7 +329,7 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
                       env=_env(Path(digits["config"]).parent))
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
-    assert out.count("cached") == 6, out  # the image listing's fingerprint is stable
+    assert out.count("cached") == 7, out  # the image listing's fingerprint is stable
     show = run_cli("show", "--workdir", str(workdir))
     assert show.returncode == 0 and "sklearn://digits (written to" in show.stdout, show.stdout + show.stderr
 

@@ -109,7 +109,7 @@ def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str,
-                          check: Callable[[Any], Any]) -> int:
+                          check: Callable[[Any], Any], gated: bool = False) -> int:
     """Check the inputs, then import the stage (TensorFlow comes with it, only now) and run it.
     TensorFlow, the TFLite converter and LiteRT write chatter to fd 2; errors still reach the
     user as exceptions."""
@@ -118,7 +118,9 @@ def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[Ba
     with quiet_native_stderr(not args.debug):
         stage = importlib.import_module(module)
         out = stage.run(cfg, log=lambda line: print(line, flush=True))
-        return stage.result(out).code  # 1: a gate said no (the export's new version held or refused)
+        # `gated`: the stage's result carries a gate's verdict (the export's: 1 when it held or refused
+        # the new version); a multi-worker training's non-chief publishes nothing to read a result from
+        return stage.result(out).code if gated else 0
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
@@ -132,7 +134,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.export.config import ExportConfig
     from tfpipe.export.inputs import check_inputs
 
-    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job", check_inputs)
+    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job", check_inputs, gated=True)
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
