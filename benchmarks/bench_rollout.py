@@ -37,7 +37,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gallery  # noqa: E402
+from bench_tables import run_bounded  # noqa: E402  (a run in a session of its own, ended on a timeout)
 
 DEFAULT_TABLES = "penguins_raw,breast_cancer,ames"
 SHUFFLED_FRACTION = 0.2
@@ -105,38 +105,13 @@ def write_days(written: gallery.Written, out: str) -> tuple[list[str], dict]:
 
 # ---- running tfpipe ---------------------------------------------------------------------------------
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the run's process group (its servers and load generators too), SIGKILL after 15 s."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_day(workdir: str, path: str, label: str, console: str, timeout: float) -> dict:
     args = ["run", "--workdir", workdir, "--input", path, "--label", label]
     for o in OVERRIDES:
         args += ["--set", o]
-    command = [sys.executable, "-m", "tfpipe.cli", *args]
-    started = time.monotonic()
-    with open(console, "w") as out:
-        # its own session, so that a timeout ends whatever the run started; its cwd the table's
-        # folder, so that nothing lands in the tree
-        proc = subprocess.Popen(command, cwd=os.path.dirname(workdir), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_group(proc)
-            code = None
-    return {"command": "tfpipe " + " ".join(args), "exit": code, "wall_s": round(time.monotonic() - started, 1),
-            "console": console}
+    # its cwd the table's folder, so that nothing lands in the tree
+    code, wall = run_bounded([sys.executable, "-m", "tfpipe.cli", *args], os.path.dirname(workdir), console, timeout)
+    return {"command": "tfpipe " + " ".join(args), "exit": code, "wall_s": round(wall, 1), "console": console}
 
 
 def tail(path: str, lines: int = TAIL_LINES) -> list[str]:

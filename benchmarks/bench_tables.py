@@ -95,21 +95,27 @@ def run_tfpipe(written: gallery.Written, scratch: str, timeout: float) -> dict:
     if entry.label is not None:
         args += ["--label", entry.label]
     log = os.path.join(scratch, "tfpipe-run.log")
+    code, wall = run_bounded(tfpipe_command() + args, scratch, log, timeout)
+    tail = output_tail(log)
+    return {"command": "tfpipe " + " ".join(args), "exit": code, "timed_out": code is None,
+            "wall_s": round(wall, 1), "tail": tail, "log": log,
+            "step_error": step_error(scratch, tail) if code != 0 else []}
+
+
+def run_bounded(command: list[str], cwd: str, log: str, timeout: float) -> tuple[int | None, float]:
+    """Run `command` in `cwd` with its output in the file `log`, in a session of its own so that a
+    timeout ends the servers and load generators it started too: (its exit status, None on a
+    timeout; the wall seconds it took)."""
     started = time.monotonic()
     with open(log, "w") as out:
-        # its own session, so that a timeout ends the servers and load generators it started too
-        proc = subprocess.Popen(tfpipe_command() + args, cwd=scratch, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_group(proc)
             code = None
-    wall = time.monotonic() - started
-    tail = output_tail(log)
-    return {"command": "tfpipe " + " ".join(args), "exit": code, "timed_out": code is None,
-            "wall_s": round(wall, 1), "tail": tail, "log": log,
-            "step_error": step_error(scratch, tail) if code != 0 else []}
+    return code, time.monotonic() - started
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -8,7 +8,7 @@ import os
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe import versions
-from tfpipe.files import read_json
+from tfpipe.files import read_json, writable_dir
 from tfpipe.train.datadir import DataDir, load_data_dir
 from tfpipe.train.errors import TrainError
 
@@ -26,12 +26,9 @@ def check_inputs(config: ExportConfig) -> tuple[str, DataDir, str]:
     if not config.base:
         raise ExportError("no model base path: pass --base DIR (versions go to BASE/NAME/VERSION)")
     model_dir = os.path.join(os.path.abspath(config.base), config.name)
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot create {model_dir}: {e.strerror}") from None
-    if not os.access(model_dir, os.W_OK):
-        raise ExportError(f"cannot write to {model_dir}")
+    why = writable_dir(model_dir)
+    if why:
+        raise ExportError(f"{model_dir}: {why}")
     if config.version is not None:
         choose_version(model_dir, config.version)
     from tfpipe.export.gate import check_thresholds, parse_threshold

@@ -47,23 +47,24 @@ def _configs(args: argparse.Namespace, model_dir: str):
     return lambda before, version: move_stable(args.models_config, name, before, version, args.server, print)
 
 
-def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
+def _change(args: argparse.Namespace, action, target: int | None, default_reason: str) -> tuple[str, dict]:
+    """(the model directory, the history entry) of `action` (versions.promote or rollback) on MODEL."""
     model_dir = model_dir_of(args.model)
     try:
-        entry = versions.promote(model_dir, args.version, args.reason or "promoted by hand", _configs(args, model_dir))
+        return model_dir, action(model_dir, target, args.reason or default_reason, _configs(args, model_dir))
     except versions.VersionError as e:
         raise RolloutError(str(e)) from None
+
+
+def cmd_promote(args: argparse.Namespace, extra: list[str]) -> int:
+    model_dir, entry = _change(args, versions.promote, args.version, "promoted by hand")
     print(f"{model_dir}: version {entry['version']} is served (was {entry['served_before']}); a server polling "
           "the base path follows within its poll interval")
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace, extra: list[str]) -> int:
-    model_dir = model_dir_of(args.model)
-    try:
-        entry = versions.rollback(model_dir, args.to, args.reason or "rolled back by hand", _configs(args, model_dir))
-    except versions.VersionError as e:
-        raise RolloutError(str(e)) from None
+    model_dir, entry = _change(args, versions.rollback, args.to, "rolled back by hand")
     print(f"{model_dir}: version {entry['version']} is served again; version {entry['rolled_back_from']} is kept "
           f"in {versions.CANDIDATES}/ (tfpipe promote {args.model} --version {entry['rolled_back_from']} serves it "
           "again)")
@@ -124,6 +125,25 @@ def cmd_shadow(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+# the commands that change the served version: name, handler, (target flag, its help), help, description, epilog
+_CHANGES = (
+    ("promote", cmd_promote, ("--version", "the version to serve (default: the newest candidate)"),
+     "serve a version kept as a candidate (or any older one)",
+     "Makes --version N the version served from the model base path: a candidate (one a gate held, or one "
+     "rolled back from, in BASE/NAME/candidates/N) is renamed into the served range, and any higher version is "
+     "moved to candidates/ (kept, promotable again). Recorded in the model's history with --reason. A server "
+     "polling the base path (tfpipe serve, tensorflow_model_server) loads it, then unloads the one it replaces: "
+     "no request fails.",
+     "example: tfpipe promote runs/penguins --version 3 --reason 'checked by hand'"),
+    ("rollback", cmd_rollback, ("--to", "the version to serve (default: the one served before)"),
+     "serve the version served before the current one again",
+     "Serves again the version that was served before the current one (or --to N): the current version is "
+     "moved to BASE/NAME/candidates/ (kept: `tfpipe promote` serves it again). Versions a rollback may return "
+     "to are never removed by `tfpipe export --keep`.",
+     "example: tfpipe rollback runs/penguins --reason 'p99 doubled'"),
+)
+
+
 def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     """The `promote`, `rollback`, `history` and `shadow` subcommands (no config file: they take a model
     or a folder and change or show its versions; `common`'s --config would mean nothing to them)."""
@@ -131,30 +151,13 @@ def add_rollout_commands(sub, common: argparse.ArgumentParser) -> None:
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     where = ("a model directory BASE/NAME (the one holding its numbered versions), or a tfpipe run workdir "
              "(its export/models/NAME)")
-    p = sub.add_parser(
-        "promote", parents=[common], help="serve a version kept as a candidate (or any older one)",
-        description="Makes --version N the version served from the model base path: a candidate (one a gate held, "
-                    "or one rolled back from, in BASE/NAME/candidates/N) is renamed into the served range, and any higher version is "
-                    "moved to candidates/ (kept, promotable again). Recorded in the model's history with --reason. "
-                    "A server polling the base path (tfpipe serve, tensorflow_model_server) loads it, then unloads "
-                    "the one it replaces: no request fails.",
-        epilog="example: tfpipe promote runs/penguins --version 3 --reason 'checked by hand'")
-    p.add_argument("model", metavar="MODEL", help=where)
-    p.add_argument("--version", type=int, metavar="N", help="the version to serve (default: the newest candidate)")
-    p.add_argument("--reason", metavar="TEXT", help="why, for the history")
-    _add_config_flags(p)
-    p.set_defaults(handler=cmd_promote)
-    r = sub.add_parser(
-        "rollback", parents=[common], help="serve the version served before the current one again",
-        description="Serves again the version that was served before the current one (or --to N): the current "
-                    "version is moved to BASE/NAME/candidates/ (kept: `tfpipe promote` serves it again). Versions "
-                    "a rollback may return to are never removed by `tfpipe export --keep`.",
-        epilog="example: tfpipe rollback runs/penguins --reason 'p99 doubled'")
-    r.add_argument("model", metavar="MODEL", help=where)
-    r.add_argument("--to", type=int, metavar="N", help="the version to serve (default: the one served before)")
-    r.add_argument("--reason", metavar="TEXT", help="why, for the history")
-    _add_config_flags(r)
-    r.set_defaults(handler=cmd_rollback)
+    for name, handler, target, help_, description, epilog in _CHANGES:
+        p = sub.add_parser(name, parents=[common], help=help_, description=description, epilog=epilog)
+        p.add_argument("model", metavar="MODEL", help=where)
+        p.add_argument(target[0], type=int, metavar="N", help=target[1])
+        p.add_argument("--reason", metavar="TEXT", help="why, for the history")
+        _add_config_flags(p)
+        p.set_defaults(handler=handler)
     h = sub.add_parser(
         "history", parents=[common], help="which version of a model served when, and why",
         description="Prints the model's served version, its candidates, and every event of its history "

@@ -84,6 +84,16 @@ def _temp_name(out: str) -> str:
     return os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def writable_dir(path: str) -> str | None:
+    """Create the directory `path` if it is missing; None when this process can write in it, else
+    why not, in a few words for an error message."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot create it: {e.strerror}"
+    return None if os.access(path, os.W_OK) else "not writable by this user"
+
+
 def temp_dir(out: str) -> str:
     """A new empty directory beside `out` (`.NAME.tmp-PID-RANDOM`) to build it in. Those left
     by runs that were killed (their process is gone) are removed first."""

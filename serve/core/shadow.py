@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe.files import write_atomic
+from tfpipe.files import writable_dir, write_atomic
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.servable import Servable
 from tfpipe.serve.errors import ServeError, ServingError
@@ -64,13 +64,9 @@ def check_options(share: float, report_dir: str) -> None:
     if not 0.0 <= share <= 1.0:
         raise ServeError(f"--shadow={share:g}: the share of requests mirrored to a candidate must be within 0 and 1 "
                          "(0: off, 1: every request that names no version or label)")
-    if share > 0 and report_dir:
-        try:
-            os.makedirs(report_dir, exist_ok=True)
-        except OSError as e:
-            raise ServeError(f"--shadow_report_dir={report_dir}: cannot create it: {e.strerror}") from None
-        if not os.access(report_dir, os.W_OK):
-            raise ServeError(f"--shadow_report_dir={report_dir}: not writable by this user")
+    why = writable_dir(report_dir) if share > 0 and report_dir else None
+    if why:
+        raise ServeError(f"--shadow_report_dir={report_dir}: {why}")
 
 
 class Shadow:
