@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import threading
 import time
