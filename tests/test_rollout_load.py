@@ -29,7 +29,7 @@ pytestmark = pytest.mark.xdist_group("rollout_load")
 V1, V2 = 3.0, 4.0  # y = 0.5 * 2 + b of version 1 (b=2) and version 2 (b=3)
 ANSWER = {1: V1, 2: V2}
 WINDOW = 20  # answers each API gives in each settled stretch (before, promoted, rolled back)
-SETTLE = 30.0  # seconds a switch may take before the test fails (it takes one poll and a load: ~1-2 s)
+SETTLE = 30.0  # seconds a switch may take before the test fails (it takes one base-path poll and one load)
 
 
 @dataclass

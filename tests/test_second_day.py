@@ -120,7 +120,7 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
         assert res.returncode == 1, res.stdout + res.stderr
         assert "held" in res.stdout and "previous test split" in res.stdout
         assert versions.served(model) == 1 and versions.candidates(model) == [2]
-        time.sleep(1.5)  # more than one poll of the base path: nothing new to load
+        server.manager.poll()  # a poll of the base path, now: the held version is not in the served range
         assert served_version(url)[0] == 1
         manifest = json.load(open(os.path.join(model, "candidates", "2", "assets.extra", "export.json")))
         assert manifest["decision"] == "held" and not manifest["gate"]["passed"]

@@ -23,7 +23,7 @@ from reloading import publish_and_wait
 pytestmark = pytest.mark.xdist_group("shadow")
 
 MONITORING = 'prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }'
-SETTLE_S = 60.0  # how long a server may take to do what a test waits for (a poll and a load: ~1-2 s)
+SETTLE_S = 60.0  # how long a server may take to do what a test waits for (a base-path poll and a load)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
