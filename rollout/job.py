@@ -55,9 +55,12 @@ class Target:
 
 
 def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, log: Log = print,
-        data: str | None = None) -> str:
+        data: str | None = None, models_config: str | None = None) -> str:
     """Decide, promote or hold, and publish `out` (rollout.json, and the rounds' load tests). `data`:
-    the new data directory, compared with the served version's data (reported, not a gate)."""
+    the new data directory, compared with the served version's data (reported, not a gate).
+    `models_config`: the run's generated models.config, whose NAME-candidate entry goes once the
+    new version is judged (a server started on it later, or tensorflow_model_server, would look
+    for a version no longer in candidates/ after a promotion)."""
     from tfpipe.rollout.drift import drift_line, new_data_against_served
 
     with publish(out) as tmp:
@@ -93,6 +96,10 @@ def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, 
             with versions.locked(seen.model_dir):
                 versions.record(seen.model_dir, "held", seen.new, record["reason"], served_before=seen.served)
         record["served"] = versions.served(seen.model_dir)
+        if models_config and seen.new is not None:
+            from tfpipe.serve.tfserving.configs import remove_candidate
+
+            remove_candidate(models_config, seen.name)
         log(f"{record['decision']}: {record['reason']}")
         write_json(os.path.join(tmp, "rollout.json"), record)
     return out

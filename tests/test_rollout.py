@@ -188,3 +188,8 @@ def test_the_configs_for_a_label_and_a_candidate_parse_with_the_official_protos(
         "taxi-candidate", os.path.join("/m/taxi", versions.CANDIDATES), [5])
     with pytest.raises(Exception, match="no model 'other'"):
         pinned(config, "other", [1], {})
+    from tfpipe.serve.tfserving.configs import remove_candidate
+
+    assert remove_candidate(path, "taxi") and not remove_candidate(path, "taxi")
+    (left,) = text_format.Parse(open(path).read(), model_server_config_pb2.ModelServerConfig()).model_config_list.config
+    assert left.name == "taxi" and dict(left.version_labels) == {"stable": 3}

@@ -326,6 +326,9 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     assert export["lineage"]["train_fingerprint"] == train["fingerprint"] and export["decision"] == "passed"
     served = load(os.path.join(workdir, "serve", "serve.json"))
     assert served["version"] == 1 and served["candidate"]["version"] == 2  # side by side for the gate
+    # ...and out of the generated models.config once judged: version 2 is in the served range now
+    config = open(os.path.join(workdir, "serve", "models.config")).read()
+    assert 'name: "penguins"' in config and "penguins-candidate" not in config
     assert served["candidate"]["check"]["rows"] > 0  # the candidate's REST and gRPC answers were checked too
     rollout = load(os.path.join(workdir, "rollout", "rollout.json"))
     assert rollout["decision"] == "promoted" and rollout["served"] == 2, rollout

@@ -267,7 +267,8 @@ def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
                                                    if m == model),
                         inputs.of("data", DataOutputs).path, config.loadtest.users, config.loadtest.slo)
     out = inputs.path("rollout")
-    run(config.rollout, seen, target, out, log=lambda line: log("  " + line), data=inputs.of("data", DataOutputs).path)
+    run(config.rollout, seen, target, out, log=lambda line: log("  " + line), data=inputs.of("data", DataOutputs).path,
+        models_config=inputs.path("serve", "models.config"))
     return result(out)
 
 

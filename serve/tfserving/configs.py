@@ -193,6 +193,23 @@ def write_text_proto(path: str, message) -> str:
     return path
 
 
+def remove_candidate(path: str, name: str) -> bool:
+    """Take model `name`'s candidate entry (add_candidate's) out of the models.config at `path`, once
+    it has been judged: promoted, its version is in the served range; held, it waits in candidates/.
+    False when there was none (or no file)."""
+    if not os.path.exists(path):
+        return False
+    config = read_text_proto(path, model_server_config_pb2.ModelServerConfig(), "models config")
+    entries = config.model_config_list.config
+    keep = [c for c in entries if c.name != candidate_model(name)]
+    if len(keep) == len(entries):
+        return False
+    out = model_server_config_pb2.ModelServerConfig()
+    out.model_config_list.config.extend(keep)
+    write_text_proto(path, out)
+    return True
+
+
 def add_candidate(path: str, name: str, base_path: str, version: int) -> str:
     """Add to the models.config at `path` the candidate `version` of model `name` (kept in
     BASE/NAME/candidates/, which TF Serving's default policy never serves) as a model of its own,
