@@ -119,6 +119,8 @@ def test_history_passes_over_a_torn_last_line(tmp_path):
     with open(os.path.join(model, versions.HISTORY), "a") as f:
         f.write('{"event": "prom')  # a write cut short by a crash
     assert [e["event"] for e in versions.history(model)] == ["published"]
+    versions.record(model, "held", 2, "after the crash")  # on a line of its own, not glued to the torn one
+    assert [e["event"] for e in versions.history(model)] == ["published", "held"]
 
 
 def test_version_path(tmp_path):

@@ -111,11 +111,20 @@ def record(model_dir: str, event: str, version: int | None, reason: str, **extra
     rolled back), the version it is about, why, and what else the caller knows."""
     entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "event": event,
              "version": version, "served": served(model_dir), "reason": reason, **extra}
-    with open(os.path.join(model_dir, HISTORY), "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, default=str) + "\n")
+    path = os.path.join(model_dir, HISTORY)
+    with open(path, "ab") as f:
+        if f.tell() and _last_byte(path) != b"\n":  # a line a crash cut short ends here, not glued to ours
+            f.write(b"\n")
+        f.write((json.dumps(entry, default=str) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
     return entry
+
+
+def _last_byte(path: str) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
 
 
 @contextlib.contextmanager
