@@ -103,10 +103,13 @@ def wait_available(server: str, name: str, version: int, timeout: float = 120) -
 
 def move_stable(path: str, name: str, old: int | None, new: int, server: str | None,
                 log: Callable[[str], None]) -> None:
-    """Serve `new` in place of `old` through the models.config at `path` (and the running server
-    at `server`), moving the `stable` label after `new` is loaded."""
+    """Serve `new` in place of `old` (the version the file labels `stable`, if it labels one) through
+    the models.config at `path` (and the running server at `server`), moving the `stable` label
+    after `new` is loaded."""
     config = read_config(path)
-    final = pinned(config, name, [new], {STABLE: new})
+    final = pinned(config, name, [new], {STABLE: new})  # also checks that the file has the model
+    labelled = {c.name: dict(c.version_labels) for c in config.model_config_list.config}[name].get(STABLE)
+    old = labelled if labelled is not None else old  # what the server runs is what the file says
     if server is None or old is None or old == new:
         write_config(path, final)
         if server is not None:
