@@ -143,7 +143,14 @@ def judge(candidate_dir: str, baseline_dir: str, data: DataDir, config, log: Cal
     with the decision: promoted, held or refused, and why."""
     thresholds = [parse_threshold(t) for t in config.thresholds]
     breaks = breaking_changes(baseline_dir, candidate_dir)
-    candidate, baseline = Answers(candidate_dir), Answers(baseline_dir)
+    candidate = Answers(candidate_dir)
+    try:
+        baseline = Answers(baseline_dir)
+    except ValueError as e:  # a served version tfpipe did not make: nothing to answer the rows through
+        why = f"the served version cannot be judged against: {e}"
+        return {"baseline_path": baseline_dir, "data": [], "checks": [], "breaking_changes": [b.text() for b in breaks],
+                "passed": False, "failed": [why], "notes": [why], "confidence": config.gate_confidence,
+                "thresholds": list(config.thresholds), "slices": list(config.slice)}
     task = data.schema.label.task
     sets = [("new test split", data, judged_split(data))]
     previous = stored_test_data(baseline_dir)

@@ -229,3 +229,28 @@ def test_two_sample_bound(a, b, measure, moved):
     bound = two_sample_bound(a, b, measure, 0.99)
     assert bool(d > bound) is moved, (d, bound)
     assert two_sample_bound(np.zeros(2), b[:2], measure, 0.99) is None
+
+
+def test_a_served_version_without_an_example_signature_holds_the_new_one_with_the_reason(tmp_path):
+    """A served version tfpipe did not make (no classification or regression signature to answer the
+    rows through): the new version is not compared but held, the reason says why; --promote always
+    still serves it (with --breaking-change, since its signatures differ too)."""
+    import tensorflow as tf
+    from serving_models import save_half
+
+    from tfpipe.export.config import ExportConfig
+    from tfpipe.export.judge import decide, judge
+
+    class Regressor(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def regress(self, inputs):
+            return {"outputs": tf.zeros([tf.shape(inputs)[0]])}
+
+    save_half(str(tmp_path / "served"))
+    module = Regressor()
+    tf.saved_model.save(module, str(tmp_path / "new"), signatures={"regression": module.regress})
+    record = judge(str(tmp_path / "new"), str(tmp_path / "served"), None, ExportConfig(), log=lambda _: None)
+    assert not record["passed"] and "cannot be judged against" in record["failed"][0], record
+    assert decide(record, ExportConfig(breaking_change=True)) == ("held", record["failed"][0])
+    assert decide(record, ExportConfig(breaking_change=True, promote="always"))[0] == "promoted"
+    assert decide(record, ExportConfig())[0] == "refused"  # and its signatures differ
