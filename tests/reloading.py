@@ -22,6 +22,12 @@ def publish_and_wait(source: str, base: str, version: int, url: str, model: str,
     staging = os.path.join(os.path.dirname(base), "staging")
     shutil.copytree(source, staging)
     os.rename(staging, os.path.join(base, str(version)))
+    wait_version(url, model, version, timeout)
+
+
+def wait_version(url: str, model: str, version: int, timeout: float = 60) -> None:
+    """Until the server at `url` (REST) serves `version` of `model` AVAILABLE and every other version
+    has ended; AssertionError after `timeout` seconds."""
     deadline, states = time.time() + timeout, {}
     while time.time() < deadline:
         status = requests.get(f"{url}/v1/models/{model}", timeout=30).json()["model_version_status"]

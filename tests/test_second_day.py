@@ -9,11 +9,11 @@ import csv
 import json
 import os
 import random
-import time
 
 import pytest
 import requests
 from conftest import run_cli
+from reloading import wait_version
 
 from tfpipe import versions
 
@@ -87,17 +87,6 @@ def served_version(url: str) -> tuple[int, float]:
     return max(available), max(r.json()["predictions"][0]["probabilities"])
 
 
-def wait_served(url: str, version: int, timeout: float = 60) -> None:
-    deadline, seen = time.time() + timeout, None
-    while time.time() < deadline:
-        status = requests.get(f"{url}/v1/models/penguins", timeout=30).json()["model_version_status"]
-        seen = {int(s["version"]): s["state"] for s in status}
-        if seen.get(version) == "AVAILABLE" and all(s == "END" for v, s in seen.items() if v != version):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"version {version} did not take over: {seen}")
-
-
 def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, days):
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
@@ -131,7 +120,7 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
         assert res.returncode == 0, res.stdout + res.stderr
         assert "promoted" in res.stdout
         assert versions.served(model) == 3
-        wait_served(url, 3)
+        wait_version(url, "penguins", 3)
 
         # A model without the island column would break clients that send it: refused, named.
         res = export(days["no island"], base)
@@ -143,10 +132,10 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
         res = run_cli("rollback", model, "--reason", "checked by hand")
         assert res.returncode == 0, res.stderr
         assert versions.served(model) == 1 and versions.candidates(model) == [2, 3, 4]
-        wait_served(url, 1)
+        wait_version(url, "penguins", 1)
         res = run_cli("promote", model, "--version", "3")
         assert res.returncode == 0, res.stderr
-        wait_served(url, 3)
+        wait_version(url, "penguins", 3)
 
     res = run_cli("history", model)
     assert res.returncode == 0

@@ -132,7 +132,8 @@ def run_export(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     # The version's folder moves when it is promoted or rolled back (candidates/N <-> N): the run keeps
     # (and fingerprints) a copy of its export.json where it stays.
     kept = inputs.path("export", "export.json")
-    write_atomic(kept, open(done.manifest, "rb").read())
+    with open(done.manifest, "rb") as f:
+        write_atomic(kept, f.read())
     return dataclasses.replace(done, manifest=kept)
 
 
