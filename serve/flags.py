@@ -216,7 +216,32 @@ SHADOW_FLAGS: list[Flag] = [
          metavar="DIR", shown_default=""),
 ]
 
-ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS + SHADOW_FLAGS
+CANARY_HELP = (
+    "Answer a share of the requests that name no version or label with each model's newest\n"
+    "candidate (the one --shadow would mirror to); promote it (tfpipe promote's move) once it has\n"
+    "answered --canary_requests within the bounds below, roll it back at once when it does not.\n"
+    "A request the candidate fails, or answers with NaN or infinity, is answered by the served\n"
+    "version: clients are answered all along.")
+CANARY_FLAGS: list[Flag] = [
+    Flag("canary", _share, 0.0, "Embedded server: the share (0 to 1) of the Predict, Classify and Regress requests "
+         "that name no version or label answered by the model's newest candidate (BASE/NAME/candidates/N, newer than "
+         "the versions served, not rolled back before), drawn per request, or per client with --canary_key",
+         metavar="SHARE", shown_default="0: off"),
+    Flag("canary_key", str, "x-canary-key", "With --canary: the request header (REST) or metadata key (gRPC) that names "
+         "a client; requests with the same value all go to the candidate or all to the served version (sticky), "
+         "requests without it are drawn one by one", metavar="NAME"),
+    Flag("canary_requests", int, 1000, "With --canary: promote the candidate once it has answered this many requests "
+         "(in this server process) within the bounds", metavar="N"),
+    Flag("canary_min_seconds", float, 0.0, "With --canary: and once its canary has run this long", metavar="SECONDS"),
+    Flag("canary_max_p99_rise", float, 0.5, "With --canary: roll back when the candidate's model-call p99 exceeds the "
+         "served version's (over the same time) by more than this share", metavar="SHARE"),
+    Flag("canary_max_disagreement", float, 0.1, "With --canary: roll back when the candidate's answers differ from "
+         "the served version's on the same requests (the served version answers them too, off the request's path) "
+         "beyond this: the share of rows whose class flips, or for models without class outputs the median "
+         "relative difference", metavar="SHARE"),
+]
+
+ALL_FLAGS = TF_SERVING_FLAGS + TFPIPE_FLAGS + REQUEST_LOG_FLAGS + SHADOW_FLAGS + CANARY_FLAGS
 _TYPES = {int: int, float: float, str: str, _bool: bool, _share: float}
 
 
@@ -286,6 +311,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     shadow = parser.add_argument_group("shadow traffic (embedded server)", SHADOW_HELP)
     for f in SHADOW_FLAGS:
         _add(shadow, f)
+    canary = parser.add_argument_group("canary (embedded server)", CANARY_HELP)
+    for f in CANARY_FLAGS:
+        _add(canary, f)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

@@ -50,6 +50,9 @@ class Metrics:
         self.shadow_errors: dict[tuple, int] = defaultdict(int)
         self.shadow_rows: dict[tuple, list[int]] = {}
         self.shadow_latency: dict[tuple, _Histogram] = {}
+        # canary (--canary), by (model, candidate version, outcome): requests the candidate answered
+        # ("candidate"), or failed and the served version answered ("fallback")
+        self.canary_requests: dict[tuple, int] = defaultdict(int)
 
     def request(self, model: str, api: str, status: str, seconds: float) -> None:
         if not self.known_model(model):
@@ -86,6 +89,12 @@ class Metrics:
             if key not in self.shadow_latency:
                 self.shadow_latency[key] = _Histogram(LATENCY_BUCKETS_S)
             self.shadow_latency[key].observe(seconds)
+
+    def canary(self, model: str, version: int, outcome: str) -> None:
+        """A canary request: answered by the candidate `version` ("candidate"), or by the served version
+        after the candidate failed it ("fallback")."""
+        with self._lock:
+            self.canary_requests[(model, version, outcome)] += 1
 
     def batch(self, rows: int, padded: int) -> None:
         with self._lock:
@@ -129,6 +138,14 @@ class Metrics:
                                f"{_labels([('model', model), ('status', status)])} {n}")
             if shadowed is not None:
                 out += self._shadow_lines(shadowed)
+            if self.canary_requests:
+                out += ["# HELP tfpipe_serving_canary_requests_total Requests routed to a model's candidate by "
+                        "--canary, by candidate version and outcome: answered by the candidate, or by the served "
+                        "version after the candidate failed (a fallback rolls the candidate back).",
+                        "# TYPE tfpipe_serving_canary_requests_total counter"]
+                for (model, version, outcome), n in sorted(self.canary_requests.items()):
+                    out.append(f"tfpipe_serving_canary_requests_total"
+                               f"{_labels([('model', model), ('version', version), ('outcome', outcome)])} {n}")
         out += ["# HELP tfpipe_serving_request_log_queue_depth Log records waiting for the writer threads.",
                 "# TYPE tfpipe_serving_request_log_queue_depth gauge",
                 f"tfpipe_serving_request_log_queue_depth {self.request_log_depth()}"]

@@ -34,6 +34,7 @@ from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
+from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
@@ -72,6 +73,10 @@ class EmbeddedServer:
             raise ServeError("At least one of server_options.grpc_port or server_options.grpc_socket_path must be "
                              "set (--port=0 turns TCP gRPC off: give --grpc_socket_path)")
         check_options(opts.shadow, opts.shadow_report_dir)
+        canary_options = CanaryOptions.of(opts)
+        for flag in sorted(f for f in opts.given if f.startswith("canary_")):
+            if not opts.canary:
+                log(f"--{flag} is ignored without --canary")
         for flag in ("shadow_slice", "shadow_report_dir"):
             if getattr(opts, flag) and not opts.shadow:
                 log(f"--{flag} is ignored without --shadow")
@@ -106,7 +111,7 @@ class EmbeddedServer:
                                        max_load_retries=opts.max_num_load_retries,
                                        retry_interval_seconds=opts.load_retry_interval_micros / 1e6,
                                        allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models,
-                                       shadow=opts.shadow > 0),
+                                       candidates=opts.shadow > 0 or opts.canary > 0),
                 log=log, on_unload=self._unloaded, on_config=self.request_logs.update)
         except ServingError as e:
             self.request_logs.close()
@@ -116,12 +121,17 @@ class EmbeddedServer:
         if opts.shadow > 0:
             self.shadow = Shadow(self.manager, opts.shadow, opts.shadow_slice, opts.shadow_report_dir, self.metrics,
                                  log)
-            self.manager.on_poll = self.shadow.polled
+            self.manager.on_poll.append(self.shadow.polled)
+        self.canary = None
+        if opts.canary > 0:
+            self.canary = Canary(self.manager, canary_options, self.metrics, log)
+            self.manager.on_poll.append(self.canary.polled)
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         self._executors = [ThreadPoolExecutor(max(1, opts.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
-                                   per_model_batching=settings.per_model_batching, shadow=self.shadow)
+                                   per_model_batching=settings.per_model_batching, shadow=self.shadow,
+                                   canary=self.canary)
         self.grpc = self.health = self.group = None
         self.grpc_port = self.rest_port = None
         self._rest: RestApi | None = None
@@ -395,6 +405,8 @@ class EmbeddedServer:
             self.group.close()
         if self.shadow is not None:
             self.shadow.close()  # its last reports
+        if self.canary is not None:
+            self.canary.close()
         self.manager.stop()
         self.request_logs.close()
         if self.batcher:

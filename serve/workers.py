@@ -86,7 +86,7 @@ SUMMED = ("tfpipe_serving_requests_total", "tfpipe_serving_request_latency_secon
           "tfpipe_serving_request_log_queue_depth", "tfpipe_serving_live_servables", "process_resident_memory_bytes",
           "tfpipe_serving_shadow_requests_total", "tfpipe_serving_shadow_errors_total",
           "tfpipe_serving_shadow_class_rows_total", "tfpipe_serving_shadow_flipped_rows_total",
-          "tfpipe_serving_shadow_latency_seconds")
+          "tfpipe_serving_shadow_latency_seconds", "tfpipe_serving_canary_requests_total")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 

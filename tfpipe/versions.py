@@ -34,6 +34,7 @@ from tfpipe.files import move
 CANDIDATES = "candidates"
 HISTORY = "rollout.jsonl"
 _LOCK = ".rollout.lock"
+CANARY_ROLLED_BACK = "canary rolled back"  # a history event: the canary of a candidate failed its bounds
 
 
 def candidate_model(name: str) -> str:
@@ -165,9 +166,9 @@ def serve_version(model_dir: str, version: int, event: str, reason: str,
 
 
 def promote(model_dir: str, version: int | None = None, reason: str = "promoted by hand",
-            prepare: Callable[[int | None, int], None] | None = None) -> dict[str, Any]:
+            prepare: Callable[[int | None, int], None] | None = None, **extra: Any) -> dict[str, Any]:
     """Serve `version` (default: the newest candidate); returns the history entry (`prepare`: see
-    serve_version)."""
+    serve_version; `extra`: recorded with it)."""
     with locked(model_dir):
         if version is None:
             held = candidates(model_dir)
@@ -176,7 +177,7 @@ def promote(model_dir: str, version: int | None = None, reason: str = "promoted 
             version = held[-1]
         if version == served(model_dir):
             raise VersionError(f"version {version} is already the one served from {model_dir}")
-        return serve_version(model_dir, version, "promoted", reason, prepare)
+        return serve_version(model_dir, version, "promoted", reason, prepare, **extra)
 
 
 def previous(model_dir: str) -> int | None:
@@ -209,6 +210,13 @@ def rollback(model_dir: str, to: int | None = None, reason: str = "rolled back b
         if target == now:
             raise VersionError(f"version {target} is already the one served from {model_dir}")
         return serve_version(model_dir, target, "rolled back", reason, prepare, rolled_back_from=now)
+
+
+def canary_rolled_back(model_dir: str) -> set[int]:
+    """The candidates a server's canary rolled back (event CANARY_ROLLED_BACK): no server canaries
+    or shadows them again. They stay in `candidates/`, and `tfpipe promote` may still serve one."""
+    return {int(e["version"]) for e in history(model_dir)
+            if e.get("event") == CANARY_ROLLED_BACK and isinstance(e.get("version"), int)}
 
 
 def protected(model_dir: str) -> set[int]:

@@ -24,10 +24,11 @@ from operator import itemgetter
 import numpy as np
 
 from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.model_info import metadata_response, status_response
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
-from tfpipe.serve.core.shadow import Shadow
+from tfpipe.serve.core.shadow import Shadow, classification_view
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 
 Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
@@ -46,34 +47,60 @@ class Inference:
     """`per_model_batching`: each version batches with its own batching_params.pbtxt (and
     without one, not at all), as --enable_per_model_batching_parameters does. `shadow`: with
     --shadow, Predict, Classify and Regress that name no version or label are handed to it once
-    answered (it mirrors a share of them to the model's candidate, off the request's path)."""
+    answered (it mirrors a share of them to the model's candidate, off the request's path).
+    `canary`: with --canary, it picks the requests of that kind the candidate answers instead."""
 
     def __init__(self, manager: ModelManager, batcher: BatchScheduler | None = None,
                  executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False,
-                 shadow: Shadow | None = None):
+                 shadow: Shadow | None = None, canary: Canary | None = None):
         self.manager, self.batcher, self.executor = manager, batcher, executor
         self.per_model_batching = per_model_batching
-        self.shadow = shadow
+        self.shadow, self.canary = shadow, canary
         self._options: dict[int, BatchOptions | None] = {}
 
     # ---- blocking: called on the caller's thread -------------------------------------
 
-    def classify(self, name, version, label, signature_name: str, examples: list[bytes]):
-        servable = self.manager.resolve(name, version, label)
-        t0 = time.perf_counter()
-        sig, classes, scores = servable.classify(signature_name, examples, self._runner(servable))
-        if self.shadow is not None and version is None and not label:
-            seconds = time.perf_counter() - t0
-            self.shadow.examples("classify", servable, sig.name, examples, (classes, scores), seconds)
+    def classify(self, name, version, label, signature_name: str, examples: list[bytes], client: str | None = None):
+        servable, sig, (classes, scores) = self._on_examples(
+            "classify", (name, version, label), client, examples,
+            lambda s, run=None: s.classify(signature_name, examples, run), classification_view)
         return servable, sig, classes, scores
 
-    def regress(self, name, version, label, signature_name: str, examples: list[bytes]):
-        servable = self.manager.resolve(name, version, label)
-        t0 = time.perf_counter()
-        sig, values = servable.regress(signature_name, examples, self._runner(servable))
-        if self.shadow is not None and version is None and not label:
-            self.shadow.examples("regress", servable, sig.name, examples, (values,), time.perf_counter() - t0)
+    def regress(self, name, version, label, signature_name: str, examples: list[bytes], client: str | None = None):
+        servable, sig, (values,) = self._on_examples(
+            "regress", (name, version, label), client, examples,
+            lambda s, run=None: s.regress(signature_name, examples, run), lambda values: {"outputs": values})
         return servable, sig, values
+
+    def _on_examples(self, api: str, spec: Spec, client: str | None, examples: list[bytes], call, view):
+        """A Classify or Regress: `call(servable, runner)` answers (signature, *result), `view(*result)`
+        is the result as named outputs (what the canary checks and compares, and the shadow too).
+        Returns the servable that answered, the signature and the result."""
+        servable = self.manager.resolve(*spec)
+        unversioned = spec[1] is None and not spec[2]
+        candidate = self.canary.pick(servable, client) if unversioned and self.canary is not None else None
+        why = None
+        if candidate is not None:
+            try:
+                t0 = time.perf_counter()
+                sig, *result = call(candidate, self._runner(candidate))
+                why = self.canary.answered(servable, candidate, view(*result), time.perf_counter() - t0,
+                                           lambda: view(*call(servable)[1:]))
+            except Exception as e:  # noqa: BLE001 (whatever the candidate does, the served version answers)
+                why = _failure(e)
+            if why is None:
+                return candidate, sig, result
+        t0 = time.perf_counter()
+        sig, *result = call(servable, self._runner(servable))
+        seconds = time.perf_counter() - t0
+        if candidate is not None:
+            self.canary.failed(servable, candidate, why, view(*result))
+        elif unversioned:
+            if self.canary is not None:
+                self.canary.served(servable, seconds)
+            if self.shadow is not None:
+                self.shadow.examples(api, servable, sig.name, examples, tuple(result), seconds)
+        return servable, sig, result
 
     def multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
         """tasks: (model_spec fields, signature name, method) per task, all of one model.
@@ -113,13 +140,45 @@ class Inference:
 
     async def predict(self, spec: Spec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
                       output_filter=(), executor: Executor | None = None,
-                      unknown_signature: Callable[[str], ServingError] | None = None) -> Prediction:
+                      unknown_signature: Callable[[str], ServingError] | None = None,
+                      client: str | None = None) -> Prediction:
         """The one Predict: the servable resolved, its signature found, `decode(signature)` (the
         transport's codec; REST's JSON needs the signature's dtypes) giving the inputs, checked,
         run batched or on `executor` (the REST threads when None). `unknown_signature(key)`: the
         error for a key the SavedModel lacks, for a transport whose wording differs from
-        FAILED_PRECONDITION's (REST's INVALID_ARGUMENT, as TF Serving's JSON decoding words it)."""
+        FAILED_PRECONDITION's (REST's INVALID_ARGUMENT, as TF Serving's JSON decoding words it).
+        `client`: the request's --canary_key value, if any."""
         servable = self.manager.resolve(*spec)
+        unversioned = spec[1] is None and not spec[2]
+        args = (signature_name, decode, output_filter, executor, unknown_signature)
+        candidate = self.canary.pick(servable, client) if unversioned and self.canary is not None else None
+        if candidate is not None:
+            try:
+                p, _, seconds = await self._predict_on(candidate, *args)
+
+                def served_call() -> dict[str, np.ndarray]:  # on the canary's thread, for the agreement
+                    sig = servable.signature(p.signature.name)
+                    checked = servable.check_inputs(sig, decode(sig))
+                    return servable.run(sig, checked, servable.output_filter(sig, output_filter))
+                why = self.canary.answered(servable, candidate, p.outputs, seconds, served_call)
+            except Exception as e:  # noqa: BLE001 (whatever the candidate does, the served version answers)
+                why = _failure(e)
+            if why is None:
+                return p
+            p, _, _ = await self._predict_on(servable, *args)  # raising: the request's own fault, not the candidate's
+            self.canary.failed(servable, candidate, why, p.outputs)
+            return p
+        p, checked, seconds = await self._predict_on(servable, *args)
+        if unversioned:
+            if self.canary is not None:
+                self.canary.served(servable, seconds)
+            if self.shadow is not None:
+                self.shadow.predict(servable, p.signature.name, checked, p.outputs, seconds)
+        return p
+
+    async def _predict_on(self, servable: Servable, signature_name: str, decode, output_filter, executor,
+                          unknown_signature) -> tuple[Prediction, dict[str, np.ndarray], float]:
+        """`predict` on one servable: the Prediction, the checked inputs and the model call's seconds."""
         key = signature_name or DEFAULT_SIGNATURE
         if unknown_signature is not None and key not in servable.signature_defs:
             raise unknown_signature(key)
@@ -133,19 +192,19 @@ class Inference:
             outputs = await loop.run_in_executor(executor or self.executor, servable.run, sig, checked, keep)
         else:  # waits without holding a thread
             outputs = _keep(await future, keep)
-        if self.shadow is not None and spec[1] is None and not spec[2]:
-            self.shadow.predict(servable, sig.name, checked, outputs, time.perf_counter() - t0)
-        return Prediction(servable, sig, inputs, outputs)
+        return Prediction(servable, sig, inputs, outputs), checked, time.perf_counter() - t0
 
-    async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes]):
+    async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes],
+                             client: str | None = None):
         """`classify` on a REST thread, awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.classify, *spec, signature_name, examples)
+            self.executor, self.classify, *spec, signature_name, examples, client)
 
-    async def regress_async(self, spec: Spec, signature_name: str, examples: list[bytes]):
+    async def regress_async(self, spec: Spec, signature_name: str, examples: list[bytes],
+                            client: str | None = None):
         """`regress` on a REST thread, awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.regress, *spec, signature_name, examples)
+            self.executor, self.regress, *spec, signature_name, examples, client)
 
     def metadata(self, request):
         """GetModelMetadataResponse for a GetModelMetadataRequest (REST builds one from its URL)."""
@@ -194,6 +253,13 @@ class Inference:
             future = self._submit(servable, sig, inputs)
             return servable.run(sig, inputs) if future is None else future.result()
         return run
+
+
+def _failure(e: Exception) -> str:
+    """A candidate's failure as the canary records it."""
+    if isinstance(e, ServingError):
+        return f"{e.code.name}: {e.message}"
+    return f"INTERNAL: {type(e).__name__}: {e}"
 
 
 def _keep(outputs: dict[str, np.ndarray], keep: list[str] | None) -> dict[str, np.ndarray]:

@@ -14,12 +14,13 @@ Follows TF Serving's ServerCore with the AvailabilityPreservingPolicy:
     not exist, or holds no version, is reported and polled until one appears;
   * version labels may point only at AVAILABLE versions, unless
     --allow_version_labels_for_unavailable_models (then only new labels may);
-  * with shadow traffic on (`ManagerOptions.shadow`, --shadow), each model whose base path has a
-    `candidates/` folder also loads its newest candidate (BASE/NAME/candidates/N, when N is newer
-    than every version in the served range) with the same loading and warmup, re-checked at each
-    poll: a newer candidate replaces it, one that left the folder (promoted, removed) is unloaded.
-    A candidate is never resolved by a request nor shown in status; a failed load is logged once
-    and not retried until its directory changes.
+  * with shadow traffic or a canary on (`ManagerOptions.candidates`, --shadow, --canary), each
+    model whose base path has a `candidates/` folder also loads its newest candidate
+    (BASE/NAME/candidates/N, when N is newer than every version in the served range and no canary
+    rolled it back: `reject`, and the history's CANARY_ROLLED_BACK events) with the same loading
+    and warmup, re-checked at each poll: a newer candidate replaces it, one that left the folder
+    (promoted, removed) or was rolled back is unloaded. A candidate is never resolved by a request
+    nor shown in status; a failed load is logged once and not retried until its directory changes.
 Loads run on --num_load_threads threads (0: one after another), unloads on
 --num_unload_threads (0: in the thread that decides them). After an unload the freed
 model's memory is handed back to the operating system (cyclic garbage collected, then
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.core.servable import Servable
-from tfpipe.versions import CANDIDATES
+from tfpipe.versions import CANDIDATES, canary_rolled_back
 from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, quoted, unknown
 from tfpipe.serve.metrics import rss_bytes
 
@@ -58,7 +59,7 @@ class ManagerOptions:
     max_load_retries: int = 5
     retry_interval_seconds: float = 60.0
     allow_unavailable_labels: bool = False
-    shadow: bool = False  # also load each model's newest candidate (shadow traffic)
+    candidates: bool = False  # also load each model's newest candidate (shadow traffic, canary)
 
 
 @dataclass
@@ -205,8 +206,9 @@ class ModelManager:
         self._changed = threading.Condition(self._lock)  # notified on every state change
         self._poll_lock = threading.Lock()  # one poll at a time: the poller and config reloads
         self._models: dict[str, Model] = {}
-        self._shadows: dict[str, Model] = {}  # served model's name -> its candidates' entry (options.shadow)
-        self.on_poll: Callable[[], None] | None = None  # called after every poll (shadow traffic's report)
+        self._shadows: dict[str, Model] = {}  # served model's name -> its candidates' entry (options.candidates)
+        self._rejected: dict[str, set[int]] = {}  # model -> candidates a canary rolled back (and the history says)
+        self.on_poll: list[Callable[[], None]] = []  # called after every poll (shadow reports, canary decisions)
         self._labels: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -355,11 +357,11 @@ class ModelManager:
         with self._poll_lock:
             for model in self.models():
                 self._poll_model(model)
-            if self.options.shadow:
+            if self.options.candidates:
                 for model in self._sync_shadows():
                     self._poll_model(model)
-        if self.on_poll is not None:
-            self.on_poll()
+        for call in self.on_poll:
+            call()
 
     def _sync_shadows(self) -> list[Model]:
         """The candidates' entries, one per served model whose base path has a candidates/ folder now;
@@ -371,6 +373,9 @@ class ModelManager:
             folder = os.path.join(model.config.base_path, CANDIDATES)
             if not os.path.isdir(folder):
                 continue
+            rejected = canary_rolled_back(model.config.base_path)
+            with self._lock:
+                self._rejected[name] = rejected | self._rejected.get(name, set())
             entry = old.get(name)
             if entry is None or entry.config.base_path != folder:
                 entry = Model(model_server_config_pb2.ModelConfig(name=name, base_path=folder), candidate=True)
@@ -419,7 +424,8 @@ class ModelManager:
             served = self._models.get(model.name)
             newest = max(on_disk, default=None)
             above = served is None or served.newest_on_disk is None or (newest or 0) > served.newest_on_disk
-            return [newest] if newest is not None and newest not in failed and above else []
+            ok = newest is not None and newest not in failed and newest not in self._rejected.get(model.name, ())
+            return [newest] if ok and above else []
         return wanted_versions(model.policy, on_disk, failed)
 
     def _settle(self, model: Model, wanted: set[int] | None = None) -> None:
@@ -571,7 +577,21 @@ class ModelManager:
         with self._lock:
             entry = self._shadows.get(name)
             available = entry.available() if entry is not None else {}
-            return available[max(available)] if available else None
+            if not available or max(available) in self._rejected.get(name, ()):
+                return None
+            return available[max(available)]
+
+    def reject(self, name: str, version: int) -> None:
+        """A canary rolled back candidate `version` of model `name`: this process no longer routes
+        to it (`candidate` answers None at once) and its next poll unloads it."""
+        with self._lock:
+            self._rejected.setdefault(name, set()).add(version)
+
+    def base_path(self, name: str) -> str | None:
+        """The base path of served model `name` (BASE/NAME), or None."""
+        with self._lock:
+            model = self._models.get(name)
+            return model.config.base_path if model is not None else None
 
     def shadowed(self) -> dict[str, int | None]:
         """Each model whose base path has a candidates/ folder -> its candidate loaded now (None: none)."""

@@ -9,6 +9,7 @@ import subprocess
 
 from tensorflow_serving.config import model_server_config_pb2
 
+from tfpipe import versions
 from tfpipe.serve.errors import ServeError
 from tfpipe.serve.flags import TF_SERVING_FLAGS, ServeOptions
 from tfpipe.serve.tfserving.configs import (
@@ -38,11 +39,18 @@ def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str
         raise ServeError(f"model(s) {logged} have a logging_config: open-source tensorflow_model_server has no request "
                          "log collector and refuses such a config ('No request-logger-creator provided.'); request "
                          "logging needs --backend embedded")
+    canaries = _canaries(config) if opts.canary > 0 else {}
     for c in config.model_config_list.config:
         if base_paths and c.name in base_paths:
             c.base_path = base_paths[c.name]
         if not c.model_platform:
             c.model_platform = "tensorflow"
+    for c in list(config.model_config_list.config):
+        if c.name in canaries:  # tensorflow_model_server splits no traffic: the candidate is a model of its own
+            entry = config.model_config_list.config.add(
+                name=versions.candidate_model(c.name), model_platform="tensorflow",
+                base_path=f"{c.base_path.rstrip('/')}/{versions.CANDIDATES}")
+            entry.model_version_policy.specific.versions.append(canaries[c.name])
     paths = {"models": write_text_proto(os.path.join(config_dir, "models.config"), config)}
     if opts.enable_batching:
         paths["batching"] = write_text_proto(os.path.join(config_dir, "batching.config"), batching_parameters(opts))
@@ -53,6 +61,18 @@ def write_configs(opts: ServeOptions, config_dir: str, base_paths: dict[str, str
         monitoring.prometheus_config.path = DEFAULT_METRICS_PATH
     paths["monitoring"] = write_text_proto(os.path.join(config_dir, "monitoring.config"), monitoring)
     return paths
+
+
+def _canaries(config) -> dict[str, int]:
+    """--canary with tensorflow_model_server: each model's candidate the embedded server would canary
+    (the newest in BASE/NAME/candidates/, newer than the served range, not rolled back by a canary)."""
+    out = {}
+    for c in config.model_config_list.config:
+        held = [v for v in versions.candidates(c.base_path) if v not in versions.canary_rolled_back(c.base_path)]
+        served = versions.served(c.base_path)
+        if held and (served is None or held[-1] > served):
+            out[c.name] = held[-1]
+    return out
 
 
 # Flags server_flags writes itself (the configs it generated replace the user's files).

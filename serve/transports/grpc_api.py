@@ -90,7 +90,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         async def run():
             spec = spec_of(request.model_spec)
             p = await self.inference.predict(spec, request.model_spec.signature_name,
-                                             lambda _: predict_inputs(request), request.output_filter, self.executor)
+                                             lambda _: predict_inputs(request), request.output_filter, self.executor,
+                                             client=self._client(context))
             response = predict_pb2.PredictResponse()
             model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
             for k, v in p.outputs.items():
@@ -109,14 +110,27 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                                        lambda values: regression_pb2.RegressionResponse(
                                            result=regression_result(values)))
 
+    def _client(self, context) -> str | None:
+        """The call's --canary_key metadata value, when a canary is on."""
+        canary = self.inference.canary
+        if canary is None:
+            return None
+        for key, value in context.invocation_metadata() or ():
+            if key == canary.options.key:
+                return value if isinstance(value, str) else None
+        return None
+
     async def _on_examples(self, api: str, request, context, call, respond):
         """Classify or Regress: `call` (the core's classify or regress) on the request's examples,
         then `respond(*what it returned after the servable and signature)`, the response message."""
         started = time.time_ns(), time.perf_counter_ns()
 
+        client = self._client(context)
+
         def run():  # on a --grpc_max_threads thread: the examples' decoding too
             spec = spec_of(request.model_spec)
-            servable, sig, *result = call(*spec, request.model_spec.signature_name, input_examples(request.input))
+            servable, sig, *result = call(*spec, request.model_spec.signature_name, input_examples(request.input),
+                                          client)
             response = respond(*result)
             model_spec(response.model_spec, spec[0], servable.version, sig.name)
             self._log(started, spec[0], servable.version, sig.name, api, request, response)

@@ -269,6 +269,7 @@ class RestApi:
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
         self.cors = cors
+        self.canary_key = inference.canary.options.key if inference.canary is not None else ""  # its header
         self.draining = False  # set by the server's drain: answers say Connection: close
         # aiohttp's low-level server: every path comes to one handler, so an Application's router,
         # middleware chain and per-request bookkeeping (5-7 us a request, measured) are left out.
@@ -334,7 +335,8 @@ class RestApi:
             spec = (name, version, label)
             if api in ("predict", "classify", "regress"):
                 body = parse_json(await self._body(request))
-                work = getattr(self, api)(spec, body, started)
+                client = request.headers.get(self.canary_key) if self.canary_key else None
+                work = getattr(self, api)(spec, body, started, client)
                 if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
                     response = await self.deadlines.run(work)
                 else:
@@ -381,7 +383,7 @@ class RestApi:
         except TimeoutError:
             raise _SlowBody from None
 
-    async def predict(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
+    async def predict(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
         signature_name = _signature_name(body)
         rows = False
 
@@ -390,7 +392,8 @@ class RestApi:
             inputs, rows = json_inputs(body, sig.input_dtypes)
             return inputs
 
-        p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature)
+        p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature,
+                                         client=client)
         answer = _json(json_outputs(p.outputs, rows))
         self._log("predict", spec[0], p.servable.version, p.signature.name, started,
                   lambda: _predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
@@ -398,10 +401,10 @@ class RestApi:
                   rest_format="instances" if rows else "inputs")
         return answer
 
-    async def classify(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
+    async def classify(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
         signature_name = _signature_name(body)
         examples = json_examples(body)
-        servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples)
+        servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples, client)
         result = classification_result(classes, scores)
         answer = _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
         self._log("classify", spec[0], servable.version, sig.name, started,
@@ -409,10 +412,10 @@ class RestApi:
                                           result))
         return answer
 
-    async def regress(self, spec, body: dict, started: tuple[int, int]) -> web.Response:
+    async def regress(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
         signature_name = _signature_name(body)
         examples = json_examples(body)
-        servable, sig, values = await self.inference.regress_async(spec, signature_name, examples)
+        servable, sig, values = await self.inference.regress_async(spec, signature_name, examples, client)
         result = regression_result(values)
         answer = _json({"results": [r.value for r in result.regressions]})
         self._log("regress", spec[0], servable.version, sig.name, started,
