@@ -21,6 +21,9 @@ class RolloutConfig(BaseModel):
                                 "served one's by more than this share, and by more than the served one's own spread "
                                 "between rounds (p99 on a busy machine moves more than CPU time does)")
     max_cpu_rise: float = Field(0.25, ge=0, description="the same for the server's CPU time per request")
+    shadow: bool = Field(True, description="after the rounds, one more round of the served version with every "
+                         "request mirrored to the new one (shadow traffic): how often their answers differ, and "
+                         "what mirroring costs the served traffic's CPU; reported, not a gate")
 
     def fingerprint_fields(self) -> dict:
         return self.model_dump()

@@ -52,6 +52,9 @@ class Target:
     users: int
     slo: str
     payload: str | None = None  # a JSON request body file, instead of rows from `data`
+    # (model, candidate version, report dir) -> a context in which the server mirrors that model's
+    # requests to the candidate (EmbeddedServer.shadowing); None: no shadow round
+    shadowing: Callable[[str, int, str], Any] | None = None
 
 
 def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, log: Log = print,
@@ -118,8 +121,41 @@ def serving_gate(config: RolloutConfig, seen: Versions, target: Target, out: str
                 + (f", {row['errors']} errors" if row["errors"] else ""))
     summary = {arm: summarise(rs) for arm, rs in rounds.items()}
     summary["ratios"] = {key: paired_ratio(rounds["new"], rounds["served"], key) for key in ("p99_ms", "cpu_us")}
+    shadow = None
+    if config.shadow and target.shadowing is not None:
+        shadow = shadow_round(config, seen, target, out, log, summary["served"])
     return {"rounds": rounds, "summary": summary, "checks": checks(config, summary, bool(target.slo)),
-            "slo": target.slo}
+            "slo": target.slo, "shadow": shadow}
+
+
+def shadow_round(config: RolloutConfig, seen: Versions, target: Target, out: str, log: Log,
+                 served: dict[str, Any]) -> dict[str, Any]:
+    """One more round of the served version, each request mirrored to the new one: the agreement of
+    their answers on those requests, the new version's errors, and the served traffic's CPU per
+    request with the shadow over its median without (reported, not a gate)."""
+    from tfpipe.serve.shadow_report import agreement_text, merge_reports
+
+    report_dir = os.path.join(out, "shadow")
+    try:
+        with target.shadowing(seen.name, seen.new, report_dir):
+            row = one_round(config, seen.name, target, os.path.join(out, "round-shadow"), log)
+        merged = merge_reports(report_dir)
+    except (RuntimeError, OSError, ValueError) as e:
+        log(f"  shadow round: not measured: {e}")
+        return {"failed": str(e)}
+    records = [r for r in merged["models"].get(seen.name, {}).get("records", [])
+               if r["candidate_version"] == seen.new]
+    cost = row["cpu_us"] / served["cpu_us"] if served["cpu_us"] and row["cpu_us"] else None
+    lines = [f"{r['api']} {r['signature']}: {r['mirrored']:,} request(s) mirrored, {r['skipped']:,} skipped, "
+             f"{r['summary']['errors']} error(s) of the new version; {agreement_text(r['summary'])}"
+             for r in records]
+    text = (f"shadow round (served version {seen.served}, every request mirrored to version {seen.new}): "
+            f"{row['requests']:,} requests, {row['cpu_us']:.0f} us CPU per request"
+            + (f", {cost:.2f}x the served rounds' median" if cost else ""))
+    log("  " + text)
+    for line in lines:
+        log("    " + line)
+    return {"round": row, "cpu_ratio": cost, "records": records, "text": text, "lines": lines}
 
 
 def paired_ratio(new: list[dict[str, Any]], served: list[dict[str, Any]], key: str) -> float | None:

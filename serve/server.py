@@ -13,6 +13,7 @@ received, for up to --drain_seconds, then exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import glob
@@ -272,6 +273,31 @@ class EmbeddedServer:
         while True:
             await asyncio.sleep(GROUP_HEALTH_POLL_S)
             self.health.set(self._group_health())
+
+    @contextlib.contextmanager
+    def shadowing(self, name: str, version: int, report_dir: str, timeout: float = 300.0):
+        """Shadow traffic switched on while the block runs, every request of model `name` that names
+        no version mirrored to its candidate `version` (loaded for it, unloaded after), the report
+        written to `report_dir` at the end (tfpipe run's rollout step, on its in-process server; a
+        server started with --shadow or --canary has its own). Yields the Shadow; RuntimeError when
+        the candidate does not load within `timeout` seconds."""
+        if self.shadow is not None or self.canary is not None:
+            raise RuntimeError("this server already runs shadow traffic or a canary")
+        shadow = Shadow(self.manager, 1.0, "", report_dir, self.metrics, self.log)
+        self.manager.candidates_on(True)
+        try:
+            self.manager.poll()
+            if not self.manager.wait_candidate(name, version, timeout):
+                raise RuntimeError(f"candidate {version} of {name} did not load for shadow traffic (see the server log)")
+            self.manager.on_poll.append(shadow.polled)
+            self.shadow = self.inference.shadow = shadow
+            yield shadow
+        finally:
+            self.shadow = self.inference.shadow = None
+            with contextlib.suppress(ValueError):
+                self.manager.on_poll.remove(shadow.polled)
+            shadow.close()  # the calls in flight finish, the report is written
+            self.manager.candidates_on(False)
 
     def metrics_text(self) -> str:
         """This process's Prometheus page."""

@@ -368,7 +368,7 @@ def _record_lines(r: dict[str, Any], slice_column: str) -> list[str]:
     lines = [f"  candidate {r['candidate_version']} vs served {r['served_version']}, {r['api']} "
              f"{r['signature']}: {r['mirrored']} request(s) mirrored, {r['skipped']} skipped, {s['errors']} "
              "candidate error(s)"]
-    lines.append(f"    {s['rows']} row(s) compared" + (f"; {_agreement_text(s)}" if s["rows"] else ""))
+    lines.append(f"    {s['rows']} row(s) compared" + (f"; {agreement_text(s)}" if s["rows"] else ""))
     lat = [s["served_latency_p50"], s["served_latency_p99"], s["candidate_latency_p50"], s["candidate_latency_p99"]]
     if any(v is not None for v in lat):
         ms = ["-" if v is None else f"{v * 1000:.3g}" for v in lat]
@@ -381,7 +381,7 @@ def _record_lines(r: dict[str, Any], slice_column: str) -> list[str]:
         lines.append(f"    per {slice_column or 'slice'}:")
         width = max(len(v) for v in r["slice_summaries"])
         for value, a in r["slice_summaries"].items():
-            lines.append(f"      {value:<{width}}  {a['rows']} row(s); {_agreement_text(a)}")
+            lines.append(f"      {value:<{width}}  {a['rows']} row(s); {agreement_text(a)}")
     if r["worst"]:
         lines.append("    worst rows:")
         for row in r["worst"]:
@@ -392,7 +392,8 @@ def _record_lines(r: dict[str, Any], slice_column: str) -> list[str]:
     return lines
 
 
-def _agreement_text(s: dict[str, Any]) -> str:
+def agreement_text(s: dict[str, Any]) -> str:
+    """A summary's flipped share and relative differences, as one line's words."""
     parts = []
     if s["class_rows"]:
         parts.append(f"class flipped in {s['flipped']} of {s['class_rows']} ({100 * s['flipped_share']:.2f}%)")

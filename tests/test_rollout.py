@@ -90,10 +90,11 @@ def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_
     with ServerThread(opts) as server:
         target = Target(f"http://127.0.0.1:{server.rest_port}",
                         lambda name: sum(n for (m, _, _), n in list(server.metrics.requests.items()) if m == name),
-                        None, 2, "", payload=str(payload))
+                        None, 2, "", payload=str(payload), shadowing=server.shadowing)
         seen = Versions(str(model), "half", 1, 2, "passed", "passed offline")
         out = str(tmp_path / "rollout")
         run(RolloutConfig(rounds=1, duration="1s", warmup="0.5s"), seen, target, out, log=lambda _: None)
+        assert server.manager.shadowed() == {} and server.inference.shadow is None  # switched off after
     r = result(out)
     assert r.code == 1 and r.outputs.decision == "held" and r.outputs.served == 1
     record = json.load(open(os.path.join(out, "rollout.json")))
@@ -101,6 +102,14 @@ def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_
     assert new["p99_ms"] > served["p99_ms"] and served["requests"] > 0 and new["requests"] > 0
     assert served["cpu_us"] > 0 and new["cpu_us"] > served["cpu_us"]  # the busy loop costs CPU too
     assert "p99" in record["reason"] and "too slow" in record["reason"]
+    # The shadow round: the served version's requests mirrored to the new one, which answers the same
+    # (x + 1 = 0.5x + 2 at x = 2) but costs the served traffic CPU; reported, not a gate.
+    shadow = record["serving"]["shadow"]
+    (mirrored,) = shadow["records"]
+    assert mirrored["mirrored"] > 0 and mirrored["summary"]["errors"] == 0, mirrored
+    assert mirrored["summary"]["rel_diff_max"] == 0 and mirrored["summary"]["float_rows"] == mirrored["mirrored"]
+    assert shadow["cpu_ratio"] > 1 and shadow["round"]["requests"] > 0, shadow
+    assert "request(s) mirrored" in shadow["lines"][0] and "relative difference median 0" in shadow["lines"][0]
     assert versions.served(str(model)) == 1 and versions.candidates(str(model)) == [2]
     assert versions.history(str(model))[-1]["event"] == "held"
 

@@ -335,6 +335,8 @@ def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_c
     for arm in ("served", "new"):
         (measured,) = rollout["serving"]["rounds"][arm]
         assert measured["requests"] > 0 and measured["cpu_us"] > 0
+    (shadowed,) = rollout["serving"]["shadow"]["records"]  # version 1's requests mirrored to version 2
+    assert shadowed["mirrored"] > 0 and shadowed["summary"]["class_rows"] > 0, shadowed
     assert "version 2 PROMOTED" in res.stdout
     model = os.path.join(workdir, "export", "models", "penguins")
     assert [e["event"] for e in versions.history(model)] == ["published", "passed offline", "promoted"]

@@ -230,6 +230,12 @@ def rollout_section(entry: dict, r: dict) -> str:
                 for arm, x in (("served", serving["rounds"]["served"][i]), ("new", serving["rounds"]["new"][i]))]
         body += (table_html(["round", "requests", "p99 ms", "CPU us/request", "errors"], rows)
                  + "<ul>" + "".join(f"<li>{_esc(c['text'])}</li>" for c in serving["checks"]) + "</ul>")
+        shadow = serving.get("shadow")
+        if shadow and shadow.get("failed"):
+            body += f"<p>Shadow round: not measured ({_esc(shadow['failed'])}).</p>"
+        elif shadow:
+            body += (f"<h3>Shadow traffic</h3><p>{_esc(shadow['text'])}. Reported, not a gate.</p><ul>"
+                     + "".join(f"<li>{_esc(line)}</li>" for line in shadow["lines"]) + "</ul>")
     drift = r.get("drift")
     if drift:
         rows = [[f["name"], f["measure"], _fmt(f["distance"]), _fmt(f["noise_bound"]), f["verdict"]]

@@ -266,7 +266,8 @@ def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
                    else f"grpc://127.0.0.1:{server.grpc_port}")
         target = Target(address, lambda model: sum(n for (m, _, _), n in list(server.metrics.requests.items())
                                                    if m == model),
-                        inputs.of("data", DataOutputs).path, config.loadtest.users, config.loadtest.slo)
+                        inputs.of("data", DataOutputs).path, config.loadtest.users, config.loadtest.slo,
+                        shadowing=server.shadowing)
     out = inputs.path("rollout")
     run(config.rollout, seen, target, out, log=lambda line: log("  " + line), data=inputs.of("data", DataOutputs).path,
         models_config=inputs.path("serve", "models.config"))

@@ -581,6 +581,32 @@ class ModelManager:
                 return None
             return available[max(available)]
 
+    def candidates_on(self, on: bool) -> None:
+        """Load each model's newest candidate from the next poll on (True), or stop and unload them
+        all now (False): shadow traffic switched at run time (`EmbeddedServer.shadowing`)."""
+        self.options.candidates = on
+        if not on:
+            with self._poll_lock, self._lock:
+                old, self._shadows = self._shadows, {}
+            for entry in old.values():
+                for s in list(entry.versions.values()):
+                    self._retire(entry, s)
+
+    def wait_candidate(self, name: str, version: int, timeout: float) -> bool:
+        """Wait until candidate `version` of model `name` is AVAILABLE (or its load ended otherwise);
+        whether it is."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                entry = self._shadows.get(name)
+                s = entry.versions.get(version) if entry is not None else None
+                if s is not None and s.state in (AVAILABLE, END):
+                    return s.state == AVAILABLE
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 1.0))
+
     def reject(self, name: str, version: int) -> None:
         """A canary rolled back candidate `version` of model `name`: this process no longer routes
         to it (`candidate` answers None at once) and its next poll unloads it."""
