@@ -22,7 +22,11 @@ exits 1) stops the benchmark with the tail of that step's log.
 
 One row per day: the exit status, the run's wall time, the export's (offline gate's) decision, the
 rollout step's final one with the serving gate's round-by-round p99 and CPU-per-request ratios (new
-over served; none when the offline gate already decided), the version served after it, and, from the new version's assets.extra/export.json, the gate's overall checks (slice
+over served; none when the offline gate already decided), the shadow round's agreement (the share of
+rows whose class flipped, or a regression's median relative difference), its served CPU per request
+over the served rounds' ("shadow x") and the goal for that ratio (1.1 plus the new version's median
+model call over the served CPU per request), the version served after it, and, from the new
+version's assets.extra/export.json, the gate's overall checks (slice
 None) on the new test split and on the previous one (the test split the baseline kept): rows, the
 candidate's and the baseline's metric (accuracy, or RMSE for regression) and the paired test's
 p-value (McNemar's exact test, or a paired bootstrap of the RMSE). Day 1 has no baseline: its new
@@ -185,14 +189,35 @@ def day_record(workdir: str) -> dict:
             rollout = json.load(f)
     except (OSError, ValueError):
         rollout = {}
-    ratios = ((rollout.get("serving") or {}).get("summary") or {}).get("ratios") or {}
+    serving = rollout.get("serving") or {}
+    ratios = (serving.get("summary") or {}).get("ratios") or {}
     return {"model": export["name"], "version": export["version"], "decision": export.get("decision"),
             "final": rollout.get("decision"), "p99_ratio": ratios.get("p99_ms"), "cpu_ratio": ratios.get("cpu_us"),
+            **shadow_figures(serving),
             "last_event": events[-1]["event"] if events else None,
             "reason": export.get("reason"), "baseline": export.get("baseline"), "metric": metric,
             "served_after": versions.served(model_dir), "candidates_after": versions.candidates(model_dir),
             "gate_failed": (export.get("gate") or {}).get("failed") or [],
             "gate_notes": (export.get("gate") or {}).get("notes") or [], **sets}
+
+
+def shadow_figures(serving: dict) -> dict:
+    """The rollout step's shadow round: the agreement (the flipped share, or for a regression the
+    median relative difference), the served traffic's CPU per request with the shadow over without
+    (the served rounds' median), and the goal for it: 1.1 plus the new version's own model call
+    (its median latency in the shadow) over the served version's CPU per request."""
+    shadow = serving.get("shadow") or {}
+    records = shadow.get("records") or []
+    if not records:
+        return {"agreement": None, "shadow_cpu": None, "shadow_goal": None, "mirrored": None}
+    s = records[0]["summary"]
+    agreement = s["flipped_share"] if s.get("class_rows") else s.get("rel_diff_median")
+    served_cpu = ((serving.get("summary") or {}).get("served") or {}).get("cpu_us")
+    call = s.get("candidate_latency_p50")
+    goal = 1.1 + call * 1e6 / served_cpu if call and served_cpu else None
+    return {"agreement": agreement, "agreement_kind": "flipped" if s.get("class_rows") else "rel. diff.",
+            "shadow_cpu": shadow.get("cpu_ratio"), "shadow_goal": goal,
+            "mirrored": records[0]["mirrored"], "skipped": records[0]["skipped"]}
 
 
 def history_text(workdir: str) -> list[str]:
@@ -215,8 +240,9 @@ def pval(p) -> str:
     return "-" if p is None else f"{p:.3g}"
 
 
-COLUMNS = ("table", "day", "exit", "run s", "decision", "final", "p99 x", "CPU x", "version", "served after", "metric",
-           "new rows", "new cand", "new base", "new p", "prev rows", "prev cand", "prev base", "prev p")
+COLUMNS = ("table", "day", "exit", "run s", "decision", "final", "p99 x", "CPU x", "agree", "shadow x", "goal x",
+           "version", "served after", "metric", "new rows", "new cand", "new base", "new p", "prev rows", "prev cand",
+           "prev base", "prev p")
 
 
 def cells(r: dict) -> list[str]:
@@ -227,6 +253,9 @@ def cells(r: dict) -> list[str]:
     ratio = (lambda x: "-" if x is None else f"{x:.2f}")
     out = [r["table"], r["day"], str(r["exit"]), f"{r['wall_s']:.0f}", decision, r.get("final") or "-",
            ratio(r.get("p99_ratio")), ratio(r.get("cpu_ratio")),
+           "-" if r.get("agreement") is None else
+           (f"{r['agreement']:.1%} flip" if r.get("agreement_kind") == "flipped" else f"{r['agreement']:.3g} rel"),
+           ratio(r.get("shadow_cpu")), ratio(r.get("shadow_goal")),
            str(r.get("version", "-")), str(r.get("served_after", "-")), m or "-"]
     for key, _ in SETS:
         s = r.get(key)
@@ -235,7 +264,7 @@ def cells(r: dict) -> list[str]:
     return out
 
 
-WIDTHS = (14, 11, 4, 5, 9, 9, 6, 6, 7, 12, 8, 8, 9, 9, 7, 9, 9, 9, 7)
+WIDTHS = (14, 11, 4, 5, 9, 9, 6, 6, 10, 8, 6, 7, 12, 8, 8, 9, 9, 7, 9, 9, 9, 7)
 
 
 def plain_line(values) -> str:

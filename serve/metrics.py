@@ -75,20 +75,22 @@ class Metrics:
             self.shadow_requests[(model, api, signature, "skipped")] += 1
 
     def shadow_mirrored(self, model: str, api: str, signature: str, seconds: float, error: str | None,
-                        class_rows: int, flipped: int) -> None:
-        """A mirrored request the candidate answered in `seconds`: its error status (None: it answered
-        and its outputs compared), and its rows with a class output, and of them those that flipped."""
+                        class_rows: int, flipped: int, requests: int = 1) -> None:
+        """Mirrored requests (`requests` of them, answered by one call) the candidate answered in
+        `seconds`: the error status (None: it answered and its outputs compared), and their rows
+        with a class output, and of them those that flipped."""
         key = (model, api, signature)
         with self._lock:
-            self.shadow_requests[(*key, "mirrored")] += 1
+            self.shadow_requests[(*key, "mirrored")] += requests
             if error is not None:
-                self.shadow_errors[(*key, error)] += 1
+                self.shadow_errors[(*key, error)] += requests
             rows = self.shadow_rows.setdefault(key, [0, 0])
             rows[0] += class_rows
             rows[1] += flipped
             if key not in self.shadow_latency:
                 self.shadow_latency[key] = _Histogram(LATENCY_BUCKETS_S)
-            self.shadow_latency[key].observe(seconds)
+            for _ in range(requests):
+                self.shadow_latency[key].observe(seconds)
 
     def canary(self, model: str, version: int, outcome: str) -> None:
         """A canary request: answered by the candidate `version` ("candidate"), or by the served version

@@ -76,3 +76,19 @@ class BatchOptions:
 # a load test on a few cores, 32 rows waiting at most 1 ms with 100 queued batches is the
 # usual starting point, and `tfpipe tune` measures better ones.
 RUN_BATCHING = BatchOptions(max_batch_size=32, batch_timeout_micros=1000, max_enqueued_batches=100)
+
+
+def batch_shapes(inputs: dict) -> tuple | None:
+    """What a request must share with the others of its batch (numpy arrays by input name): each
+    input's name, dtype and shape past the batch dimension (dtype objects, not their names: numpy's
+    dtype.str builds a string on every call), by name. None when the inputs cannot batch: a scalar,
+    or batch dimensions that are zero or differ."""
+    size, shapes = None, []
+    for name, value in inputs.items():
+        shape = value.shape
+        if not shape or shape[0] == 0 or (size is not None and shape[0] != size):
+            return None
+        size = shape[0]
+        shapes.append((name, value.dtype, shape[1:]))
+    shapes.sort(key=lambda s: s[0])
+    return tuple(shapes) if shapes else None

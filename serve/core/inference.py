@@ -19,11 +19,11 @@ import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from operator import itemgetter
 
 import numpy as np
 
 from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.batching import batch_shapes
 from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.model_info import metadata_response, status_response
@@ -241,7 +241,7 @@ class Inference:
         """The batch queue's future for this request (an asyncio.Future of `loop` when given), or
         None when it runs unbatched."""
         options = self.batch_options(servable)
-        shapes = _batch_shapes(checked) if options is not None else None
+        shapes = batch_shapes(checked) if options is not None else None
         if shapes is None:
             return None
         key = (servable.uid, sig.name, shapes)
@@ -264,21 +264,3 @@ def _failure(e: Exception) -> str:
 
 def _keep(outputs: dict[str, np.ndarray], keep: list[str] | None) -> dict[str, np.ndarray]:
     return {k: outputs[k] for k in keep} if keep else outputs
-
-
-def _batch_shapes(inputs: dict[str, np.ndarray]) -> tuple | None:
-    """What a request must share with the others of its batch: each input's name, dtype and shape
-    past the batch dimension (dtype objects, not their names: numpy's dtype.str builds a string on
-    every call), by name. None when the inputs cannot batch: a scalar, or batch dimensions that
-    are zero or differ."""
-    size, shapes = None, []
-    for name, value in inputs.items():
-        shape = value.shape
-        if not shape or shape[0] == 0 or (size is not None and shape[0] != size):
-            return None
-        size = shape[0]
-        shapes.append((name, value.dtype, shape[1:]))
-    shapes.sort(key=itemgetter(0))
-    return tuple(shapes) if shapes else None
-
-

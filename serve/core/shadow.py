@@ -8,11 +8,18 @@ Which requests: Predict, Classify and Regress that name no version and no label,
 random with probability SHARE, once the served version has answered. Clients get the served
 version's answer only, never later for the mirror:
   * the core hands the request's checked inputs (or tf.Examples) and the served outputs to `Shadow`
-    after the served model call; the candidate runs on the shadow's own executor
-    (SHADOW_THREADS threads, `tfpipe-shadow`), never through the batch queue (its servable is
-    called on the request's rows directly), and the comparison runs there too;
-  * at most IN_FLIGHT_PER_THREAD x SHADOW_THREADS mirrored calls wait or run at once: a request
-    drawn when they are all taken is not mirrored and is counted as skipped.
+    after the served model call; they wait for the shadow's own thread (`tfpipe-shadow`), which
+    calls the candidate, never through the batch queue, and compares the answers there too;
+  * the thread takes what is pending once the first of it has waited WINDOW_S (or BATCH_ROWS rows
+    are pending), and answers Predicts of the same signature, input shapes and output shapes with
+    one call of the candidate on their rows together (a candidate's call costs much the same for
+    one row as for a few: mirroring one request at a time cost the served traffic more than the
+    candidate's own call). A call that fails answers each of its requests alone, so that an error
+    is the request's own. Classify and Regress are answered one by one. Each request of a shared
+    call records that call's time as the candidate's latency;
+  * at most MAX_PENDING_ROWS rows (and MAX_PENDING_BYTES of inputs) wait: a request drawn beyond
+    them is not mirrored and is counted as skipped (one that alone exceeds them still waits when
+    nothing else does).
 
 What is recorded (serve/shadow_report.py): per model, (served, candidate) versions, API and
 signature, the mirrored and skipped requests, the candidate's errors by status, both latencies,
@@ -27,25 +34,28 @@ DTYPE_MISMATCH) with the reason. Prometheus counts them too (serve/metrics.py); 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from tfpipe.files import writable_dir, write_atomic
+from tfpipe.serve.core.batching import batch_shapes
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.servable import Servable
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.shadow_report import MISSING_SLICE, Recorder, Record, report_file, report_path
 
-SHADOW_THREADS = 1
-IN_FLIGHT_PER_THREAD = 2
+WINDOW_S = 0.005  # how long the first of the pending requests waits for others to share the candidate's call
+BATCH_ROWS = 256  # pending rows that end the wait at once
+MAX_PENDING_ROWS = 1024  # rows waiting for the candidate; a request beyond them is skipped
+MAX_PENDING_BYTES = 16 << 20  # and their inputs' bytes
 CLOSE_WAIT_S = 10.0  # at stop, how long the mirrored calls in flight have to finish before the last report
 _TINY = 1e-12
 
@@ -68,25 +78,45 @@ def check_options(share: float, report_dir: str) -> None:
         raise ServeError(f"--shadow_report_dir={report_dir}: {why}")
 
 
+@dataclasses.dataclass
+class _Mirrored:
+    """A request waiting for the candidate: `call(candidate)` answers it alone; `inputs` (a Predict's
+    checked inputs) and `group` (what requests answered by one call must share) when it may be
+    answered together with others."""
+    candidate: Servable
+    key: tuple
+    call: Callable[[Servable], dict[str, np.ndarray]]
+    outputs: dict[str, np.ndarray]
+    rows: _Rows
+    served_seconds: float
+    size: int  # rows
+    nbytes: int
+    inputs: dict[str, np.ndarray] | None = None
+    group: tuple | None = None
+
+
 class Shadow:
     """Mirrors requests to the manager's candidates and records the comparison. `draw()` is the
-    random draw (tests pass their own)."""
+    random draw (tests pass their own); `window`, `max_pending_rows`: see the module's docstring."""
 
     def __init__(self, manager: ModelManager, share: float, slice_column: str, report_dir: str, metrics: Metrics,
-                 log: Callable[[str], None] = print, threads: int = SHADOW_THREADS,
-                 draw: Callable[[], float] = random.random):
+                 log: Callable[[str], None] = print, draw: Callable[[], float] = random.random,
+                 window: float = WINDOW_S, max_pending_rows: int = MAX_PENDING_ROWS):
         check_options(share, report_dir)
         self.manager, self.share, self.slice_column, self.report_dir = manager, share, slice_column, report_dir
         self.metrics, self.log, self.draw = metrics, log, draw
+        self.window, self.max_pending_rows = window, max_pending_rows
         self.recorder = Recorder()
-        self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tfpipe-shadow")
-        self._bound = IN_FLIGHT_PER_THREAD * max(1, threads)
-        self._in_flight = 0
-        self._idle = threading.Condition()
+        self._pending: list[_Mirrored] = []
+        self._pending_rows = self._pending_bytes = 0
+        self._busy = False  # the shadow thread holds requests it took from _pending
+        self._cv = threading.Condition()
         self._closed = False
         self._said_none = False
         self._written: set[str] = set()
         self._write_error = ""
+        self._thread = threading.Thread(target=self._loop, name="tfpipe-shadow", daemon=True)
+        self._thread.start()
 
     # ---- on the request's path: cheap, never blocking -------------------------------------
 
@@ -101,7 +131,12 @@ class Shadow:
             return candidate.run(sig, candidate.check_inputs(sig, inputs))
 
         rows = _Rows.of_inputs(inputs, self.slice_column)
-        self._mirror(served, "predict", signature, call, outputs, rows, served_seconds)
+        shapes = batch_shapes(inputs)
+        group = None
+        if shapes is not None and all(v.ndim and v.shape[0] == rows.count for v in outputs.values()):
+            group = (signature, shapes, tuple((k, v.dtype, v.shape[1:]) for k, v in outputs.items()))
+        self._mirror(served, "predict", signature, call, outputs, rows, served_seconds,
+                     sum(v.nbytes for v in inputs.values()), inputs if group else None, group)
 
     def examples(self, api: str, served: Servable, signature: str, examples: list[bytes], result: tuple,
                  served_seconds: float) -> None:
@@ -118,56 +153,112 @@ class Shadow:
                 return {"outputs": candidate.regress(signature, examples)[1]}
             outputs = {"outputs": result[0]}
         self._mirror(served, api, signature, call, outputs, _Rows.of_examples(examples, self.slice_column),
-                     served_seconds)
+                     served_seconds, sum(len(e) for e in examples))
 
     def _mirror(self, served: Servable, api: str, signature: str, call, outputs: dict[str, np.ndarray],
-                rows: _Rows, served_seconds: float) -> None:
+                rows: _Rows, served_seconds: float, nbytes: int, inputs=None, group=None) -> None:
         candidate = self.manager.candidate(served.name)
         if candidate is None:
             return
         key = (served.version, candidate.version, api, signature)
-        with self._idle:
-            go = not self._closed and self._in_flight < self._bound
+        item = _Mirrored(candidate, key, call, outputs, rows, served_seconds, rows.count, nbytes, inputs,
+                         None if group is None else (candidate.uid, *group))
+        with self._cv:
+            go = (not self._closed and self._pending_rows + item.size <= self.max_pending_rows
+                  and self._pending_bytes + nbytes <= MAX_PENDING_BYTES) or not (self._pending or self._closed)
             if go:
-                self._in_flight += 1
+                self._pending.append(item)
+                self._pending_rows += item.size
+                self._pending_bytes += nbytes
+                if len(self._pending) == 1 or self._pending_rows >= BATCH_ROWS:  # else it waits out its window
+                    self._cv.notify()
         if not go:
             self.recorder.update(served.name, key, _skipped)
             self.metrics.shadow_skipped(served.name, api, signature)
-            return
-        try:
-            self._executor.submit(self._run, candidate, key, call, outputs, rows, served_seconds)
-        except RuntimeError:  # shut down meanwhile
-            self._done()
 
     # ---- on the shadow thread --------------------------------------------------------------
 
-    def _run(self, candidate: Servable, key: tuple, call, served: dict[str, np.ndarray], rows: _Rows,
-             served_seconds: float) -> None:
-        try:
-            t0 = time.perf_counter()
-            got, error, compared = None, None, None
+    def _loop(self) -> None:
+        """Take what is pending once the first of it has waited `window` seconds (or the pending rows
+        reach BATCH_ROWS), and answer it."""
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                deadline = time.monotonic() + self.window
+                while not self._closed and self._pending_rows < BATCH_ROWS:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                items, self._pending = self._pending, []
+                self._pending_rows = self._pending_bytes = 0
+                self._busy = True
             try:
-                got = call(candidate)
-            except ServingError as e:
-                error = (e.code.name, e.message)
-            except Exception as e:  # noqa: BLE001 (whatever the candidate does is recorded, never raised)
-                error = ("INTERNAL", f"{type(e).__name__}: {e}")
-            seconds = time.perf_counter() - t0
-            if error is None:
-                try:
-                    compared = compare(served, got)
-                except Mismatch as e:
-                    error = (e.status, e.reason)
-            self._record(candidate.name, key, (served_seconds, seconds), error, served, got, compared, rows)
-        except Exception as e:  # noqa: BLE001 (a bug here must not kill the shadow thread)
-            self.log(f"shadow traffic: recording a mirrored call failed: {type(e).__name__}: {e}")
-        finally:
-            self._done()
+                self._answer(items)
+            except Exception as e:  # noqa: BLE001 (a bug here must not kill the shadow thread)
+                self.log(f"shadow traffic: recording a mirrored call failed: {type(e).__name__}: {e}")
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
-    def _record(self, model: str, key: tuple, seconds: tuple[float, float], error: tuple[str, str] | None,
-                served: dict, got: dict | None, compared, rows: _Rows) -> None:
-        """One mirrored call into the model's record and the metrics: both latencies; the error, or the
-        rows' agreement (in all, per slice) and those that may enter the worst rows."""
+    def _answer(self, items: list[_Mirrored]) -> None:
+        """Requests that may be answered together (the same candidate, signature, input and output
+        shapes) by one call of the candidate, and each other one alone."""
+        groups: dict[tuple, list[_Mirrored]] = {}
+        for item in items:
+            groups.setdefault(item.group if item.group is not None else (id(item),), []).append(item)
+        for group in groups.values():
+            if len(group) == 1:
+                self._alone(group[0])
+            else:
+                self._together(group)
+
+    def _alone(self, item: _Mirrored) -> None:
+        t0 = time.perf_counter()
+        got, error, compared = None, None, None
+        try:
+            got = item.call(item.candidate)
+        except ServingError as e:
+            error = (e.code.name, e.message)
+        except Exception as e:  # noqa: BLE001 (whatever the candidate does is recorded, never raised)
+            error = ("INTERNAL", f"{type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+        if error is None:
+            try:
+                compared = compare(item.outputs, got)
+            except Mismatch as e:
+                error = (e.status, e.reason)
+        self._record(item.candidate.name, item.key, [item.served_seconds], seconds, error, item.outputs, got,
+                     compared, item.rows)
+
+    def _together(self, group: list[_Mirrored]) -> None:
+        """One call of the candidate on the group's rows, compared and recorded as one; when it fails,
+        each request is answered alone (so that an error is its own)."""
+        first = group[0]
+        inputs = {k: np.concatenate([g.inputs[k] for g in group]) for k in first.inputs}
+        t0 = time.perf_counter()
+        try:
+            sig = first.candidate.signature(first.key[3])
+            got = first.candidate.run(sig, first.candidate.check_inputs(sig, inputs))
+            served = {k: np.concatenate([g.outputs[k] for g in group]) for k in first.outputs}
+            compared = compare(served, got)
+        except Exception:  # noqa: BLE001 (answered alone instead)
+            for item in group:
+                self._alone(item)
+            return
+        seconds = time.perf_counter() - t0
+        self._record(first.candidate.name, first.key, [g.served_seconds for g in group], seconds, None, served, got,
+                     compared, _Rows.of_inputs(inputs, self.slice_column))
+
+    def _record(self, model: str, key: tuple, served_seconds: list[float], seconds: float,
+                error: tuple[str, str] | None, served: dict, got: dict | None, compared, rows: _Rows) -> None:
+        """Mirrored requests answered by one call of the candidate (`seconds`) into the model's record
+        and the metrics: each one's latencies; the error, or the rows' agreement (in all, per slice)
+        and those that may enter the worst rows."""
         slices, worst = {}, []
         if compared is not None:
             slices = rows.slices() if self.slice_column else {}
@@ -175,9 +266,10 @@ class Shadow:
         flips, rel = compared if compared is not None else (None, None)
 
         def change(r: Record) -> None:
-            r.mirrored += 1
-            r.served_latency.add(seconds[0])
-            r.candidate_latency.add(seconds[1])
+            r.mirrored += len(served_seconds)
+            for s in served_seconds:
+                r.served_latency.add(s)
+            r.candidate_latency.add(seconds, len(served_seconds))
             if error is not None:
                 r.error(*error)
                 return
@@ -189,13 +281,9 @@ class Shadow:
                 r.offer(worst)
 
         self.recorder.update(model, key, change)
-        self.metrics.shadow_mirrored(model, key[2], key[3], seconds[1], error[0] if error else None,
-                                     0 if flips is None else len(flips), 0 if flips is None else int(flips.sum()))
-
-    def _done(self) -> None:
-        with self._idle:
-            self._in_flight -= 1
-            self._idle.notify_all()
+        self.metrics.shadow_mirrored(model, key[2], key[3], seconds, error[0] if error else None,
+                                     0 if flips is None else len(flips), 0 if flips is None else int(flips.sum()),
+                                     requests=len(served_seconds))
 
     # ---- at each poll, and at stop -------------------------------------------------------------
 
@@ -227,16 +315,24 @@ class Shadow:
                     self._write_error = str(e)
                     self.log(f"shadow traffic: cannot write the report of {model} in {self.report_dir}: {e}")
 
+    def settled(self, timeout: float) -> bool:
+        """Wait until every mirrored request taken so far is answered and recorded; whether it is."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.1))
+        return True
+
     def close(self) -> None:
-        """No more mirroring; the calls in flight (queued ones too: at most the bound) finish, for up to
+        """No more mirroring; what is pending is answered (at once, without the window), for up to
         CLOSE_WAIT_S, then the last reports are written."""
-        with self._idle:
+        with self._cv:
             self._closed = True
-        self._executor.shutdown(wait=False)
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        with self._idle:
-            while self._in_flight > 0 and time.monotonic() < deadline:
-                self._idle.wait(0.1)
+            self._cv.notify_all()
+        self._thread.join(CLOSE_WAIT_S)
         if self.report_dir:
             self.write_reports(force=True)
 
