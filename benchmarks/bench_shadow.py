@@ -24,11 +24,13 @@ The goal is that shadowing costs no more than 10% plus the candidate's own Tenso
 time is estimated in this process by calling the candidate's SavedModel (through tfpipe's
 Servable, as the shadow thread does, the inputs checked) on the same rows, CPU time per call, two
 ways: in a tight loop on one thread (TensorFlow's threads stay warm: the least it costs), and each
-call handed to a thread of its own and waited for, as the shadow's executor receives a mirrored
-call (a thread's wake-up, and TensorFlow's inter-op threads woken from idle, count). Both goals
-are printed. The shadow server's mirrored and
-skipped requests (its Prometheus page) are printed with each round: at --clients above 2 some
-requests find the candidate's calls at their bound and are not mirrored, which lowers its cost.
+call handed to a thread of its own and waited for (a thread's wake-up, and TensorFlow's inter-op
+threads woken from idle, count). Both goals are printed. The shadow answers mirrored requests
+that wait together with one call of the candidate (serve/core/shadow.py), so under load its own
+calls cost less per request than either reference; the references stay one row a call, the cost
+the goal allows. The shadow server's mirrored and skipped requests (its Prometheus page) are
+printed with each round: a request drawn when 1,024 rows already wait is skipped, which would
+lower the cost.
 """
 
 from __future__ import annotations
