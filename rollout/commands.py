@@ -40,11 +40,14 @@ def _configs(args: argparse.Namespace, model_dir: str):
     if not args.models_config:
         if args.server:
             raise RolloutError("--server needs --models-config: the file the server runs, whose labels move")
+        if args.label != "stable":
+            raise RolloutError(f"--label {args.label} needs --models-config: the file whose version label moves")
         return None
     from tfpipe.rollout.tfserving import move_stable
 
     name = args.name or os.path.basename(os.path.normpath(model_dir))
-    return lambda before, version: move_stable(args.models_config, name, before, version, args.server, print)
+    return lambda before, version: move_stable(args.models_config, name, before, version, args.server, print,
+                                               args.label)
 
 
 def _change(args: argparse.Namespace, action, target: int | None, default_reason: str) -> tuple[str, dict]:
@@ -100,12 +103,14 @@ def cmd_history(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models-config", metavar="FILE", help="also move this models.config (TF Serving's text proto) "
-                   "to the version: a `specific` version policy and the label `stable` on it")
+                   "to the version: a `specific` version policy and the label (--label) on it")
     p.add_argument("--server", metavar="HOST:PORT", help="with --models-config: the gRPC address of the server "
                    "running it (tensorflow_model_server or tfpipe serve), sent each step of the move "
                    "(HandleReloadConfigRequest): the new version loads beside the old one, then the label moves")
     p.add_argument("--name", metavar="NAME", help="the model's name in the models.config (default: the model "
                    "directory's name)")
+    p.add_argument("--label", metavar="LABEL", default="stable", help="with --models-config: the version label "
+                   "that moves to the version served (TF Serving's version_labels; default: stable)")
 
 
 def cmd_shadow(args: argparse.Namespace, extra: list[str]) -> int:

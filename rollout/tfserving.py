@@ -102,25 +102,25 @@ def wait_available(server: str, name: str, version: int, timeout: float = 120) -
 
 
 def move_stable(path: str, name: str, old: int | None, new: int, server: str | None,
-                log: Callable[[str], None]) -> None:
-    """Serve `new` in place of `old` (the version the file labels `stable`, if it labels one) through
-    the models.config at `path` (and the running server at `server`), moving the `stable` label
-    after `new` is loaded."""
+                log: Callable[[str], None], label: str = STABLE) -> None:
+    """Serve `new` in place of `old` (the version the file gives `label`, if it labels one) through
+    the models.config at `path` (and the running server at `server`), moving `label` after `new` is
+    loaded."""
     config = read_config(path)
-    final = pinned(config, name, [new], {STABLE: new})  # also checks that the file has the model
-    labelled = {c.name: dict(c.version_labels) for c in config.model_config_list.config}[name].get(STABLE)
+    final = pinned(config, name, [new], {label: new})  # also checks that the file has the model
+    labelled = {c.name: dict(c.version_labels) for c in config.model_config_list.config}[name].get(label)
     old = labelled if labelled is not None else old  # what the server runs is what the file says
     if server is None or old is None or old == new:
         write_config(path, final)
         if server is not None:
             reload(server, final)
-        log(f"{path}: {name} serves version {new} ({STABLE}) alone")
+        log(f"{path}: {name} serves version {new} ({label}) alone")
         return
-    both = pinned(config, name, [old, new], {STABLE: old})
+    both = pinned(config, name, [old, new], {label: old})
     write_config(path, both)
     reload(server, both)
-    log(f"{path}: {name} loads version {new} beside {old} ({STABLE} stays on {old})")
+    log(f"{path}: {name} loads version {new} beside {old} ({label} stays on {old})")
     wait_available(server, name, new)
     write_config(path, final)
     reload(server, final)
-    log(f"{path}: {name} serves version {new} ({STABLE}) alone")
+    log(f"{path}: {name} serves version {new} ({label}) alone")

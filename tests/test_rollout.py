@@ -202,3 +202,30 @@ def test_the_configs_for_a_label_and_a_candidate_parse_with_the_official_protos(
     assert remove_candidate(path, "taxi") and not remove_candidate(path, "taxi")
     (left,) = text_format.Parse(open(path).read(), model_server_config_pb2.ModelServerConfig()).model_config_list.config
     assert left.name == "taxi" and dict(left.version_labels) == {"stable": 3}
+
+
+@pytest.mark.parametrize("label", ["stable", "prod"])
+def test_a_promotion_moves_the_label_it_is_told_to_in_a_models_config(tmp_path, label):
+    """`tfpipe promote MODEL --version 2 --models-config FILE --label L` (no --server: the file alone,
+    for a server started on it): the file serves version 2 alone, L on it; without --models-config a
+    label other than stable is refused with the reason."""
+    from conftest import run_cli
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    model = tmp_path / "taxi"
+    for v in (1,):
+        (model / str(v)).mkdir(parents=True)
+    (model / versions.CANDIDATES / "2").mkdir(parents=True)
+    path = tmp_path / "models.config"
+    path.write_text('model_config_list { config { name: "taxi" base_path: "%s" model_platform: "tensorflow" '
+                    'model_version_policy { specific { versions: 1 } } version_labels { key: "%s" value: 1 } } }'
+                    % (model, label))
+    res = run_cli("promote", str(model), "--version", "2", "--models-config", str(path), "--label", label)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (entry,) = text_format.Parse(path.read_text(), model_server_config_pb2.ModelServerConfig()).model_config_list.config
+    assert list(entry.model_version_policy.specific.versions) == [2] and dict(entry.version_labels) == {label: 2}
+    assert versions.served(str(model)) == 2
+    res = run_cli("rollback", str(model), "--label", "prod")
+    assert res.returncode != 0 and "--label prod needs --models-config" in res.stderr, res.stderr
+    assert versions.served(str(model)) == 2
