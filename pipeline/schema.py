@@ -8,6 +8,7 @@ keeps a list of columns.
 from __future__ import annotations
 
 import json
+import keyword
 import math
 import re
 import unicodedata
@@ -140,12 +141,13 @@ _GRAPH_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
 
 def graph_names(names: Iterable[str]) -> dict[str, str]:
     """Each column name and the name that stands for it inside a TensorFlow graph: the name
-    itself when TensorFlow takes it, else its ASCII letters, digits, '.', '-' and '_' with
+    itself when TensorFlow takes it and it is no Python keyword (`from`, `class`: a tf.function's
+    argument names cannot be), else its ASCII letters, digits, '.', '-' and '_' with
     everything else as '_' (accents folded: 'humidité' -> 'humidite', 'wind speed' ->
     'wind_speed'), made unique with a numeric suffix. The mapping depends only on the names,
     so training, export and every reader derive the same one."""
     out: dict[str, str] = {}
-    taken = {n for n in names if _GRAPH_NAME.match(n)}
+    taken = {n for n in names if _GRAPH_NAME.match(n) and not keyword.iskeyword(n)}
     for name in names:
         if name in taken:
             out[name] = name
@@ -154,6 +156,8 @@ def graph_names(names: Iterable[str]) -> dict[str, str]:
         base = re.sub(r"[^A-Za-z0-9_.\-]", "_", folded).strip("_") or "column"
         if not re.match(r"[A-Za-z0-9.]", base):
             base = "c" + base
+        if keyword.iskeyword(base):  # a Python keyword cannot name a signature's argument: 'from' -> 'from_'
+            base += "_"
         candidate, i = base, 2
         while candidate in taken:
             candidate, i = f"{base}_{i}", i + 1

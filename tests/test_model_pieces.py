@@ -23,6 +23,8 @@ _TF_SCOPE = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")  # what TensorFlow 
     (["a b", "a_b"], ["a_b_2", "a_b"]),  # a name TensorFlow takes keeps it; the other gets a suffix
     (["a b", "a/b", "a:b"], ["a_b", "a_b_2", "a_b_3"]),
     (["", "日本", "_x", "-x"], ["column", "column_2", "x", "c-x"]),
+    (["from", "class", "lambda", "None"], ["from_", "class_", "lambda_", "None_"]),  # Python keywords
+    (["from", "from_"], ["from__2", "from_"]),
 ])
 def test_every_column_name_has_a_unique_graph_name(names, expected):
     from tfpipe.pipeline.schema import graph_names

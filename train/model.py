@@ -12,6 +12,7 @@ so serving cannot skew from training.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,12 @@ from keras import layers, ops
 from tfpipe.pipeline.schema import Schema
 from tfpipe.train.errors import TrainError
 from tfpipe.train.kinds import date_layers, text_layers  # also registers their layers for load_model
+
+# A model's inputs are keyed by the columns' own names and its Input tensors named by their graph
+# names (pipeline/schema.py's graph_names: 'wind speed' -> 'wind_speed', 'from' -> 'from_') on
+# purpose; Keras warns at every build and load of such a model, which a user cannot act on.
+warnings.filterwarnings("ignore", message="When providing `inputs` as a dict, all keys in the dict must match",
+                        category=UserWarning)
 
 ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, else embedded
 PREPROCESSOR, TRAINER = "preprocessor", "trainer"  # the two halves of a tabular model, by layer name
