@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.stage import StageResult, TrainOutputs
-from tfpipe.train.config import TrainConfig
+from tfpipe.train.config import UNTIL_STOPPED, TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
@@ -69,6 +69,7 @@ class EpochLog(keras.callbacks.Callback):
         super().__init__()
         self.path, self.examples, self.time_limit, self.log = path, examples, time_limit, log
         self.epochs: list[dict[str, Any]] = []
+        self.timed_out = False
 
     def on_train_begin(self, logs=None):
         self.started = time.perf_counter()
@@ -92,6 +93,7 @@ class EpochLog(keras.callbacks.Callback):
                      "examples_per_s": round(self.examples / self.step_seconds, 1)})
         if self.time_limit and time.perf_counter() - self.started > self.time_limit:
             self.log(f"time limit of {self.time_limit:g} s reached after epoch {epoch + 1}")
+            self.timed_out = True
             self.model.stop_training = True
 
     def record(self, row: dict[str, Any]) -> None:
@@ -194,6 +196,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
                      "global_batch": rt.global_batch, "grad_accum_steps": config.grad_accum_steps},
         "gpu_utilization": sampler.summary() if sampler is not None else None,
         "epochs_run": len(epoch_log.epochs),
+        **ending(epoch_log, config),
         "resumed_from_epoch": resumed,
         "metrics": results,
         "image": built.image,
@@ -327,11 +330,11 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
 
             if sampler is not None:
                 sampler.on_train_begin()  # the custom loop runs no Keras callbacks
-            fit_multiworker(rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task,
-                            epochs=config.epochs, patience=config.patience, min_epochs=config.min_epochs or 0,
-                            time_limit=config.time_limit, work=work,
-                            examples=data.count("train"), learning_rate=config.learning_rate,
-                            on_epoch=epoch_log.record, log=log, label_scale=scale)
+            epoch_log.timed_out = fit_multiworker(
+                rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task, epochs=config.epochs,
+                patience=config.patience, min_epochs=config.min_epochs or 0, time_limit=config.time_limit, work=work,
+                examples=data.count("train"), learning_rate=config.learning_rate, on_epoch=epoch_log.record, log=log,
+                label_scale=scale)
         else:
             trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
                         callbacks=_callbacks(config, work, epoch_log, sampler),
@@ -480,15 +483,36 @@ def _publish(work: str, out: str) -> None:
     publish_dir(work, out)
 
 
+def ending(epoch_log: EpochLog, config: TrainConfig) -> dict[str, Any]:
+    """What ended training: "early stopping" (the data), "time limit" or "epochs" (a budget), and
+    whether the eval loss was still falling then (its best epoch among the last `patience`)."""
+    run = len(epoch_log.epochs)
+    ended = "time limit" if epoch_log.timed_out else "epochs" if run >= config.epochs else "early stopping"
+    losses = [e.get("val_loss") for e in epoch_log.epochs]
+    known = [(v, i) for i, v in enumerate(losses) if v is not None and math.isfinite(v)]
+    best = min(known)[1] + 1 if known else None
+    falling = ended != "early stopping" and best is not None and run - best < (config.patience or 1)
+    return {"ended_by": ended, "best_epoch": best, "still_improving": falling}
+
+
 def epochs_text(m: dict[str, Any]) -> str:
-    """'40 epochs', or '13 of 20 epochs (early stopping: ...)' from a train.json."""
+    """'40 epochs', '13 of 20 epochs (early stopping: ...)', '51 epochs (early stopping: ...)', or a
+    budget's end while the eval loss still fell, from a train.json."""
     run, cfg = m["epochs_run"], m.get("config", {})
     planned = cfg.get("epochs")
-    if not planned or run >= planned:
+    ended = m.get("ended_by") or ("epochs" if not planned or run >= planned else "early stopping")
+    if m.get("still_improving"):
+        budget = (f"the time limit of {cfg.get('time_limit'):g} s" if ended == "time limit"
+                  else f"its {planned} epochs")
+        more = "--time-limit (train.time_limit)" if ended == "time limit" else "--epochs (train.epochs)"
+        return (f"{run} epochs, ended by {budget} while the eval loss still fell (best at epoch "
+                f"{m.get('best_epoch')}): not converged, {more} gives it longer")
+    if ended == "epochs":
         return f"{run} epochs"
-    why = (f"early stopping: eval loss not better for {cfg.get('patience')} epochs" if not cfg.get("time_limit")
-           else "early stopping or the time limit")
-    return f"{run} of {planned} epochs ({why})"
+    if ended == "time limit":
+        return f"{run} epochs (the time limit of {cfg.get('time_limit'):g} s)"
+    why = f"early stopping: eval loss not better for {cfg.get('patience')} epochs"
+    return f"{run} epochs ({why})" if planned == UNTIL_STOPPED else f"{run} of {planned} epochs ({why})"
 
 
 def _print_summary(m: dict[str, Any], out: str, log) -> None:

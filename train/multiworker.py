@@ -65,9 +65,10 @@ def per_example(loss: keras.losses.Loss, y, pred):
 def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, train_ds: tf.data.Dataset,
                     eval_ds: tf.data.Dataset, *, task: str, epochs: int, patience: int, time_limit: float | None,
                     min_epochs: int = 0, work: str, examples: int, learning_rate: float,
-                    on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> None:
+                    on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> bool:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets;
-    `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units."""
+    `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units.
+    Whether the time limit ended it."""
     train_step, train_metrics = _train_step(strategy, trainer, task, label_scale)
 
     @tf.function
@@ -81,7 +82,7 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
     start = _resume(strategy, trainer, backup)
     trainer.optimizer.learning_rate.assign(learning_rate)  # this run's rate, also after a resume
     writer = tf.summary.create_file_writer(os.path.join(work, "logs", "train"))
-    best, best_weights, waited = math.inf, None, 0
+    best, best_weights, waited, timed_out = math.inf, None, 0, False
     started = time.perf_counter()
     for epoch in range(start, epochs):
         for m in train_metrics:
@@ -111,11 +112,13 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
         out_of_time = bool(time_limit and time.perf_counter() - started > time_limit)
         if float(any_worker(tf.constant(1.0 if out_of_time else 0.0))) > 0:
             log(f"time limit of {time_limit:g} s reached after epoch {epoch + 1}")
+            timed_out = True
             break
         if waited >= patience:  # val_loss is all-reduced, so every worker stops here together
             break
     if best_weights is not None:
         trainer.set_weights(best_weights)
+    return timed_out
 
 
 def _train_step(strategy: tf.distribute.Strategy, trainer: keras.Model, task: str, label_scale):
