@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,6 +56,7 @@ class Plan:
     workers: int
     started: float  # time.time()
     strata: dict[str, np.ndarray] | None = None  # class -> row-hash bounds per split (stratified splits)
+    notices: list[str] = dataclasses.field(default_factory=list)  # what tfpipe decided that a user should see
 
 
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
@@ -111,7 +113,12 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
     log("scanning: hashing inputs and finding record boundaries")
     files = [scan_file(f, grain, config.delimiter) for f in found]
-    _log_delimiters(files, config, log)
+    notices: list[str] = []
+
+    def notice(line: str) -> None:  # logged, and kept for data.json and the run's terminal
+        notices.append(line)
+        log(line)
+    _log_delimiters(files, config, notice)
     fingerprint = _fingerprint(settings, files)
     if previous and not config.force and previous.get("fingerprint") == fingerprint:
         log(f"cache hit: {out} is up to date (inputs unchanged by content); nothing to do (--force reruns)")
@@ -120,9 +127,9 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     if config.schema_path:
         _check_schema_fits(schema, files, config)
     else:
-        schema = _infer(files, config, log)
+        schema = _infer(files, config, notice)
     plan = Plan(config, schema, files, plan_units(files, shards), shards, settings, fingerprint, runner, workers,
-                started)
+                started, notices=notices)
     log(f"schema: {len(schema.features)} features, label '{schema.label.name}' "
         f"({schema.label.task}{', enforced' if schema.enforced else ', inferred'})")
     plan.strata = _strata(plan, total, log)
@@ -263,7 +270,7 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
                "sha256": f.sha256, **_csv_reading(f)} for f in files]
     manifest = data_manifest(config, summaries, counts, tmp, plan.started, fingerprint=plan.fingerprint,
                              settings=plan.settings, inputs=inputs, runner=plan.runner, workers=plan.workers,
-                             shards=plan.shards, split_by="class" if plan.strata else "hash")
+                             shards=plan.shards, split_by="class" if plan.strata else "hash", notices=plan.notices)
     write_outputs(tmp, {"schema.json": schema.to_json(), "stats.json": stats, "data.json": manifest})
     publish(tmp, out, published_names(manifest))
     print_summary(manifest, out, log)

@@ -519,4 +519,5 @@ def result(out: str) -> StageResult:
     summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
                + (f"; {c['unlabelled']:,} unlabelled set aside" if c.get("unlabelled") else "")
                + f"; {c['bad']:,} dead-lettered")
-    return StageResult(os.path.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]))
+    return StageResult(os.path.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]),
+                       notes=tuple(m.get("notices") or ()))

@@ -273,6 +273,8 @@ def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str], decimal_
         return _finish_numeric(np.fromiter(map(parse, col), dtype, n), np.ones(n, dtype=bool), {})
     except (ValueError, OverflowError):
         pass
+    if type_ == "int":  # an int written as a whole float (2.0, as pandas writes an int column with gaps) is that int
+        parse = _int_text
     try:
         values = np.fromiter(map(parse, [("0" if v in na else v) for v in col]), dtype, n)
         return _finish_numeric(values, np.fromiter((v not in na for v in col), bool, n), {})
@@ -291,6 +293,17 @@ def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str], decimal_
         except (ValueError, OverflowError):
             problems[i] = _problem(v, type_) if type_ == "float" or not _is_int_text(v) else _problem(int(v), type_)
     return _finish_numeric(values, present, problems)
+
+
+def _int_text(v: str) -> int:
+    """An int's text, or a whole number's written as a float (`2.0`, `2e3`); ValueError otherwise."""
+    try:
+        return int(v)
+    except ValueError:
+        f = float(v)
+        if not f.is_integer():
+            raise ValueError(f"{v!r} is not a whole number") from None
+        return int(f)
 
 
 def _is_int_text(v: str) -> bool:

@@ -372,7 +372,9 @@ def infer_schema(
     lv = votes[label]
     if lv.seen == 0:
         raise DataError(f"label column '{label}' is empty in the first {n} rows")
-    task, classes = _label_task(label, lv, task, n)
+    given = task
+    label_type, task, classes = _label_task(label, lv, task, n)
+    note(f"label '{label}': " + _task_text(task, classes, label_type, given, decimals=lv.type == "float"))
     for c in [c for c in votes if c != label and c not in keep]:
         reason = row_id_reason(c, votes[c])
         if reason:
@@ -383,7 +385,29 @@ def infer_schema(
     features = [
         Feature(c, votes[c].type, nullable=votes[c].missing > 0, kind=votes[c].kind) for c in votes if c != label
     ]
-    return Schema(features, Label(label, lv.type, task, classes), key=key, excluded=excluded)
+    for kind, what in (("text", "free text (words, as a bag of tokens)"), ("date", "dates (their parts, as numbers)")):
+        named = [f.name for f in features if f.kind == kind]
+        if named:
+            note(f"read as {what}: {', '.join(named[:8])}{' ...' if len(named) > 8 else ''}")
+    return Schema(features, Label(label, label_type, task, classes), key=key, excluded=excluded)
+
+
+def _task_text(task: str, classes: list[Any] | None, label_type: str, given: str, decimals: bool = False) -> str:
+    """The task chosen for the label, and why, as a notice says it (`decimals`: its whole numbers
+    were written as 1.0, 2.0, ...)."""
+    if given != "auto":
+        return f"{task} (--task)"
+    if task == "regression":
+        why = ("numbers with decimals" if label_type == "float" else
+               f"whole numbers, more than {MAX_INT_CLASSES} distinct: a quantity")
+        return f"regression ({why}; --task multiclass treats its values as classes)"
+    shown = ", ".join(map(str, (classes or [])[:6])) + (" ..." if len(classes or []) > 6 else "")
+    n = len(classes or [])
+    why = "two values" if task == "binary" else (
+        "strings" if label_type == "string" else f"at most {MAX_INT_CLASSES} distinct whole numbers"
+        + (" (written as decimals: 1.0, 2.0, ...)" if decimals else ""))
+    return (f"{task} classification, {n} classes ({shown}): {why}"
+            + ("; --task regression predicts a number" if label_type == "int" else ""))
 
 
 def _flag_value(name: str) -> str:
@@ -391,10 +415,30 @@ def _flag_value(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_.:-]+", name) else "'" + name.replace("'", "'\\''") + "'"
 
 
-def _label_task(label: str, lv: _TypeVote, task: str, n: int) -> tuple[str, list[Any] | None]:
-    """The label's task (`task`, or inferred from its sampled values when auto) and its classes."""
+def _whole(values) -> list[int] | None:
+    """The values as ints when every one is a whole number written as a float (`1.0`, 1.0), else None."""
+    out = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return None
+        if not f.is_integer():
+            return None
+        out.append(int(f))
+    return out
+
+
+def _label_task(label: str, lv: _TypeVote, task: str, n: int) -> tuple[str, str, list[Any] | None]:
+    """The label's type, its task (`task`, or inferred from its sampled values when auto) and its
+    classes. A float label whose values are all whole numbers, few of them (pandas writes an int
+    column with missing values as 1.0, 2.0, ...), is a class label of ints unless `task` says
+    regression."""
     label_type = lv.type
     distinct = lv.values
+    whole = _whole(distinct) if label_type == "float" else None
+    if whole is not None and task != "regression" and (task != "auto" or 2 <= len(set(whole)) <= MAX_INT_CLASSES):
+        label_type, distinct = "int", {str(v) for v in whole}
     if task == "auto":
         if label_type == "float":
             task = "regression"
@@ -416,7 +460,7 @@ def _label_task(label: str, lv: _TypeVote, task: str, n: int) -> tuple[str, list
         if label_type == "float":
             raise DataError(f"label column '{label}' holds non-integer numbers; use --task regression")
         classes = sorted({c for c in (_typed(v, label_type) for v in distinct) if c is not None})
-    return task, classes
+    return label_type, task, classes
 
 
 def _typed(value: Any, type_: str) -> Any:

@@ -293,6 +293,8 @@ class Run:
         self.states[step] = "done"
         self.save_manifest()
         console.print(f"  {step:<9}done     {entry['elapsed_s']:6.1f}s  {done.summary}")
+        for note in done.notes:
+            console.print(f"  {'':<9}         {'':6} - {note}")
         return done.code
 
     def inputs(self, step: str) -> StepInputs:

@@ -99,3 +99,4 @@ class StageResult:
     summary: str
     outputs: StageOutputs
     code: int = 0
+    notes: tuple[str, ...] = ()  # what the stage decided that a user should see below its summary line

@@ -65,9 +65,11 @@ class EpochLog(keras.callbacks.Callback):
     """One JSON line per epoch in metrics.jsonl: metrics, wall time, and the time spent in
     training steps alone (fetching the batch included, validation and callbacks not)."""
 
-    def __init__(self, path: str, examples: int, time_limit: float | None, log):
+    def __init__(self, path: str, examples: int, time_limit: float | None, log, say: bool = False):
+        """`say`: log a line per epoch (in place of Keras's, whose 'Epoch 3/10000' would misread
+        training that runs until early stopping)."""
         super().__init__()
-        self.path, self.examples, self.time_limit, self.log = path, examples, time_limit, log
+        self.path, self.examples, self.time_limit, self.log, self.say = path, examples, time_limit, log, say
         self.epochs: list[dict[str, Any]] = []
         self.timed_out = False
 
@@ -91,6 +93,9 @@ class EpochLog(keras.callbacks.Callback):
         self.record({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
                      "seconds": round(seconds, 4), "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
                      "examples_per_s": round(self.examples / self.step_seconds, 1)})
+        if self.say:
+            figures = ", ".join(f"{k} {float(v):.4g}" for k, v in (logs or {}).items() if k != "learning_rate")
+            self.log(f"epoch {epoch + 1}: {seconds:.1f} s, {figures}")
         if self.time_limit and time.perf_counter() - self.started > self.time_limit:
             self.log(f"time limit of {self.time_limit:g} s reached after epoch {epoch + 1}")
             self.timed_out = True
@@ -164,7 +169,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     train_ds = built.dataset("train", True)
     eval_split = "eval" if data.count("eval") else "train"
     eval_ds = built.dataset(eval_split, False)
-    epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log)
+    epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log,
+                         say=config.epochs == UNTIL_STOPPED)
     sampler = _gpu_sampler(rt.gpus, work, log)
     resumed = _resumed_epoch(work)
     if resumed:
@@ -338,7 +344,8 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
         else:
             trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
                         callbacks=_callbacks(config, work, epoch_log, sampler),
-                        shuffle=False, verbose=1 if os.isatty(1) else 2)  # the dataset shuffles itself
+                        shuffle=False,  # the dataset shuffles itself
+                        verbose=0 if epoch_log.say else 1 if os.isatty(1) else 2)
     except DivergedError as e:
         good = _resumed_epoch(work)
         if good:
