@@ -74,3 +74,13 @@ def test_a_whole_number_label_written_as_decimals_trains_as_classes_and_the_run_
     assert any(n.startswith("bfi.csv: fields separated by semicolons") for n in notes), notes
     assert any(n.startswith("column 'row' looks like a row ID") for n in notes), notes
     assert any(n.startswith("label 'education': multiclass classification, 5 classes") for n in notes), notes
+
+
+@pytest.mark.parametrize("inputs,want", [
+    (["sales.csv"], "sales"), (["x.csv.gz"], "x"), (["data/x.JSONL.GZ"], "x"), (["t.parquet"], "t"),
+    (["raw/*.csv"], "raw"), (["my table (2).csv"], "my_table_2"),
+])
+def test_a_runs_name_is_the_files_stem_without_its_compression(inputs, want):
+    from tfpipe.run import own_data_name
+
+    assert own_data_name(inputs) == want

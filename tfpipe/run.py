@@ -64,11 +64,14 @@ def default_workdir(config: Config, config_path: str | None) -> str:
 
 
 def own_data_name(inputs: list[str]) -> str:
-    """The name of a run on the user's own files (`tfpipe run --input FILE`): the first file's stem
-    (its folder's name for a pattern such as raw/*.csv or a pkg:// path's file), as a model name
+    """The name of a run on the user's own files (`tfpipe run --input FILE`): the first file's stem,
+    without its compression's suffix either (its folder's name for a pattern such as raw/*.csv or a pkg:// path's file), as a model name
     may spell it."""
     first = inputs[0].rstrip("/")
-    stem = os.path.splitext(os.path.basename(first))[0]
+    stem = os.path.basename(first)
+    if stem.lower().endswith((".gz", ".gzip", ".bz2", ".zst")):  # x.csv.gz is x, not x.csv
+        stem = os.path.splitext(stem)[0]
+    stem = os.path.splitext(stem)[0]
     if not stem or any(c in stem for c in "*?["):
         stem = os.path.basename(os.path.dirname(first)) or "data"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "data"
