@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tfpipe.export.errors import ExportError
+from tfpipe.intervals import interval_record, interval_text
 
 
 def trivial_baseline(task: str, classes: list[Any] | None, train_label: dict[str, Any],
@@ -28,6 +29,14 @@ def trivial_baseline(task: str, classes: list[Any] | None, train_label: dict[str
     accuracy = float(np.mean(labels == majority)) if len(labels) else 0.0
     return {"predicts": f"the majority class, {classes[majority]!r}" if classes else "class 0",
             "accuracy": accuracy}
+
+
+def metric_format(metric: str):
+    """How a summary line writes a value of `metric`: accuracy to 3 places, an RMSE to 4 figures
+    (whole, with thousands' commas, from 1,000)."""
+    if metric == "accuracy":
+        return lambda v: f"{v:.3f}"
+    return lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _rmse(error: np.ndarray) -> float:
@@ -64,11 +73,13 @@ def test_record(label, train_label: dict[str, Any], split: str, served: np.ndarr
     """The SavedModel's own metric on `split` (`served`: its answers) beside the trivial
     baseline's, said in the log; a model no better than the baseline is not published unless
     `allow_weak`. `label`: the schema's label; `train_label`: its training statistics."""
-    test = {"split": split, "rows": int(len(labels)), **model_quality(served, labels, label.task),
-            "baseline": trivial_baseline(label.task, label.classes, train_label, labels)}
+    quality = model_quality(served, labels, label.task, per_row=True)
     metric = "rmse" if label.task == "regression" else "accuracy"
-    log(f"  {split} {metric} {test[metric]:.4g} on {test['rows']} rows; {test['baseline']['predicts']} gives "
-        f"{test['baseline'][metric]:.4g}")
+    test = {"split": split, "rows": int(len(labels)), **{k: v for k, v in quality.items() if k != PER_ROW},
+            "interval": interval_record(metric, quality[PER_ROW]),
+            "baseline": trivial_baseline(label.task, label.classes, train_label, labels)}
+    log(f"  {split} {metric} {test[metric]:.4g}{interval_text(test['interval'], metric_format(metric))} on "
+        f"{test['rows']} rows; {test['baseline']['predicts']} gives {test['baseline'][metric]:.4g}")
     check_baseline(test, allow_weak, log)
     return test
 

@@ -19,7 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfpipe.export.baseline import better_than_baseline, test_record
+from tfpipe.export.baseline import better_than_baseline, metric_format, test_record
+from tfpipe.intervals import interval_text
 from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version
@@ -301,8 +302,9 @@ def quality_text(test: dict[str, Any] | None) -> str:
     baseline = test["baseline"]
     trivial = "the majority class" if metric == "accuracy" else "predicting the mean"
     weak = "" if better_than_baseline(test, baseline) else ": NO BETTER"
-    number = (lambda v: f"{v:.3f}") if metric == "accuracy" else (lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}")
-    return f"; {test['split']} {metric} {number(test[metric])} against {number(baseline[metric])} for {trivial}{weak}"
+    number = metric_format(metric)
+    return (f"; {test['split']} {metric} {number(test[metric])}{interval_text(test.get('interval'), number)} on "
+            f"{test['rows']} rows against {number(baseline[metric])} for {trivial}{weak}")
 
 
 def result(final: str) -> StageResult:

@@ -257,8 +257,11 @@ def baseline_paragraph(test: dict | None) -> str:
     metric = "rmse" if "rmse" in test else "accuracy"
     model, base = test[metric], test["baseline"][metric]
     weak = not better_than_baseline(test, test["baseline"])
-    text = (f"On the {_esc(test['split'])} split ({test['rows']:,} rows) the SavedModel's {metric} is {_fmt(model)}; "
-            f"{_esc(test['baseline']['predicts'])} gives {_fmt(base)}.")
+    interval = test.get("interval")
+    ci = (f" ({interval['level']:.0%} confidence interval {_fmt(interval['low'])} to {_fmt(interval['high'])}, "
+          f"{_esc(interval['method'])})" if interval else "")
+    text = (f"On the {_esc(test['split'])} split ({test['rows']:,} rows) the SavedModel's {metric} is {_fmt(model)}"
+            f"{ci}; {_esc(test['baseline']['predicts'])} gives {_fmt(base)}.")
     if weak:
         return f"<p class='bad'><b>Warning: the model is no better than this trivial baseline.</b> {text}</p>"
     return f"<p>{text}</p>"

@@ -205,6 +205,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         **ending(epoch_log, config),
         "resumed_from_epoch": resumed,
         "metrics": results,
+        "rows": {split: data.count(split) for split in results},
         "image": built.image,
         **timing,
         "elapsed_s": round(time.time() - started, 2),
@@ -531,6 +532,20 @@ def _print_summary(m: dict[str, Any], out: str, log) -> None:
     log(f"wrote {out} in {m['elapsed_s']:.1f} s")
 
 
+def _accuracy_interval(m: dict[str, Any], split: str, metric: str) -> str:
+    """' (95% CI 0.90-1.00, 35 rows)' after a split's accuracy, from its rows (train.json's
+    `rows`); the other metrics get their rows only."""
+    rows = (m.get("rows") or {}).get(split)
+    if not rows:
+        return ""
+    if metric != "accuracy":
+        return f" on {rows:,} rows"
+    from tfpipe.intervals import interval_text, wilson
+
+    low, high = wilson(round(m["metrics"][split][metric] * rows), rows)
+    return interval_text({"level": 0.95, "low": low, "high": high}, rows=rows)
+
+
 def result(out: str) -> StageResult:
     """The training stage's output for `tfpipe run`: epochs, the eval metric, precision and speed in one line."""
     with open(os.path.join(out, "train.json")) as f:
@@ -540,6 +555,6 @@ def result(out: str) -> StageResult:
     metric = next((k for k in ("accuracy", "auc", "mae", "rmse") if k in metrics), None)
     summary = (epochs_text(m) + (f" (resumed after epoch {m['resumed_from_epoch']})" if m.get("resumed_from_epoch")
                                  else "")
-               + (f", {split} {metric} {metrics[metric]:.3f}" if metric else "")
+               + (f", {split} {metric} {metrics[metric]:.3f}{_accuracy_interval(m, split, metric)}" if metric else "")
                + f", {m['precision']['policy']}, {m.get('examples_per_s', 0):,.0f} examples/s")
     return StageResult(os.path.join(out, "train.json"), summary, TrainOutputs(out, m["fingerprint"]))
