@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 TFLITE_VARIANTS = ("float32", "float16", "dynamic", "int8")
 
 
+# The reloaded SavedModel's answers against the Keras model's: float32 sums taken in another order
+# (fused kernels, another reduction tree) differ by tens to hundreds of units in the last place
+# (AER CreditCard: 1.46e-5, 123 units, on a probability); a signature that transforms an input
+# wrongly differs by orders of magnitude more.
+RELOAD_TOLERANCE = 1024 * 2.0 ** -23
+
+
 class ExportConfig(BaseModel):
     """Options of `tfpipe export`; the field descriptions are the CLI's --help."""
 
@@ -22,8 +29,10 @@ class ExportConfig(BaseModel):
     warmup_records: int = Field(100, ge=0, le=1000, description="TF Serving warmup requests built from eval rows")
     keep: int | None = Field(None, ge=1, description="keep only the newest N versions, and the newest N candidates "
                              "(never the one just written, the one served, nor the one a rollback returns to)")
-    tolerance: float = Field(1e-5, gt=0, description="how far the reloaded SavedModel may differ from Keras, and "
-                             "the served model from the SavedModel (regression: relative to the label's size)")
+    tolerance: float = Field(RELOAD_TOLERANCE, gt=0, description="how far the reloaded SavedModel may differ from "
+                             "Keras, and the served model from the SavedModel (regression: relative to the label's "
+                             "size); default 1,024 float32 units in the last place of 1: the reloaded graph adds in "
+                             "another order than Keras does, a wrong input transform differs by far more")
     tflite: str = Field("auto", description="TFLite variants to build and measure, comma-separated ('' for none); "
                         "auto: " + ",".join(TFLITE_VARIANTS) + ", without int8 for a regression (full-integer "
                         "activations cannot hold a label's range: diamonds' int8 RMSE was 5x float's)")
