@@ -41,3 +41,36 @@ def test_keyword_space_and_dot_headers_train_export_and_keep_their_names(tmp_pat
            log=lambda _: None)
     sigs = signatures(os.path.join(tmp_path, "models", "kw", "1"))
     assert sorted(sigs["serving_default"].inputs) == sorted(HEADER[:-1])  # what a client sends: the columns' names
+
+
+def test_a_signature_whose_arguments_tensorflow_renamed_takes_the_packed_fast_call(tmp_path):
+    """TensorFlow names a loaded signature's arguments x_a for the inputs 'x.a' (a dotted column,
+    as R's data frames have hundreds of): the server still calls it with one [batch, k] tensor per
+    dtype (the fast path), not one tensor per input, and answers the same."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfpipe.serve.core.servable import Servable
+
+    names = [f"x.g{i}" for i in range(40)] + ["tag"]
+
+    class Wide(tf.Module):
+        @tf.function(input_signature=[{n: tf.TensorSpec([None], tf.string if n == "tag" else tf.float32, name=n)
+                                       for n in names}])
+        def serve(self, inputs):
+            total = tf.add_n([inputs[n] * float(i + 1) for i, n in enumerate(names[:-1])])
+            return {"y": total, "tag": tf.strings.upper(inputs["tag"])}
+
+    m = Wide()
+    tf.saved_model.save(m, str(tmp_path / "1"), signatures={"serving_default": m.serve})
+    servable = Servable("wide", 1, str(tmp_path / "1"))
+    sig = servable.signature("serving_default")
+    _, kwargs = tf.saved_model.load(str(tmp_path / "1")).signatures["serving_default"].structured_input_signature
+    assert "x_g0" in kwargs and "x.g0" in sig.inputs  # the case: the argument is not the key
+    assert sig.call is not sig.call_any
+    inputs = servable.check_inputs(sig, {**{n: np.array([1.0, 2.0], np.float32) for n in names[:-1]},
+                                         "tag": np.array([b"a", b"b"], object)})
+    fast, public = sig.call(inputs), sig.call_any(inputs)
+    want = sum(range(1, 41))
+    assert fast["y"].numpy().tolist() == public["y"].numpy().tolist() == [want, 2 * want]
+    assert fast["tag"].numpy().tolist() == [b"A", b"B"]

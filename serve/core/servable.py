@@ -430,7 +430,10 @@ def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
     Built when the loaded function exposes what it needs; otherwise None (the public call)."""
     try:
         args, kwargs = fn.structured_input_signature
-        if args or set(kwargs) != set(specs):
+        # The loaded function's own argument names may differ from the SignatureDef's keys (TF makes
+        # 'x.MAML1' the argument x_MAML1): it is called by the keys below, as the public call is,
+        # and tracing `graph` fails (the public call stays) if it does not take them.
+        if args or len(kwargs) != len(specs):
             return None
         columns: dict[tf.DType, list[str]] = {}
         for k in sorted(specs):
