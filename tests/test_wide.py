@@ -1,0 +1,32 @@
+"""Wide tables (hundreds of columns): the pieces whose cost grew with the columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _column(values):
+    from tfpipe.skew.columns import Column
+
+    values = np.asarray(values)
+    return Column(values, np.ones(len(values), dtype=bool))
+
+
+@pytest.mark.parametrize("serving_mean,bounded", [(50.0, False), (80.0, True)])
+def test_with_many_features_a_bound_is_drawn_only_where_it_decides_the_verdict(serving_mean, bounded):
+    """every_bound=False (tables over BOUND_EVERY_FEATURE features): a feature under its threshold
+    gets no noise bound and stays ok; one over it is judged against its bound as before."""
+    from tfpipe.skew.job import feature_verdict
+
+    rng = np.random.default_rng(3)
+    train = rng.normal(50, 10, 2000)
+    stats = {"min": float(train.min()), "max": float(train.max()),
+             "quantiles": {str(q): float(np.quantile(train, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
+    serving = _column(rng.normal(serving_mean, 10, 400))
+    lazy = feature_verdict("x", "float", _column(train), serving, stats, {}, 0.1, every_bound=False)
+    full = feature_verdict("x", "float", _column(train), serving, stats, {}, 0.1)
+    assert (lazy["noise_bound"] is not None) == bounded and full["noise_bound"] is not None
+    assert lazy["verdict"] == full["verdict"] == ("skewed" if bounded else "ok")
+    if bounded:
+        assert lazy["noise_bound"] == full["noise_bound"]
