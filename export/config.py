@@ -10,9 +10,8 @@ TFLITE_VARIANTS = ("float32", "float16", "dynamic", "int8")
 
 
 # The reloaded SavedModel's answers against the Keras model's: float32 sums taken in another order
-# (fused kernels, another reduction tree) differ by tens to hundreds of units in the last place
-# (AER CreditCard: 1.46e-5, 123 units, on a probability); a signature that transforms an input
-# wrongly differs by orders of magnitude more.
+# (fused kernels, another reduction tree) differ by tens to hundreds of units in the last place; a
+# signature that transforms an input wrongly differs by orders of magnitude more.
 RELOAD_TOLERANCE = 1024 * 2.0 ** -23
 
 

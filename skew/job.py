@@ -178,7 +178,7 @@ def _codes(col) -> np.ndarray:
 
 # Up to this many features every feature gets its noise bound; beyond, only those whose distance is
 # over the threshold (at a Bonferroni-corrected confidence a bound takes 600,000 draws for 300
-# features, about half a second each: most of a 300-column table's skew check).
+# features: drawn for every feature, they were most of a wide table's skew check).
 BOUND_EVERY_FEATURE = 50
 
 
