@@ -142,7 +142,11 @@ def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log,
                  keep: dict[str, tf.DType] | None = None) -> dict[str, Any]:
     """The SavedModel of a tabular model, its warmup records, reload check and TFLite variants;
     `keep`: the served version's input dtypes (signatures.serving_dtype)."""
-    module = ServingModule(model, data.schema, keep)
+    from tfpipe.export.tflite import block_model
+
+    # The signatures call the trained layers with every number's normalisation as one block (the
+    # reload check below holds its answers to the trained model's).
+    module = ServingModule(block_model(model, data.schema) or model, data.schema, keep)
     dtypes = module.dtypes
     tf.saved_model.save(module, tmp, signatures=module.signatures())
     finish_signatures(tmp, module.method_names(), input_renames(data.schema))

@@ -25,7 +25,7 @@ from tfpipe.export.baseline import PER_ROW, model_quality
 from tfpipe.export.errors import ExportError
 from tfpipe.export.signatures import finish_signatures
 from tfpipe.pipeline.schema import Schema
-from tfpipe.train.model import DENORMALIZE, TRAINER, feature_layers
+from tfpipe.train.model import DENORMALIZE, TRAINER, feature_layers, input_dtype
 
 VARIANTS = ("float32", "float16", "dynamic", "int8")
 NUMERIC_BLOCK = "numeric_block"
@@ -146,15 +146,13 @@ class Reorder(layers.Layer):
 def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[str, list[str]]]:
     """The trained model from vocabulary indices and raw numbers, sharing the trained layers.
     The numbers go through one NumericBlock (the block export quantization keeps float)."""
-    trainer, used = model.get_layer(TRAINER), feature_layers(model, schema)
+    used = feature_layers(model, schema)
     names = schema.graph_names()  # inputs keyed by column, named in the graph by graph name
-    inputs, vocabularies, numeric, others = {}, {}, [], []
+    inputs, vocabularies, others = {}, {}, []
     for c in schema.features:
         found = used.get(c.name)  # None: the model does not use it (no value in training)
         if c.type in ("int", "float"):
             inputs[c.name] = keras.Input(shape=(), dtype="float32", name=names[c.name])  # taken, used or not
-            if found is not None:
-                numeric.append((c.name, found.norm))
             continue
         if found is None:
             continue
@@ -164,16 +162,47 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
             others.append((c.name, OneHot(found.lookup.vocabulary_size(), name=f"one_hot_{names[c.name]}")(x)))
         else:
             others.append((c.name, found.embed(x)))
-    # Columns of [numeric block, strings...], then moved into the order the trainer learned.
+    return _assembled(model, schema, inputs, others, "device_model"), vocabularies
+
+
+def block_model(model: keras.Model, schema: Schema) -> keras.Model | None:
+    """The trained model on the same raw inputs, every number's normalisation run as one
+    NumericBlock (each column exactly its own layer's arithmetic) and each string through its
+    trained lookup and embedding: what the SavedModel's signatures call. Per numeric column the
+    trained model runs a chain of small ops, a table of hundreds of them as many chains a call.
+    None when a feature takes another path (a date or a text column): the model serves as trained."""
+    if any(c.kind in ("date", "text") for c in schema.features):
+        return None
+    used = feature_layers(model, schema)
+    names = schema.graph_names()
+    inputs = {c.name: keras.Input(shape=(), dtype=input_dtype(c.type), name=names[c.name]) for c in schema.features}
+    others = []
+    for c in schema.features:
+        found = used.get(c.name)
+        if found is None or c.type in ("int", "float"):
+            continue
+        x = found.lookup(inputs[c.name])  # a one-hot lookup's output is the one-hot vector
+        others.append((c.name, x if found.embed is None else found.embed(x)))
+    return _assembled(model, schema, inputs, others, "block_model")
+
+
+def _assembled(model: keras.Model, schema: Schema, inputs: dict, others: list[tuple[str, Any]],
+               name: str) -> keras.Model:
+    """`model`'s trainer (and a regression's denormalisation) on [one NumericBlock of the numeric
+    features the model uses, then `others` (string features: name, tensor)], their columns moved
+    into the order the trainer learned."""
+    trainer, used = model.get_layer(TRAINER), feature_layers(model, schema)
+    numeric = [(c.name, used[c.name].norm) for c in schema.features
+               if c.type in ("int", "float") and c.name in used]
     parts, position, width = [], {}, 0
     if numeric:
         block = NumericBlock([n for _, n in numeric], name=NUMERIC_BLOCK)
-        parts.append(block([inputs[name] for name, _ in numeric]))
-        for i, (name, _) in enumerate(numeric):
-            position[name] = block.columns(i)
+        parts.append(block([inputs[n] for n, _ in numeric]))
+        for i, (n, _) in enumerate(numeric):
+            position[n] = block.columns(i)
         width = block.width
-    for name, tensor in others:
-        position[name] = list(range(width, width + tensor.shape[-1]))
+    for n, tensor in others:
+        position[n] = list(range(width, width + tensor.shape[-1]))
         width += tensor.shape[-1]
         parts.append(tensor)
     order = [i for c in schema.features for i in position.get(c.name, [])]
@@ -183,7 +212,7 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
     out = trainer(features)
     if any(layer.name == DENORMALIZE for layer in model.layers):  # a regression: back to the label's units
         out = model.get_layer(DENORMALIZE)(out)
-    return keras.Model(inputs, out, name="device_model"), vocabularies
+    return keras.Model(inputs, out, name=name)
 
 
 def device_inputs(raw: dict[str, np.ndarray], schema: Schema, vocabularies: dict[str, list[str]]) -> dict[str, np.ndarray]:

@@ -30,3 +30,30 @@ def test_with_many_features_a_bound_is_drawn_only_where_it_decides_the_verdict(s
     assert lazy["verdict"] == full["verdict"] == ("skewed" if bounded else "ok")
     if bounded:
         assert lazy["noise_bound"] == full["noise_bound"]
+
+
+def test_the_block_model_answers_as_the_trained_model_does(penguins_trained):
+    """What the SavedModel's signatures call (export.tflite.block_model): every number's
+    normalisation as one NumericBlock, the strings through their trained lookups; penguins'
+    test rows (nullable ints, floats, two string columns) give the trained model's answers. A
+    schema with a date or text column keeps the trained model (None)."""
+    import dataclasses
+    import os
+
+    import keras
+
+    from tfpipe.export.job import _labelled_rows
+    from tfpipe.export.tflite import NUMERIC_BLOCK, block_model
+    from tfpipe.train.datadir import load_data_dir
+
+    data_dir, train_dir = penguins_trained
+    data = load_data_dir(data_dir)
+    model = keras.models.load_model(os.path.join(train_dir, "model.keras"))
+    block = block_model(model, data.schema)
+    assert block is not None and block.get_layer(NUMERIC_BLOCK) is not None
+    raw, _ = _labelled_rows(data, "test")
+    np.testing.assert_allclose(np.asarray(block(raw, training=False)), np.asarray(model(raw, training=False)),
+                               rtol=0, atol=1e-6)
+    dated = dataclasses.replace(data.schema, features=[dataclasses.replace(data.schema.features[0], kind="date"),
+                                                       *data.schema.features[1:]])
+    assert block_model(model, dated) is None
