@@ -21,6 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.pipeline.autodetect import SAMPLE_BYTES, detect_delimiter, shown_delimiter
 from tfpipe.pipeline.errors import DataError
+from tfpipe.pipeline.sheets import is_workbook, sheet_as_csv
 
 BLOCK = 8 << 20
 _EXTENSIONS = {
@@ -127,6 +128,8 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[FoundFile]:
             for p in paths:
                 if os.path.isdir(p):
                     continue
+                if is_workbook(p):  # its first sheet, as CSV (pipeline/sheets.py)
+                    p = sheet_as_csv(p)
                 st = os.stat(p)
                 entries.append((os.path.abspath(p), st.st_size, st.st_mtime))
         if not entries:
@@ -152,7 +155,8 @@ def detect_format(path: str, fmt: str) -> tuple[str, bool]:
     for ext, f in _EXTENSIONS.items():
         if name.endswith(ext):
             return f, compressed
-    raise DataError(f"cannot tell the format of {path} from its extension; pass --format csv|jsonl|parquet")
+    raise DataError(f"cannot tell the format of {path} from its extension; pass --format csv|jsonl|parquet "
+                    "(an Excel workbook is read as .xlsx)")
 
 
 def open_raw(path: str):

@@ -28,6 +28,7 @@ from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, p
                                     resolve_inputs, scan_file)
 from tfpipe.pipeline.readers import Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
+from tfpipe.pipeline.sheets import is_workbook, sheet_as_csv
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (ENVIRONMENT_ERROR, beam_options, check_counts, data_manifest, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,
@@ -87,9 +88,18 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     if not config.label:
         raise DataError("no label column: pass --label COLUMN")
     out = config.out if is_remote(config.out) else os.path.abspath(config.out)
+    notices: list[str] = []
+
+    def notice(line: str) -> None:  # logged, and kept for data.json and the run's terminal
+        notices.append(line)
+        log(line)
     found = resolve_inputs(config.input, config.format)
     total = sum(f.size for f in found)
     log(f"inputs: {len(found)} file(s), {human_bytes(total)}")
+    for pattern in config.input:
+        if is_workbook(pattern):
+            notice(f"{os.path.basename(pattern)}: an Excel workbook; its first sheet is read, as the CSV "
+                   f"{sheet_as_csv(pattern)}")
 
     schema_text = None
     if config.schema_path:
@@ -113,11 +123,6 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
     log("scanning: hashing inputs and finding record boundaries")
     files = [scan_file(f, grain, config.delimiter) for f in found]
-    notices: list[str] = []
-
-    def notice(line: str) -> None:  # logged, and kept for data.json and the run's terminal
-        notices.append(line)
-        log(line)
     _log_delimiters(files, config, notice)
     fingerprint = _fingerprint(settings, files)
     if previous and not config.force and previous.get("fingerprint") == fingerprint:

@@ -84,3 +84,39 @@ def test_a_runs_name_is_the_files_stem_without_its_compression(inputs, want):
     from tfpipe.run import own_data_name
 
     assert own_data_name(inputs) == want
+
+
+def test_an_excel_workbooks_first_sheet_is_read_as_a_table(tmp_path):
+    """A .xlsx with dates, whole numbers, blanks, a trailing empty row and a second sheet: the data
+    stage reads the first sheet (dates as dates), says so, and loses no row. An .xls is refused
+    with what to do."""
+    import datetime
+
+    import openpyxl
+
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.errors import DataError
+    from tfpipe.pipeline.job import run
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["day", "births", "weekday", "note"])
+    for i in range(60):
+        ws.append([datetime.date(1988, 1, 1) + datetime.timedelta(days=i), 7000 + (i * 37) % 900,
+                   ["Mon", "Tue", "Wed"][i % 3], None if i % 5 else "holiday"])
+    ws.append([None] * 4)
+    wb.create_sheet("other").append(["not", "this"])
+    path = tmp_path / "births.xlsx"
+    wb.save(path)
+    log: list[str] = []
+    out = run(DataConfig(input=[str(path)], label="births", out=str(tmp_path / "d")), log=log.append)
+    m = json.load(open(os.path.join(out, "data.json")))
+    assert m["counts"]["read"] == 60 and m["counts"]["bad"] == 0
+    schema = json.load(open(os.path.join(out, "schema.json")))
+    kinds = {f["name"]: (f["type"], f.get("kind")) for f in schema["features"]}
+    assert kinds["day"] == ("string", "date") and kinds["weekday"] == ("string", None)
+    assert schema["label"]["type"] == "int"
+    assert any(n.startswith("births.xlsx: an Excel workbook; its first sheet is read") for n in m["notices"])
+    (tmp_path / "old.xls").write_bytes(b"\xd0\xcf\x11\xe0" + b"\0" * 100)
+    with pytest.raises(DataError, match=r"Excel 97-2003 workbook \(.xls\).*save it as .xlsx"):
+        run(DataConfig(input=[str(tmp_path / "old.xls")], label="births", out=str(tmp_path / "e")), log=log.append)
