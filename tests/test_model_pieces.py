@@ -298,7 +298,7 @@ DATE_TEXTS = [
     "2024-01-01", "2024-01-01 00:34:11", "2024-01-01T00:34:11Z", "2024-01-01T00:34", "2024-01-01T10:00Z",
     "2024-03-01T05:30+05:30", "2024-03-01T05:30:15.123-0800", "2024-01-01T10:00:00+0130", " 2024-05-05 ",
     "1969-12-31T23:59:59", "1900-02-28", "2400-02-29", "2024-02-29",
-    # not dates: the model reads them as missing, the data stage as bad rows
+    # not dates: the data stage's bad rows, refused by the model (an empty value is missing to both)
     "", "hello", "2024-13-01", "2024-02-30", "2023-02-29", "2024-01-01T24:00:00", "2024-1-1", "01/02/2024",
 ]
 
@@ -314,11 +314,17 @@ def test_the_graph_parses_dates_exactly_as_the_data_stage_does():
     texts = DATE_TEXTS + [f"{y:04d}-{m:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}" for y, m, d, h, mi, s in
                           zip(rng.integers(1800, 2200, 300), rng.integers(1, 13, 300), rng.integers(1, 29, 300),
                               rng.integers(0, 24, 300), rng.integers(0, 60, 300), rng.integers(0, 60, 300))]
-    got = ParseDate()(tf.constant(texts)).numpy()
-    for text, seconds in zip(texts, got, strict=True):
+    readable = [t for t in texts if parse_seconds(t) is not None or not t.strip()]
+    got = ParseDate(column="when")(tf.constant(readable)).numpy()
+    for text, seconds in zip(readable, got, strict=True):
         want = parse_seconds(text)
         assert (np.isnan(seconds) if want is None else seconds == want), (text, want, seconds)
-    assert sum(parse_seconds(t) is None for t in DATE_TEXTS) == 8
+    not_dates = [t for t in texts if t not in readable]
+    assert len(not_dates) == 7
+    for text in not_dates:  # with valid dates beside it, the call fails naming the input and the value
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf'(?s)the input `when` holds a value that is not an '
+                                                                 rf'ISO-8601 date.*{re.escape(text)}'):
+            ParseDate(column="when")(tf.constant(["2024-01-01", text]))
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -37,11 +37,22 @@ _NORMALISE = (
 class ParseDate(layers.Layer):
     """ISO-8601 text -> float64 seconds since 1970-01-01T00:00:00Z (a time without an offset is
     UTC; a fraction of a second is dropped), by the rules of `pipeline.dates`; NaN for an empty
-    value or anything that is not a date (a day the month does not have too)."""
+    value (missing). Any other value that is not a date (`hello`, `25/12/1988`, a day the month
+    does not have) fails the call with InvalidArgumentError naming `column`: the data stage
+    dead-letters such a row, so no model learned from one, and a server answers it 400
+    (INVALID_ARGUMENT) rather than a guess."""
+
+    def __init__(self, column: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.column = column
+
+    def get_config(self):
+        return {**super().get_config(), "column": self.column}
 
     def call(self, x):
         s = tf.strings.strip(x)
         ok = tf.strings.regex_full_match(s, ISO_PATTERN)
+        empty = tf.equal(s, "")
         for pattern, replacement in _NORMALISE:
             s = tf.strings.regex_replace(s, pattern, replacement)
         s = tf.where(ok, s, "1970-01-01T00:00:00+00:00")
@@ -57,7 +68,13 @@ class ParseDate(layers.Layer):
         length = days_from_civil(year + month // 12, month % 12 + 1, tf.ones_like(day)) - first  # days in the month
         ok &= (month >= 1) & (month <= 12) & (day >= 1) & (day <= length) & (hour <= 23) & (minute <= 59) & (second <= 59)
         seconds = (first + day - 1) * 86400 + hour * 3600 + minute * 60 + second - offset
-        return tf.where(ok, tf.cast(seconds, tf.float64), tf.constant(math.nan, tf.float64))
+        bad = ~ok & ~empty
+        what = (f"the input `{self.column or self.name}` holds a value that is not an ISO-8601 date or time "
+                "(YYYY-MM-DD, YYYY-MM-DD HH:MM[:SS], with an optional offset), as the training data held; send an "
+                "empty value for a missing one:")
+        check = tf.debugging.Assert(~tf.reduce_any(bad), [what, tf.boolean_mask(x, bad)[:3]], summarize=3)
+        with tf.control_dependencies([check]):
+            return tf.where(ok, tf.cast(seconds, tf.float64), tf.constant(math.nan, tf.float64))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -126,9 +143,10 @@ def date_parts(stats: dict[str, Any]) -> list[str]:
             if len(stats.get(key) or []) > 1]
 
 
-def date_layers(x, stats: dict[str, Any], name: str):
-    """A date feature's preprocessing on the string input `x`; `name` is its graph name."""
-    seconds = ParseDate(name=f"parse_{name}")(x)
+def date_layers(x, stats: dict[str, Any], name: str, column: str | None = None):
+    """A date feature's preprocessing on the string input `x`; `name` is its graph name, `column`
+    its own (the one a client sends, named when a value is not a date)."""
+    seconds = ParseDate(column=column, name=f"parse_{name}")(x)
     std = stats.get("std") or 1.0
     return DateFeatures(stats["mean"], std, date_parts(stats), dtype="float32", name=f"date_{name}")(seconds)
 

@@ -334,7 +334,7 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
         x = inputs[c.name]
         name = names[c.name]
         if c.kind in ("date", "text"):
-            part = _kind_layers(c.kind, x, s, name)
+            part = _kind_layers(c.kind, x, s, name, c.name)
             if part is not None:
                 parts.append(part)
             continue
@@ -420,11 +420,11 @@ def _head(h, task: str, schema: Schema, seed: int):
     return out
 
 
-def _kind_layers(kind: str, x, stats: dict[str, Any], name: str):
+def _kind_layers(kind: str, x, stats: dict[str, Any], name: str, column: str | None = None):
     """A date's or a free text's preprocessing (train/kinds.py); None when the training split
-    has no value of it."""
+    has no value of it. `name`: its graph name; `column`: its own."""
     if kind == "date":
-        return date_layers(x, stats, name) if stats.get("mean") is not None else None
+        return date_layers(x, stats, name, column) if stats.get("mean") is not None else None
     return text_layers(x, stats, name)
 
 
