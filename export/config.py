@@ -43,7 +43,8 @@ class ExportConfig(BaseModel):
     drop_confidence: float = Field(0.95, ge=0.5, lt=1, description="a variant's drop counts only when it is beyond "
                                    "the test split's sampling noise at this confidence (McNemar's test for "
                                    "accuracy, a paired t-test for RMSE)")
-    allow_drop: bool = Field(False, description="drop a variant that loses too much accuracy instead of failing")
+    allow_drop: bool = Field(False, description="drop a variant that loses too much accuracy instead of failing "
+                             "(with --tflite auto, the default, such a variant is always dropped, with a notice)")
     allow_weak: bool = Field(False, description="publish a model no better than the trivial baseline (the majority "
                              "class, or the mean label) on the test split, with a warning, instead of failing")
 

@@ -57,3 +57,39 @@ def test_the_block_model_answers_as_the_trained_model_does(penguins_trained):
     dated = dataclasses.replace(data.schema, features=[dataclasses.replace(data.schema.features[0], kind="date"),
                                                        *data.schema.features[1:]])
     assert block_model(model, dated) is None
+
+
+@pytest.mark.parametrize("tflite,allow_drop,fails", [("auto", False, False), ("float32,int8", False, True),
+                                                     ("float32,int8", True, False)])
+def test_a_variant_that_loses_beyond_the_noise_is_dropped_on_a_default_export(tmp_path, tflite, allow_drop, fails):
+    """int8 wrong on 20 of 100 rows the SavedModel gets right: with the default variants it is
+    left out with a notice and the rest is written; named with --tflite it fails the export,
+    unless --allow-drop."""
+    from tfpipe.export.baseline import PER_ROW
+    from tfpipe.export.config import ExportConfig
+    from tfpipe.export.errors import ExportError
+    from tfpipe.export.tflite import record_variants
+
+    right = np.ones(100, bool)
+    worse = right.copy()
+    worse[:20] = False
+    answers = {b"f32": right, b"i8": worse}
+
+    def quality(blob):
+        part = answers[blob]
+        return {"accuracy": float(part.mean()), PER_ROW: part, "latency_ms_p50": 0.1, "latency_ms_p99": 0.2}
+
+    table = [{"variant": "savedmodel", "accuracy": 1.0, PER_ROW: right, "bytes": 4096, "drop": 0.0,
+              "latency_ms_p50": 0.1, "latency_ms_p99": 0.2}]
+    log: list[str] = []
+    config = ExportConfig(tflite=tflite, allow_drop=allow_drop)
+    if fails:
+        with pytest.raises(ExportError, match="int8: accuracy 1.0000 -> 0.8000"):
+            record_variants(table, {"float32": b"f32", "int8": b"i8"}, quality, "accuracy", str(tmp_path), config,
+                            log.append)
+        return
+    rows = record_variants(table, {"float32": b"f32", "int8": b"i8"}, quality, "accuracy", str(tmp_path), config,
+                           log.append)
+    assert [r["variant"] for r in rows if r.get("dropped")] == ["int8"]
+    assert (tmp_path / "float32.tflite").exists() and not (tmp_path / "int8.tflite").exists()
+    assert any(line.startswith("  dropping int8: accuracy 1.0000 -> 0.8000") for line in log), log
