@@ -1,5 +1,5 @@
 """Two tables of the gallery (benchmarks/gallery.py) end to end, as a user brings them, with
-`tfpipe run --input FILE --label COLUMN` (the load test shortened for the suite): a French
+`tfpipe run --input FILE --label COLUMN` (training and the load test shortened for the suite): a French
 spreadsheet export (`;`, decimal commas, accented headers, a byte-order mark) and R's Hitters
 (59 players without a salary, dotted-free R names, a player-name ID, a regression). The rest of
 the gallery, and how close each model comes to gradient boosting, is benchmarks/bench_tables.py."""
@@ -14,7 +14,13 @@ import pytest
 from conftest import run_cli
 from test_gallery import gallery
 
-SHORT = ("--set", "loadtest.duration=1s", "--set", "loadtest.warmup=0s", "--set", "loadtest.users=2")
+# 10 epochs rather than the default's 48-72 (early stopping ended them at 33-39): the tests check that
+# each table runs through every step under its own names and that the model beats the trivial
+# baseline, which 10 epochs already do by a wide margin (Hitters: test RMSE 295 against 415 for the
+# mean; the French cars: accuracy 0.97 against 0.62); how close each model comes to gradient
+# boosting is benchmarks/bench_tables.py's question, at the defaults
+SHORT = ("--set", "train.epochs=10",
+         "--set", "loadtest.duration=1s", "--set", "loadtest.warmup=0s", "--set", "loadtest.users=2")
 
 
 def _load(path: str) -> dict:

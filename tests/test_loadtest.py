@@ -256,16 +256,15 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
     sweep, the worker reconnecting between steps, and the merged counts are the sum of
     what each worker reported."""
     import subprocess
-    import sys
 
-    from conftest import ROOT
+    from conftest import spawn_cli
 
     server, _ = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
     port = free_port()
-    worker = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "loadtest", "--worker", "--master",
-                               f"127.0.0.1:{port}", "--workers", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    # forked from the CLI host, as the master is (a fresh interpreter only added its imports' seconds)
+    worker = spawn_cli("loadtest", "--worker", "--master", f"127.0.0.1:{port}", "--workers", "1",
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         res = run_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
                       "--payload", str(tmp_path / "body.json"), "--sweep", "2,4", "--workers", "1",
@@ -290,24 +289,20 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
 def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
     """--model-path measures the SavedModel in-process first; --web serves locust's own UI and
     stats while a step runs; the report renders in headless Chromium without errors."""
-    import subprocess
-    import sys
     import time
     import urllib.request
 
     from browser import render
-    from conftest import ROOT
+    from conftest import spawn_cli
 
     server, root = half_server
     (tmp_path / "body.json").write_text(json.dumps({"instances": [{"x": 1.0}, {"x": 3.0}]}))
     web_port = free_port()
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfpipe.cli", "loadtest", "--target", f"http://127.0.0.1:{server.rest_port}",
-         "--model", "half", "--payload", str(tmp_path / "body.json"), "--users", "2", "--duration", "3s",
-         "--warmup", "0.5s", "--model-path", str(root / "half"), "--web", "--web-port", str(web_port),
-         "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
+    # forked from the CLI host (a fresh interpreter only added its imports' seconds)
+    proc = spawn_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
+                     "--payload", str(tmp_path / "body.json"), "--users", "2", "--duration", "3s", "--warmup", "0.5s",
+                     "--model-path", str(root / "half"), "--web", "--web-port", str(web_port), "--out", str(out))
     seen = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None and not seen:

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import random
+import shutil
 
 import pytest
 import requests
@@ -76,6 +77,22 @@ def export(model: tuple[str, str], base, *flags: str):
                    "--tflite", "", "--warmup-records", "5", *flags)
 
 
+@pytest.fixture(scope="module")
+def day1_published(tmp_path_factory, days):
+    """A base path holding day 1's model alone, exported once (version 1, published): where both
+    gate stories start. Each test works on its own copy of it (`_from_day1`)."""
+    base = tmp_path_factory.mktemp("day1-published") / "models"
+    res = export(days["day1"], base)
+    assert res.returncode == 0, res.stderr
+    return base
+
+
+def _from_day1(day1_published, tmp_path):
+    base = tmp_path / "models"
+    shutil.copytree(day1_published, base, symlinks=True)
+    return base
+
+
 def served_version(url: str) -> tuple[int, float]:
     """(the version the server answers unversioned requests from, one prediction's top score)."""
     row = {"bill_length_mm": 39.1, "bill_depth_mm": 18.7, "flipper_length_mm": 181, "body_mass_g": 3750,
@@ -87,14 +104,12 @@ def served_version(url: str) -> tuple[int, float]:
     return max(available), max(r.json()["predictions"][0]["probabilities"])
 
 
-def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, days):
+def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, days, day1_published):
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
 
-    base = tmp_path / "models"
+    base = _from_day1(day1_published, tmp_path)  # day 1's export, published
     model = str(base / "penguins")
-    res = export(days["day1"], base)
-    assert res.returncode == 0, res.stderr
     assert versions.served(model) == 1 and [e["event"] for e in versions.history(model)] == ["published"]
     assert os.path.exists(os.path.join(model, "1", "assets.extra", "test_data", "data.json"))  # kept for day 2
 
@@ -144,9 +159,9 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
     assert "checked by hand" in res.stdout
 
 
-def test_a_threshold_holds_a_version_that_the_noise_rule_would_pass(tmp_path, days):
-    base = tmp_path / "models"
-    assert export(days["day1"], base).returncode == 0
+def test_a_threshold_holds_a_version_that_the_noise_rule_would_pass(tmp_path, days, day1_published):
+    base = _from_day1(day1_published, tmp_path)
+    assert versions.served(str(base / "penguins")) == 1
     res = export(days["more rows"], base, "--thresholds", "accuracy>=1.01")
     assert res.returncode == 1 and "held" in res.stdout and "accuracy>=1.01" in res.stdout, res.stdout
     assert versions.served(str(base / "penguins")) == 1 and versions.candidates(str(base / "penguins")) == [2]
