@@ -151,14 +151,18 @@ def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, 
 
 # ---- defaults that follow the data's size -----------------------------------------------------------------
 
+from tfpipe.train.config import UNTIL_STOPPED  # noqa: E402
+
 @pytest.mark.parametrize("examples, given, batch, epochs, patience, min_epochs", [
-    (139, {}, 16, 112, 11, 34),          # 182 images of three shapes: 9 steps an epoch, not 1
-    (240, {}, 16, 67, 6, 20),            # a 300-row table
-    (1_588, {}, 32, 30, 5, 6),
-    (40_000, {}, 256, 30, 5, 2),
+    # without --epochs, until early stopping; the patience and warm-up follow a nominal count: 112
+    # epochs for 182 images of three shapes (9 steps an epoch, not 1), 67 for a 300-row table, ...
+    (139, {}, 16, UNTIL_STOPPED, 11, 34),
+    (240, {}, 16, UNTIL_STOPPED, 6, 20),
+    (1_588, {}, 32, UNTIL_STOPPED, 5, 6),
+    (40_000, {}, 256, UNTIL_STOPPED, 5, 2),
     (275, {"epochs": 40, "patience": 8}, 16, 40, 8, 17),   # what the user set stays
     (275, {"epochs": 10}, 16, 10, 5, 5),                    # at most half the epochs warm up
-    (275, {"batch_size": 256}, 256, 200, 20, 100),          # one step an epoch: the most epochs
+    (275, {"batch_size": 256}, 256, UNTIL_STOPPED, 20, 100),  # one step an epoch: the most (200) nominal
     (275, {"batch_size": 64, "epochs": 9, "patience": 3, "min_epochs": 0}, 64, 9, 3, 0),
 ])
 def test_batch_size_epochs_and_patience_follow_the_training_splits_size(examples, given, batch, epochs, patience,

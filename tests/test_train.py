@@ -38,7 +38,7 @@ def test_penguins_trains_and_the_saved_model_takes_raw_features(tmp_path, pengui
     assert m["metrics"]["eval"]["accuracy"] >= 0.85
     # the batch follows the ~270 training rows: about 32 steps an epoch, not one batch of 256
     assert m["precision"]["policy"] == "float32" and m["strategy"]["global_batch"] == 16
-    assert "training examples: batch size 16, epochs" in res.stdout
+    assert "training examples: until early stopping (time limit 600 s), batch size 16" in res.stdout
     assert 0 <= m["input_wait_fraction"] <= 1 and m["examples_per_s"] > 0
     epochs = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [e["epoch"] for e in epochs] == list(range(1, m["epochs_run"] + 1))
