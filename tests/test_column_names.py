@@ -1,46 +1,107 @@
 """Any header a file allows is a feature name: columns named like Python keywords (`from`, `class`,
 `lambda`), with a space and with a dot go through data, train and export, and the served model
-takes them under their own names."""
+takes them under their own names; and what that served model does with a value its training data
+could not hold."""
 
 from __future__ import annotations
 
 import csv
+import datetime
 import os
 
+import pytest
 
-HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "label"]
+
+HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "label"]
 
 
 def _table(path: str) -> str:
-    """120 rows: the label is "hi" when `Sepal.Length` is over 5, each column carrying some signal."""
+    """200 rows: the label is "hi" when `Sepal.Length` is over 5; `from` a category (shop), `day` a
+    date (every 17th one missing), the others numbers and a second category."""
+    start = datetime.date(2020, 1, 1)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(HEADER)
-        for i in range(120):
+        for i in range(200):
             x = (i * 37 % 100) / 10
-            w.writerow([["north", "south"][i % 2], ["a", "b", "c"][i % 3], i % 7, round(x * 1.5, 2), x,
+            day = (start + datetime.timedelta(days=i * 3)).isoformat() if i % 17 else ""
+            w.writerow([["north", "south", "east"][i % 3], ["a", "b"][i % 2], i % 7, round(x * 1.5, 2), x, day,
                         "hi" if x > 5 else "lo"])
     return path
 
 
-def test_keyword_space_and_dot_headers_train_export_and_keep_their_names(tmp_path):
-    from tfpipe.pipeline.config import DataConfig
-    from tfpipe.pipeline.job import run
-
-    data = run(DataConfig(input=[_table(str(tmp_path / "t.csv"))], label="label", out=str(tmp_path / "data")),
-               log=lambda _: None)
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> str:
+    """The table through data, train and export (in this process): the model base path."""
     from tfpipe.export.config import ExportConfig
     from tfpipe.export.job import run as export
-    from tfpipe.export.signature_diff import signatures
+    from tfpipe.pipeline.config import DataConfig
+    from tfpipe.pipeline.job import run as data_stage
     from tfpipe.train.config import TrainConfig
     from tfpipe.train.job import run as train
 
-    model = train(TrainConfig(data=data, out=str(tmp_path / "train"), epochs=30, learning_rate=0.05),
-                  log=lambda _: None)
-    export(ExportConfig(model=model, data=data, base=str(tmp_path / "models"), name="kw", tflite=""),
-           log=lambda _: None)
-    sigs = signatures(os.path.join(tmp_path, "models", "kw", "1"))
+    root = tmp_path_factory.mktemp("columns")
+    quiet = lambda _: None  # noqa: E731
+    data = data_stage(DataConfig(input=[_table(str(root / "t.csv"))], label="label", out=str(root / "data")),
+                      log=quiet)
+    model = train(TrainConfig(data=data, out=str(root / "train"), epochs=20, learning_rate=0.05), log=quiet)
+    export(ExportConfig(model=model, data=data, base=str(root / "models"), name="kw", tflite=""), log=quiet)
+    return str(root / "models" / "kw")
+
+
+def test_keyword_space_and_dot_headers_train_export_and_keep_their_names(exported):
+    from tfpipe.export.signature_diff import signatures
+
+    sigs = signatures(os.path.join(exported, "1"))
     assert sorted(sigs["serving_default"].inputs) == sorted(HEADER[:-1])  # what a client sends: the columns' names
+
+
+def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_is_served(exported):
+    """What the served model does with a value its training data could not hold: a date column's
+    value that is not a date is refused (400, gRPC INVALID_ARGUMENT, naming the input), as the data
+    stage dead-letters it; an empty one is missing, as training saw; a category never seen is the
+    out-of-vocabulary value, as the rare values outside training's vocabulary were."""
+    import grpc
+    import numpy as np
+    import requests
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    row = {"from": "north", "class": "a", "lambda": 3, "wind speed": 9.0, "Sepal.Length": 6.0, "day": "2021-03-04"}
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="kw", model_base_path=exported)
+    with ServerThread(opts) as server:
+        url = f"http://127.0.0.1:{server.rest_port}/v1/models/kw:predict"
+
+        def post(**change):
+            return requests.post(url, json={"instances": [row, {**row, **change}]}, timeout=30)
+
+        ok = post()
+        assert ok.status_code == 200, ok.text
+        for bad in ("hello", "25/12/1988", "1988-02-30"):
+            r = post(day=bad)
+            assert r.status_code == 400, (bad, r.status_code, r.text)
+            assert "the input `day` holds a value that is not an ISO-8601 date" in r.json()["error"] and bad in r.text
+        missing = post(day="")
+        assert missing.status_code == 200, missing.text
+        unseen = post(**{"from": "west"})  # never in training: the out-of-vocabulary value
+        assert unseen.status_code == 200, unseen.text
+        assert abs(sum(unseen.json()["predictions"][1]["probabilities"]) - 1) < 1e-5
+        assert post().status_code == 200  # and it keeps serving
+
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "kw"
+        for k, v in {**row, "day": "hello"}.items():
+            dtype = object if isinstance(v, str) else np.int64 if k == "lambda" else np.float32
+            req.inputs[k].CopyFrom(tf.make_tensor_proto(np.array([v], dtype=dtype)))
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Predict(req, timeout=30)
+            e = caught.value
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "the input `day`" in e.details(), e
 
 
 def test_a_signature_whose_arguments_tensorflow_renamed_takes_the_packed_fast_call(tmp_path):
