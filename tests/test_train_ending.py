@@ -46,3 +46,12 @@ def test_the_summary_says_what_ended_training(losses, timed_out, config, want, t
     got = ending(_Log(losses, timed_out), TrainConfig(**config))
     assert (got["ended_by"], got["best_epoch"], got["still_improving"]) == want
     assert epochs_text({"epochs_run": len(losses), "config": config, **got}) == text
+
+
+@pytest.mark.parametrize("config,want", [({"epochs": UNTIL_STOPPED}, 1e-4), ({"epochs": 40}, 0.0)])
+def test_until_early_stopping_a_better_epoch_must_lower_the_loss_by_a_little(config, want):
+    """Without a cap, a loss creeping toward 0 on a split the model separates must not reset the
+    patience for ever; a capped run counts any drop, as before."""
+    from tfpipe.train.job import min_delta
+
+    assert min_delta(TrainConfig(**config)) == want

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
 from tfpipe.stage import StageResult, TrainOutputs
-from tfpipe.train.config import UNTIL_STOPPED, TrainConfig
+from tfpipe.train.config import UNTIL_STOPPED, UNTIL_STOPPED_MIN_DELTA, TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
@@ -320,7 +320,7 @@ def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> 
         keras.callbacks.ModelCheckpoint(os.path.join(work, "checkpoints", "epoch-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
         keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True,
-                                      start_from_epoch=config.min_epochs or 0),
+                                      start_from_epoch=config.min_epochs or 0, min_delta=min_delta(config)),
         keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
     ]
     return callbacks + ([sampler] if sampler is not None else [])
@@ -339,7 +339,8 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
                 sampler.on_train_begin()  # the custom loop runs no Keras callbacks
             epoch_log.timed_out = fit_multiworker(
                 rt.strategy, trainer, train_ds, eval_ds, task=data.schema.label.task, epochs=config.epochs,
-                patience=config.patience, min_epochs=config.min_epochs or 0, time_limit=config.time_limit, work=work,
+                patience=config.patience, min_epochs=config.min_epochs or 0, min_delta=min_delta(config),
+                time_limit=config.time_limit, work=work,
                 examples=data.count("train"), learning_rate=config.learning_rate, on_epoch=epoch_log.record, log=log,
                 label_scale=scale)
         else:
@@ -489,6 +490,12 @@ def _resumed_epoch(work: str) -> int | None:
 def _publish(work: str, out: str) -> None:
     os.remove(os.path.join(work, "resume.json"))
     publish_dir(work, out)
+
+
+def min_delta(config: TrainConfig) -> float:
+    """How much an epoch must lower the eval loss to count as better: UNTIL_STOPPED_MIN_DELTA when
+    training runs until early stopping, else any drop (a capped run stops at its cap anyway)."""
+    return UNTIL_STOPPED_MIN_DELTA if config.epochs == UNTIL_STOPPED else 0.0
 
 
 def ending(epoch_log: EpochLog, config: TrainConfig) -> dict[str, Any]:

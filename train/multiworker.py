@@ -64,7 +64,7 @@ def per_example(loss: keras.losses.Loss, y, pred):
 
 def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, train_ds: tf.data.Dataset,
                     eval_ds: tf.data.Dataset, *, task: str, epochs: int, patience: int, time_limit: float | None,
-                    min_epochs: int = 0, work: str, examples: int, learning_rate: float,
+                    min_epochs: int = 0, min_delta: float = 0.0, work: str, examples: int, learning_rate: float,
                     on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> bool:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets;
     `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units.
@@ -105,7 +105,7 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
         _checkpoint(trainer, work, backup, epoch + 1, writer, logs)
         if epoch + 1 <= min_epochs:
             pass  # as Keras's EarlyStopping(start_from_epoch): no epoch is judged before min_epochs
-        elif logs["val_loss"] < best:
+        elif logs["val_loss"] < best - min_delta:
             best, best_weights, waited = logs["val_loss"], trainer.get_weights(), 0
         else:
             waited += 1
