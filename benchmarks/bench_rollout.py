@@ -24,8 +24,9 @@ One row per day: the exit status, the run's wall time, the export's (offline gat
 rollout step's final one with the serving gate's round-by-round p99 and CPU-per-request ratios (new
 over served; none when the offline gate already decided), the shadow round's agreement (the share of
 rows whose class flipped, or a regression's median relative difference), its served CPU per request
-over the served rounds' ("shadow x") and the goal for that ratio (1.1 plus the new version's median
-model call over the served CPU per request), the version served after it, and, from the new
+over the served rounds' ("shadow x") and the goal for that ratio (1.1 plus the new version's own
+TensorFlow call, CPU per call measured in this process, over the served CPU per request), the
+version served after it, and, from the new
 version's assets.extra/export.json, the gate's overall checks (slice
 None) on the new test split and on the previous one (the test split the baseline kept): rows, the
 candidate's and the baseline's metric (accuracy, or RMSE for regression) and the paired test's
@@ -193,7 +194,7 @@ def day_record(workdir: str) -> dict:
     ratios = (serving.get("summary") or {}).get("ratios") or {}
     return {"model": export["name"], "version": export["version"], "decision": export.get("decision"),
             "final": rollout.get("decision"), "p99_ratio": ratios.get("p99_ms"), "cpu_ratio": ratios.get("cpu_us"),
-            **shadow_figures(serving),
+            **shadow_figures(serving, versions.version_path(model_dir, export["version"]) if serving else None),
             "last_event": events[-1]["event"] if events else None,
             "reason": export.get("reason"), "baseline": export.get("baseline"), "metric": metric,
             "served_after": versions.served(model_dir), "candidates_after": versions.candidates(model_dir),
@@ -201,11 +202,12 @@ def day_record(workdir: str) -> dict:
             "gate_notes": (export.get("gate") or {}).get("notes") or [], **sets}
 
 
-def shadow_figures(serving: dict) -> dict:
+def shadow_figures(serving: dict, new_dir: str | None) -> dict:
     """The rollout step's shadow round: the agreement (the flipped share, or for a regression the
     median relative difference), the served traffic's CPU per request with the shadow over without
-    (the served rounds' median), and the goal for it: 1.1 plus the new version's own model call
-    (its median latency in the shadow) over the served version's CPU per request."""
+    (the served rounds' median), and the goal for it: 1.1 plus the new version's own TensorFlow call
+    (CPU time per call in this process, on its warmup rows, each call handed to a thread as the
+    shadow's is: bench_shadow.in_process_cpu) over the served version's CPU per request."""
     shadow = serving.get("shadow") or {}
     records = shadow.get("records") or []
     if not records:
@@ -213,8 +215,12 @@ def shadow_figures(serving: dict) -> dict:
     s = records[0]["summary"]
     agreement = s["flipped_share"] if s.get("class_rows") else s.get("rel_diff_median")
     served_cpu = ((serving.get("summary") or {}).get("served") or {}).get("cpu_us")
-    call = s.get("candidate_latency_p50")
-    goal = 1.1 + call * 1e6 / served_cpu if call and served_cpu else None
+    goal = None
+    if new_dir and served_cpu:
+        from bench_shadow import in_process_cpu, requests_of
+
+        call = in_process_cpu(new_dir, requests_of(new_dir), 300)[1]
+        goal = 1.1 + call * 1e6 / served_cpu
     return {"agreement": agreement, "agreement_kind": "flipped" if s.get("class_rows") else "rel. diff.",
             "shadow_cpu": shadow.get("cpu_ratio"), "shadow_goal": goal,
             "mirrored": records[0]["mirrored"], "skipped": records[0]["skipped"]}
