@@ -162,7 +162,7 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
             others.append((c.name, OneHot(found.lookup.vocabulary_size(), name=f"one_hot_{names[c.name]}")(x)))
         else:
             others.append((c.name, found.embed(x)))
-    return _assembled(model, schema, inputs, others, "device_model"), vocabularies
+    return _assembled(model, schema, used, inputs, others, "device_model"), vocabularies
 
 
 def block_model(model: keras.Model, schema: Schema) -> keras.Model | None:
@@ -183,15 +183,15 @@ def block_model(model: keras.Model, schema: Schema) -> keras.Model | None:
             continue
         x = found.lookup(inputs[c.name])  # a one-hot lookup's output is the one-hot vector
         others.append((c.name, x if found.embed is None else found.embed(x)))
-    return _assembled(model, schema, inputs, others, "block_model")
+    return _assembled(model, schema, used, inputs, others, "block_model")
 
 
-def _assembled(model: keras.Model, schema: Schema, inputs: dict, others: list[tuple[str, Any]],
+def _assembled(model: keras.Model, schema: Schema, used: dict, inputs: dict, others: list[tuple[str, Any]],
                name: str) -> keras.Model:
     """`model`'s trainer (and a regression's denormalisation) on [one NumericBlock of the numeric
-    features the model uses, then `others` (string features: name, tensor)], their columns moved
-    into the order the trainer learned."""
-    trainer, used = model.get_layer(TRAINER), feature_layers(model, schema)
+    features the model uses (`used`: its feature_layers), then `others` (string features: name,
+    tensor)], their columns moved into the order the trainer learned."""
+    trainer = model.get_layer(TRAINER)
     numeric = [(c.name, used[c.name].norm) for c in schema.features
                if c.type in ("int", "float") and c.name in used]
     parts, position, width = [], {}, 0

@@ -44,6 +44,7 @@ class FoundFile:
     compressed: bool
     size: int
     mtime: float
+    source: str | None = None  # the Excel workbook whose first sheet this CSV is (pipeline/sheets.py)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[FoundFile]:
                 metas = FileSystems.match([pattern])[0].metadata_list
             except Exception as e:  # Beam raises its own BeamIOError subclasses per filesystem
                 raise DataError(f"input {pattern}: {e}") from None
-            entries = [(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in metas]
+            entries = [(m.path, m.size_in_bytes, m.last_updated_in_seconds, None) for m in metas]
         else:
             if glob.has_magic(pattern):
                 paths = sorted(glob.glob(pattern, recursive=True))
@@ -128,20 +129,21 @@ def resolve_inputs(patterns: list[str], fmt: str) -> list[FoundFile]:
             for p in paths:
                 if os.path.isdir(p):
                     continue
+                source = None
                 if is_workbook(p):  # its first sheet, as CSV (pipeline/sheets.py)
-                    p = sheet_as_csv(p)
+                    source, p = os.path.abspath(p), sheet_as_csv(p)
                 st = os.stat(p)
-                entries.append((os.path.abspath(p), st.st_size, st.st_mtime))
+                entries.append((os.path.abspath(p), st.st_size, st.st_mtime, source))
         if not entries:
             raise DataError(f"no file matches {pattern}")
-        for path, size, mtime in entries:
+        for path, size, mtime, source in entries:
             if path in seen:
                 continue
             seen.add(path)
             file_fmt, compressed = detect_format(path, fmt)
             if size == 0:
                 raise DataError(f"input {path} is empty")
-            found.append(FoundFile(path, file_fmt, compressed, size, mtime))
+            found.append(FoundFile(path, file_fmt, compressed, size, mtime, source))
     return found
 
 

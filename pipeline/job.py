@@ -28,7 +28,6 @@ from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, p
                                     resolve_inputs, scan_file)
 from tfpipe.pipeline.readers import Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
-from tfpipe.pipeline.sheets import is_workbook, sheet_as_csv
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (ENVIRONMENT_ERROR, beam_options, check_counts, data_manifest, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,
@@ -96,10 +95,9 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
     found = resolve_inputs(config.input, config.format)
     total = sum(f.size for f in found)
     log(f"inputs: {len(found)} file(s), {human_bytes(total)}")
-    for pattern in config.input:
-        if is_workbook(pattern):
-            notice(f"{os.path.basename(pattern)}: an Excel workbook; its first sheet is read, as the CSV "
-                   f"{sheet_as_csv(pattern)}")
+    for f in found:
+        if f.source:
+            notice(f"{os.path.basename(f.source)}: an Excel workbook; its first sheet is read, as the CSV {f.path}")
 
     schema_text = None
     if config.schema_path:

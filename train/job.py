@@ -547,10 +547,10 @@ def _accuracy_interval(m: dict[str, Any], split: str, metric: str) -> str:
         return ""
     if metric != "accuracy":
         return f" on {rows:,} rows"
-    from tfpipe.intervals import interval_text, wilson
+    from tfpipe.intervals import LEVEL, interval_text, wilson
 
     low, high = wilson(round(m["metrics"][split][metric] * rows), rows)
-    return interval_text({"level": 0.95, "low": low, "high": high}, rows=rows)
+    return interval_text({"level": LEVEL, "low": low, "high": high}, rows=rows)
 
 
 def result(out: str) -> StageResult:

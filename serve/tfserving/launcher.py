@@ -68,7 +68,8 @@ def _canaries(config) -> dict[str, int]:
     (the newest in BASE/NAME/candidates/, newer than the served range, not rolled back by a canary)."""
     out = {}
     for c in config.model_config_list.config:
-        held = [v for v in versions.candidates(c.base_path) if v not in versions.canary_rolled_back(c.base_path)]
+        rolled_back = versions.canary_rolled_back(c.base_path)
+        held = [v for v in versions.candidates(c.base_path) if v not in rolled_back]
         served = versions.served(c.base_path)
         if held and (served is None or held[-1] > served):
             out[c.name] = held[-1]
