@@ -215,8 +215,11 @@ def test_the_rest_users_http_client_reads_every_framing_and_times_the_answer():
         assert post("/length")[:2] == (200, 5)  # and the next request gets a fresh connection
         conn.close()
     finally:
-        server.close()
-        asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(5)
+        async def shut():  # on the loop's own thread: asyncio's Server is not thread-safe
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shut(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
 

@@ -333,7 +333,7 @@ def test_a_newer_candidate_replaces_the_shadowed_one_and_promotion_stops_shadowi
     """Candidate 2 shadowed; candidate 3 published: it replaces 2. Promoted (tfpipe.versions.promote)
     while a client predicts without pause: version 3 serves, no request fails, candidate 3 is unloaded
     and candidate 2 (older than the version served now) is not shadowed: nothing is mirrored once
-    version 3 serves."""
+    version 3 serves; the unloaded candidate's memory is freed at once."""
     from serving_models import save_half
 
     from tfpipe import versions
@@ -367,7 +367,8 @@ def test_a_newer_candidate_replaces_the_shadowed_one_and_promotion_stops_shadowi
         thread.start()
         mark = proc.output.mark()
         versions.promote(str(base))
-        proc.output.wait_for(r"unloaded half candidate 3", after=mark)
+        # freed: nothing (the shadow's thread, waiting for more) holds the unloaded candidate
+        proc.output.wait_for(r"unloaded half candidate 3 \(.*freed: True\)", after=mark)
         _wait("version 3 serving alone", lambda: [(s["version"], s["state"]) for s in requests.get(
             f"{url}/v1/models/half", timeout=30).json()["model_version_status"]] == [("3", "AVAILABLE"), ("1", "END")])
         _wait("answers from version 3", lambda: results and results[-1] == 5.0)

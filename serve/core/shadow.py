@@ -201,6 +201,7 @@ class Shadow:
             except Exception as e:  # noqa: BLE001 (a bug here must not kill the shadow thread)
                 self.log(f"shadow traffic: recording a mirrored call failed: {type(e).__name__}: {e}")
             finally:
+                items = []  # no reference to a candidate while waiting: an unloaded one is freed at once
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
