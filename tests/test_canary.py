@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.xdist_group("shadow")
 MODELS = ("good", "nan", "bad", "slow", "thr")
 DECISION = {"good": "PROMOTED", "nan": "ROLLED BACK", "bad": "ROLLED BACK", "slow": "ROLLED BACK",
             "thr": "ROLLED BACK"}
+DECIDED = re.compile(r"candidate 2 (PROMOTED|ROLLED BACK|passed, but)")
 WHY = {"nan": "holds NaN or infinity", "bad": "x must not be negative", "slow": "p99",
        "thr": "class flipped"}
 
@@ -68,17 +70,18 @@ def _answered_right(name: str, text: str) -> bool:
 
 class _Load:
     """Clients on threads of their own, one per model: REST Predicts one after another (every
-    other one with a client key), every answer kept, until stopped."""
+    other one with a client key), every answer kept, until stopped; a model's client stops once
+    `decided(name)` (its canary's decision is out: what follows would test nothing new)."""
 
-    def __init__(self, rest_port: int):
-        self.rest_port, self.answers = rest_port, []
+    def __init__(self, rest_port: int, decided):
+        self.rest_port, self.answers, self.decided = rest_port, [], decided
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(name,), daemon=True) for name in MODELS]
 
     def _run(self, name: str) -> None:
         with requests.Session() as s:
             i = 0
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not (i % 10 == 9 and self.decided(name)):
                 headers = {"X-Canary-Key": f"client-{i % 50}"} if i % 2 else {}
                 r = s.post(f"http://127.0.0.1:{self.rest_port}/v1/models/{name}:predict",
                            data=json.dumps(BODIES[name]), headers=headers, timeout=60)
@@ -136,7 +139,11 @@ def test_canaries_are_promoted_or_rolled_back_while_every_client_is_answered(tmp
             assert len(seen) == 1, (k, seen)  # sticky
             sides[k] = seen.pop()
         assert set(sides.values()) == {1, 2}, sides
-        with _Load(rest_port) as load:
+        def decided(name: str) -> bool:
+            return any(line.startswith(f"canary: {name} candidate 2 ") and DECIDED.search(line)
+                       for line in proc.output.lines)
+
+        with _Load(rest_port, decided) as load:
             for name in MODELS:
                 (m,) = proc.output.wait_for(rf"canary: {name} candidate 2 {DECISION[name]}[^\n]*", timeout=180)
                 assert WHY.get(name, "none failed") in m[0], m[0]

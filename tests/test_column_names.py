@@ -60,7 +60,8 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
     """What the served model does with a value its training data could not hold: a date column's
     value that is not a date is refused (400, gRPC INVALID_ARGUMENT, naming the input), as the data
     stage dead-letters it; an empty one is missing, as training saw; a category never seen is the
-    out-of-vocabulary value, as the rare values outside training's vocabulary were."""
+    out-of-vocabulary value, as the rare values outside training's vocabulary were. A whole number for
+    a float feature is that number in :classify too."""
     import grpc
     import numpy as np
     import requests
@@ -90,6 +91,18 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
         assert unseen.status_code == 200, unseen.text
         assert abs(sum(unseen.json()["predictions"][1]["probabilities"]) - 1) < 1e-5
         assert post().status_code == 200  # and it keeps serving
+
+        # :classify takes a whole number for a float feature as :predict does (REST's JSON makes it an
+        # int64_list); a string there is still refused
+        classify = f"http://127.0.0.1:{server.rest_port}/v1/models/kw:classify"
+        sig = {"signature_name": "classification"}
+        as_float = requests.post(classify, json={**sig, "examples": [row]}, timeout=30)
+        as_int = requests.post(classify, json={**sig, "examples": [{**row, "wind speed": 9, "Sepal.Length": 6}]},
+                               timeout=30)
+        assert as_float.status_code == as_int.status_code == 200, as_int.text
+        assert as_int.json() == as_float.json() and len(as_int.json()["results"][0]) == 2
+        text = requests.post(classify, json={**sig, "examples": [{**row, "wind speed": "fast"}]}, timeout=30)
+        assert text.status_code == 400 and "wind speed" in text.json()["error"], text.text
 
         req = predict_pb2.PredictRequest()
         req.model_spec.name = "kw"

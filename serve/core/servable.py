@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.example import example_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
 from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.serve.core import tf_internals
-from tfpipe.serve.errors import invalid, precondition, quoted, with_code
+from tfpipe.serve.errors import ServingError, invalid, precondition, quoted, with_code
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
@@ -334,11 +335,24 @@ class Servable:
         return sig, regression_outputs(out, len(serialized))
 
     def _run_examples(self, sig: Signature, serialized: list[bytes], run) -> dict[str, np.ndarray]:
+        """The signature on the examples. A whole number sent for a float feature is that number
+        (as :predict takes it): where the model's ParseExample refuses a feature's int64_list for
+        a float, that feature's values are sent again as floats, key by key. (TF Serving refuses
+        the request; REST's JSON gives a whole number no other list than int64_list.)"""
         if not serialized:
             raise invalid("Input is empty.")
-        value = np.empty(len(serialized), dtype=object)
-        value[:] = serialized
-        return run(sig, self.check_inputs(sig, {"inputs": value}))
+        converted: set[str] = set()
+        while True:
+            value = np.empty(len(serialized), dtype=object)
+            value[:] = serialized
+            try:
+                return run(sig, self.check_inputs(sig, {"inputs": value}))
+            except ServingError as e:
+                found = _INT_FOR_FLOAT.search(e.message)
+                if found is None or found.group(1) in converted:
+                    raise
+                converted.add(found.group(1))
+                serialized = ints_as_floats(serialized, found.group(1))
 
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
@@ -503,6 +517,24 @@ def _shape_text(dims: list[int | None] | None) -> str:
 
 
 _SCAFFOLD = ("Graph execution error", "Detected at node", "<stack traces", "File ", "[[", "Cause:", "To silence")
+
+
+# ParseExample's refusal of an int64_list where the model parses a float (the key is the feature's name)
+_INT_FOR_FLOAT = re.compile(r"Key: (.+?), Index: \d+\.\s+Data types don't match\. Data type: int64 but expected type: float")
+
+
+def ints_as_floats(serialized: list[bytes], key: str) -> list[bytes]:
+    """The examples with feature `key`'s int64_list values as a float_list."""
+    out = []
+    for raw in serialized:
+        ex = example_pb2.Example.FromString(raw)
+        feature = ex.features.feature.get(key)
+        if feature is not None and feature.WhichOneof("kind") == "int64_list":
+            values = list(feature.int64_list.value)
+            feature.float_list.value[:] = values  # the kind is a oneof: setting floats clears the ints
+            raw = ex.SerializeToString()
+        out.append(raw)
+    return out
 
 
 def _first_line(e: Exception) -> str:
