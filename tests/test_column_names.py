@@ -61,7 +61,7 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
     value that is not a date is refused (400, gRPC INVALID_ARGUMENT, naming the input), as the data
     stage dead-letters it; an empty one is missing, as training saw; a category never seen is the
     out-of-vocabulary value, as the rare values outside training's vocabulary were. A whole number for
-    a float feature is that number in :classify too."""
+    a float feature, and 3.0 for an int one, is that number in :classify too."""
     import grpc
     import numpy as np
     import requests
@@ -92,17 +92,18 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
         assert abs(sum(unseen.json()["predictions"][1]["probabilities"]) - 1) < 1e-5
         assert post().status_code == 200  # and it keeps serving
 
-        # :classify takes a whole number for a float feature as :predict does (REST's JSON makes it an
-        # int64_list); a string there is still refused
+        # :classify takes a whole number for a float feature, and 3.0 for an int one, as :predict does
+        # (REST's JSON makes them an int64_list and a float_list); a string, or 3.5 for an int, is refused
         classify = f"http://127.0.0.1:{server.rest_port}/v1/models/kw:classify"
         sig = {"signature_name": "classification"}
         as_float = requests.post(classify, json={**sig, "examples": [row]}, timeout=30)
-        as_int = requests.post(classify, json={**sig, "examples": [{**row, "wind speed": 9, "Sepal.Length": 6}]},
-                               timeout=30)
-        assert as_float.status_code == as_int.status_code == 200, as_int.text
-        assert as_int.json() == as_float.json() and len(as_int.json()["results"][0]) == 2
-        text = requests.post(classify, json={**sig, "examples": [{**row, "wind speed": "fast"}]}, timeout=30)
-        assert text.status_code == 400 and "wind speed" in text.json()["error"], text.text
+        swapped = {**row, "wind speed": 9, "Sepal.Length": 6, "lambda": 3.0}  # each number the other kind
+        as_other = requests.post(classify, json={**sig, "examples": [swapped]}, timeout=30)
+        assert as_float.status_code == as_other.status_code == 200, as_other.text
+        assert as_other.json() == as_float.json() and len(as_other.json()["results"][0]) == 2
+        for bad, key in (({"wind speed": "fast"}, "wind speed"), ({"lambda": 3.5}, "lambda")):
+            r = requests.post(classify, json={**sig, "examples": [{**row, **bad}]}, timeout=30)
+            assert r.status_code == 400 and key in r.json()["error"], r.text
 
         req = predict_pb2.PredictRequest()
         req.model_spec.name = "kw"

@@ -13,6 +13,7 @@ call takes a faster path (`_flat_caller`).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import weakref
@@ -335,10 +336,11 @@ class Servable:
         return sig, regression_outputs(out, len(serialized))
 
     def _run_examples(self, sig: Signature, serialized: list[bytes], run) -> dict[str, np.ndarray]:
-        """The signature on the examples. A whole number sent for a float feature is that number
-        (as :predict takes it): where the model's ParseExample refuses a feature's int64_list for
-        a float, that feature's values are sent again as floats, key by key. (TF Serving refuses
-        the request; REST's JSON gives a whole number no other list than int64_list.)"""
+        """The signature on the examples. A number sent as the other numeric list is that number
+        (as :predict takes either): where the model's ParseExample refuses a feature's int64_list
+        for a float, or a float_list of whole numbers for an int64, that feature's values are sent
+        again as the list it parses, key by key. (TF Serving refuses the request; REST's JSON
+        makes an int64_list of `48` and a float_list of `48.0`.)"""
         if not serialized:
             raise invalid("Input is empty.")
         converted: set[str] = set()
@@ -348,11 +350,14 @@ class Servable:
             try:
                 return run(sig, self.check_inputs(sig, {"inputs": value}))
             except ServingError as e:
-                found = _INT_FOR_FLOAT.search(e.message)
-                if found is None or found.group(1) in converted:
+                found = _NUMBER_KIND.search(e.message)
+                if found is None or found["key"] in converted:
                     raise
-                converted.add(found.group(1))
-                serialized = ints_as_floats(serialized, found.group(1))
+                converted.add(found["key"])
+                fixed = as_numbers(serialized, found["key"], found["want"] or found["want2"])
+                if fixed is None:  # a value with a fraction for an int64: the model's refusal stands
+                    raise
+                serialized = fixed
 
     def warmup(self) -> int:
         """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
@@ -519,19 +524,30 @@ def _shape_text(dims: list[int | None] | None) -> str:
 _SCAFFOLD = ("Graph execution error", "Detected at node", "<stack traces", "File ", "[[", "Cause:", "To silence")
 
 
-# ParseExample's refusal of an int64_list where the model parses a float (the key is the feature's name)
-_INT_FOR_FLOAT = re.compile(r"Key: (.+?), Index: \d+\.\s+Data types don't match\. Data type: int64 but expected type: float")
+# ParseExample's refusal of one numeric list where the model parses the other, in its two wordings (a
+# fixed-length feature's and a ragged one's): the feature's name and the list the model parses
+_NUMBER_KIND = re.compile(r"Key: (?P<key>.+?), Index: \d+\.\s+Data types don't match\. (?:Data type: (?:int64|float) "
+                          r"but expected type: (?P<want>float|int64)|Expected type: (?P<want2>float|int64), "
+                          r"Actual type: (?:int64|float))")
 
 
-def ints_as_floats(serialized: list[bytes], key: str) -> list[bytes]:
-    """The examples with feature `key`'s int64_list values as a float_list."""
+def as_numbers(serialized: list[bytes], key: str, want: str) -> list[bytes] | None:
+    """The examples with feature `key`'s numbers in a float_list (`want` "float") or an int64_list
+    ("int64"); None when a float with a fraction (or beyond int64) would have to become an int."""
     out = []
     for raw in serialized:
         ex = example_pb2.Example.FromString(raw)
         feature = ex.features.feature.get(key)
-        if feature is not None and feature.WhichOneof("kind") == "int64_list":
+        kind = None if feature is None else feature.WhichOneof("kind")
+        if want == "float" and kind == "int64_list":
             values = list(feature.int64_list.value)
             feature.float_list.value[:] = values  # the kind is a oneof: setting floats clears the ints
+            raw = ex.SerializeToString()
+        elif want == "int64" and kind == "float_list":
+            values = list(feature.float_list.value)
+            if not all(math.isfinite(v) and v.is_integer() and -2**63 <= v < 2**63 for v in values):
+                return None
+            feature.int64_list.value[:] = [int(v) for v in values]
             raw = ex.SerializeToString()
         out.append(raw)
     return out
