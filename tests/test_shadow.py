@@ -441,8 +441,11 @@ def test_a_share_outside_0_to_1_is_refused():
 def test_without_candidates_shadow_says_so_once_and_a_broken_candidate_is_tried_once(tmp_path):
     """--shadow with no candidates/ folder: one log line, however many polls. A candidate that does
     not load: one log line, not tried again at the next polls, tried again once its directory changes;
-    the served version answers throughout."""
+    the served version answers throughout. A candidate the history says a canary rolled back is
+    unloaded."""
     from serving_models import save_half
+
+    from tfpipe import versions
 
     for name in ("half", "other"):
         save_half(str(tmp_path / name / "1"), b=2.0)
@@ -472,6 +475,14 @@ def test_without_candidates_shadow_says_so_once_and_a_broken_candidate_is_tried_
         proc.output.wait_for(failed, count=2)
         assert _rest(rest_port, "half:predict", {"instances": [2.0]}) == {"predictions": [3.0]}
         assert "tfpipe_serving_shadow_candidate_version{" not in _scrape(rest_port)
+        # a candidate that the history says a canary rolled back (another server's, here recorded by
+        # hand while this one shadows it) is unloaded at the next poll, and not loaded again
+        _publish(lambda p: save_half(p, b=3.0), str(tmp_path / "other" / "candidates" / "9"))
+        proc.output.wait_for(r"loaded other candidate 9 for shadow traffic")
+        versions.record(str(tmp_path / "other"), versions.CANARY_ROLLED_BACK, 9, "canary: by another server")
+        proc.output.wait_for(r"unloaded other candidate 9")
+        polls_later(6)
+        assert len([line for line in proc.output.lines if "loaded other candidate 9 for" in line]) == 1
     finally:
         _stop(proc)
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.serve.core.servable import Servable
-from tfpipe.versions import CANDIDATES, canary_rolled_back
+from tfpipe.versions import CANDIDATES, HISTORY, canary_rolled_back
 from tfpipe.serve.errors import ServingError, invalid, not_found, precondition, quoted, unknown
 from tfpipe.serve.metrics import rss_bytes
 
@@ -208,6 +208,7 @@ class ModelManager:
         self._models: dict[str, Model] = {}
         self._shadows: dict[str, Model] = {}  # served model's name -> its candidates' entry (options.candidates)
         self._rejected: dict[str, set[int]] = {}  # model -> candidates a canary rolled back (and the history says)
+        self._history_seen: dict[str, tuple] = {}  # base path -> (its history file's stat, what _rolled_back read)
         self.on_poll: list[Callable[[], None]] = []  # called after every poll (shadow reports, canary decisions)
         self._labels: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
@@ -373,7 +374,7 @@ class ModelManager:
             folder = os.path.join(model.config.base_path, CANDIDATES)
             if not os.path.isdir(folder):
                 continue
-            rejected = canary_rolled_back(model.config.base_path)
+            rejected = self._rolled_back(model.config.base_path)
             with self._lock:
                 self._rejected[name] = rejected | self._rejected.get(name, set())
             entry = old.get(name)
@@ -386,6 +387,19 @@ class ModelManager:
             for s in list(gone.versions.values()):
                 self._retire(gone, s)
         return list(keep.values())
+
+    def _rolled_back(self, base_path: str) -> set[int]:
+        """The candidates a canary rolled back (versions.canary_rolled_back), the history read again
+        only when its file changed (every poll asks)."""
+        try:
+            st = os.stat(os.path.join(base_path, HISTORY))
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        cached = self._history_seen.get(base_path)
+        if cached is None or cached[0] != seen:
+            cached = self._history_seen[base_path] = (seen, canary_rolled_back(base_path))
+        return cached[1]
 
     def _current(self, model: Model) -> bool:
         """Whether `model` is still an entry of the config (or, a candidates' one, of the shadows)."""
