@@ -847,3 +847,41 @@ def test_batching_parameters_read_and_written_are_the_same(text):
 
     given = text_format.Parse(text, BatchingParameters())
     assert BatchOptions.from_proto(given).to_proto() == given
+
+
+def _example(**features):
+    from tensorflow.core.example import example_pb2
+
+    ex = example_pb2.Example()
+    for k, (kind, values) in features.items():
+        getattr(ex.features.feature[k], kind).value.extend(values)
+    return ex.SerializeToString()
+
+
+@pytest.mark.parametrize("features, key, want, expected", [
+    ({"x": ("int64_list", [3, -2])}, "x", "float", {"x": ("float_list", [3.0, -2.0])}),
+    ({"x": ("float_list", [3.0, -2.0])}, "x", "int64", {"x": ("int64_list", [3, -2])}),
+    ({"x": ("float_list", [3.5])}, "x", "int64", None),                    # a fraction is not an int
+    ({"x": ("float_list", [float("nan")])}, "x", "int64", None),
+    ({"y": ("int64_list", [1])}, "x", "float", {"y": ("int64_list", [1])}),  # without the key: as it was
+    ({"x": ("bytes_list", [b"a"])}, "x", "float", {"x": ("bytes_list", [b"a"])}),  # not a number: as it was
+])
+def test_an_examples_numbers_move_to_the_list_the_model_parses(features, key, want, expected):
+    from tensorflow.core.example import example_pb2
+
+    from tfpipe.serve.core.servable import as_numbers
+
+    got = as_numbers([_example(**features)], key, want)
+    if expected is None:
+        assert got is None
+    else:
+        (raw,) = got
+        ex = example_pb2.Example.FromString(raw)
+        assert {k: (f.WhichOneof("kind"), list(getattr(f, f.WhichOneof("kind")).value))
+                for k, f in ex.features.feature.items()} == expected
+
+
+def test_a_string_that_is_not_an_example_is_left_to_the_models_refusal():
+    from tfpipe.serve.core.servable import as_numbers
+
+    assert as_numbers([b"\xff\xff"], "x", "float") is None

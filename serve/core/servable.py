@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
@@ -533,10 +534,14 @@ _NUMBER_KIND = re.compile(r"Key: (?P<key>.+?), Index: \d+\.\s+Data types don't m
 
 def as_numbers(serialized: list[bytes], key: str, want: str) -> list[bytes] | None:
     """The examples with feature `key`'s numbers in a float_list (`want` "float") or an int64_list
-    ("int64"); None when a float with a fraction (or beyond int64) would have to become an int."""
+    ("int64"); None when a float with a fraction (or beyond int64) would have to become an int, or
+    a string is not an Example."""
     out = []
     for raw in serialized:
-        ex = example_pb2.Example.FromString(raw)
+        try:
+            ex = example_pb2.Example.FromString(raw)
+        except DecodeError:  # not an Example at all: the model's refusal stands
+            return None
         feature = ex.features.feature.get(key)
         kind = None if feature is None else feature.WhichOneof("kind")
         if want == "float" and kind == "int64_list":
