@@ -292,6 +292,11 @@ def test_grpc_reload_config_request_drops_and_brings_back_a_model(server, stubs)
 
 BAD_REQUESTS = [
     # (method, path, body, expected HTTP status)
+    # integer literals beyond a double: rapidjson's refusal (Python's int() refuses 4,301 digits or more)
+    ("POST", "/v1/models/half:predict", '{"instances": [' + "1" * 5000 + "]}", 400),
+    ("POST", "/v1/models/half:predict", '{"instances": [' + "9" * 400 + "]}", 400),
+    ("POST", "/v1/models/half:regress", '{"signature_name": "regress_x", "examples": [{"x": -' + "1" * 5000 + "}]}",
+     400),
     ("POST", "/v1/models/half:predict", "{not json", 400),
     ("POST", "/v1/models/half:predict", '{"instances": [1.0], "inputs": [1.0]}', 400),
     ("POST", "/v1/models/half:predict", '{"instances": ["a", "b"]}', 400),
@@ -383,6 +388,12 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
         r = session.request(method, server.url + path, data=body)
         assert r.status_code == expected, (method, path, body, r.text)
         assert isinstance(r.json()["error"], str) and r.json()["error"], (path, body)
+
+    # A body its Content-Encoding does not decode: 400 (the connection closes after it)
+    for encoding in ("gzip", "deflate", "br"):
+        r = session.post(server.url + "/v1/models/half:predict", data=b"not compressed",
+                         headers={"Content-Encoding": encoding})
+        assert r.status_code == 400 and f"Content-Encoding ({encoding})" in r.json()["error"], (encoding, r.text)
 
     # Over the request size limit: 413, and the connection is still usable for the next one.
     r = session.post(server.url + "/v1/models/half:predict", data=json.dumps({"instances": [1.0] * 60000}))

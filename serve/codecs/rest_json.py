@@ -230,9 +230,22 @@ def _status(e: ServingError) -> str:
     return f"{e.code.name}: {e.message}"
 
 
+# rapidjson's refusal of a number beyond a double's range. An integer literal that far out (310 digits
+# or more) is refused with it, as rapidjson refuses it; a literal with an exponent (1e400) is read as
+# Infinity, which a float input takes as it takes 1e39 beyond float32's range.
+TOO_BIG = "Number too big to be stored in double."
+
+
 def json_inputs(body: dict, inputs: dict[str, tf.DType]) -> tuple[dict[str, np.ndarray], bool]:
     """Named numpy inputs from a :predict body and whether it used the row format; `inputs`
     is the signature's input names and dtypes."""
+    try:
+        return _json_inputs(body, inputs)
+    except OverflowError:  # a Python int beyond a double's range, for a float input
+        raise invalid(f"JSON Parse error: {TOO_BIG}") from None
+
+
+def _json_inputs(body: dict, inputs: dict[str, tf.DType]) -> tuple[dict[str, np.ndarray], bool]:
     if not inputs:
         raise invalid(f"Failed to get input map for signature: {quoted(body.get('signature_name') or 'DEFAULT')}")
     has_instances, has_inputs = "instances" in body, "inputs" in body

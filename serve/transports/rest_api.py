@@ -27,7 +27,7 @@ from aiohttp.http import HttpVersion11
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from tfpipe.serve.codecs.rest_json import json_debug, json_examples, json_inputs, json_outputs
+from tfpipe.serve.codecs.rest_json import TOO_BIG, json_debug, json_examples, json_inputs, json_outputs
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
@@ -70,6 +70,7 @@ def _proto_json(message) -> dict:
 
 
 _DECODER = json.JSONDecoder()  # raw_decode keeps no state: one for every request
+_LONG_INTEGER = re.compile(r"-?\d{4301,}")  # beyond sys.get_int_max_str_digits(), Python's default limit
 
 
 def parse_json(raw: bytes):
@@ -88,6 +89,9 @@ def parse_json(raw: bytes):
         value, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as e:
         raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
+    except ValueError:  # an integer literal of more digits than Python converts: far beyond a double
+        long = _LONG_INTEGER.search(text, start)
+        raise invalid(f"JSON Parse error: {TOO_BIG} at offset: {long.start() if long else 0}") from None
     except RecursionError:
         raise invalid("JSON Parse error: Terminate parsing due to Handler error. at offset: 0") from None
     if "\\u" in text:  # only an escaped code point can be half of a surrogate pair
@@ -253,6 +257,10 @@ class _SlowBody(Exception):
     """The body did not arrive within the read timeout."""
 
 
+class _Undecodable(Exception):
+    """The body is not what its Content-Encoding (the argument) says: the client's error."""
+
+
 class RestApi:
     """`read_timeout`: seconds a connection has to send a request's line and headers (from its
     start, or from the previous answer: an idle connection is closed after as long), and then
@@ -364,6 +372,11 @@ class RestApi:
         except _SlowBody:
             self.metrics.request(name, api, "HTTP_408", time.perf_counter() - t0)
             raise
+        except _Undecodable as e:
+            status = "INVALID_ARGUMENT"
+            response = _error(400, f"The request body could not be decoded as its Content-Encoding ({capped(str(e))}) "
+                                   "says")
+            response.force_close()  # what is left of such a body on the connection cannot be read past
         except TimeoutError:
             status = "DEADLINE_EXCEEDED"
             response = _error(504, "Request timed out (--rest_api_timeout_in_ms)")
@@ -374,14 +387,19 @@ class RestApi:
         return response
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        """The request's body, within the read timeout (no timer when it has all come already)."""
-        if self.read_timeout <= 0 or request.content.is_eof():
-            return await request.read()
+        """The request's body, within the read timeout (no timer when it has all come already);
+        _Undecodable when its Content-Encoding does not decode it."""
         try:
-            async with asyncio.timeout(self.read_timeout):
+            if self.read_timeout <= 0 or request.content.is_eof():
                 return await request.read()
-        except TimeoutError:
-            raise _SlowBody from None
+            try:
+                async with asyncio.timeout(self.read_timeout):
+                    return await request.read()
+            except TimeoutError:
+                raise _SlowBody from None
+        except web.RequestPayloadError:
+            request.content.feed_eof()  # nothing more to read of it (aiohttp would try, and log the error)
+            raise _Undecodable(request.headers.get("Content-Encoding", "")) from None
 
     async def predict(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
         signature_name = _signature_name(body)
