@@ -147,8 +147,9 @@ TFPIPE_FLAGS: list[Flag] = [
          "tensorflow_model_server from PATH; docker: run the tensorflow/serving image",
          choices=("embedded", "tfserving", "docker")),
     Flag("host", str, "0.0.0.0", "Address the embedded server binds", metavar="ADDRESS"),
-    Flag("max_request_bytes", int, 64 * 1024 * 1024, "Largest REST body accepted; 413 over it, before any of the "
-         "body is read when Content-Length says so", metavar="BYTES", shown_default="64 MiB"),
+    Flag("max_request_bytes", int, 64 * 1024 * 1024, "Largest request accepted: a REST body (413 over it, before "
+         "any of the body is read when Content-Length says so) and a gRPC message once decompressed "
+         "(RESOURCE_EXHAUSTED; TF Serving's limit is 2 GiB)", metavar="BYTES", shown_default="64 MiB"),
     Flag("rest_read_timeout_seconds", float, 30.0, "REST: a connection that has not sent a whole request line and "
          "headers within S seconds (of opening, or of its previous answer, so idle connections too), or then its "
          "whole body within S more, is closed; 0: no such limit", metavar="S", shown_default="30"),

@@ -201,7 +201,10 @@ class EmbeddedServer:
 
     async def _start_grpc(self) -> None:
         o = self.opts
-        options = dict([("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # A request's bound is --max_request_bytes on both transports: grpc checks it after
+        # decompression, so a compressed request cannot inflate beyond it (TF Serving's is 2 GiB).
+        received = o.max_request_bytes if o.max_request_bytes > 0 else MAX_MESSAGE_BYTES
+        options = dict([("grpc.max_receive_message_length", received),
                         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *self.channel_args])
         self.grpc = grpc.aio.server(options=list(options.items()))
         add_services(self.grpc, self.metrics,

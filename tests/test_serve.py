@@ -582,6 +582,40 @@ def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server)
     assert answer.outputs["upper"].string_val == [b"A"] and not answer.outputs["upper"].tensor_shape.dim
 
 
+def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hostile_server):
+    """A gzip-compressed Predict of about 64 KB on the wire that inflates to 64 MiB of tensor_content
+    zeros (a compression bomb, scaled down): RESOURCE_EXHAUSTED against --max_request_bytes (BODY_LIMIT
+    here), checked as grpc decompresses, with the server's peak memory within 32 MiB of where it
+    started; an uncompressed request over the limit likewise; and a good request answered after."""
+    import grpc
+    import grpc_fuzz
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    proc, port, _ = hostile_server
+    bomb = predict_pb2.PredictRequest(model_spec={"name": "half"})
+    bomb.inputs["x"].dtype = types_pb2.DT_FLOAT
+    bomb.inputs["x"].tensor_shape.dim.add(size=16 * 2**20)
+    bomb.inputs["x"].tensor_content = bytes(64 * 2**20)
+    over = predict_pb2.PredictRequest(model_spec={"name": "half"})
+    over.inputs["x"].CopyFrom(tf.make_tensor_proto(np.zeros(BODY_LIMIT // 4 + 1024, np.float32)))
+    start = grpc_fuzz.rss_bytes(proc.pid)
+    grpc_fuzz.reset_peak_rss(proc.pid)
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for request, compression in ((bomb, grpc.Compression.Gzip), (over, grpc.Compression.NoCompression)):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Predict(request, timeout=60, compression=compression)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
+        growth = grpc_fuzz.rss_bytes(proc.pid, "VmHWM") - start
+        good = predict_pb2.PredictRequest(model_spec={"name": "half"})
+        good.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([2.0], np.float32)))
+        assert len(stub.Predict(good, timeout=30).outputs["y"].float_val) == 1
+    assert growth <= 32 * 2**20, growth / 2**20
+
+
 def _until_closed(sock) -> bytes:
     """Everything the server sends until it closes the connection (the socket's timeout fails a
     server that never does)."""
