@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import ctypes
 import gc
-import glob
 import os
 import secrets
 import select
@@ -31,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
+from tfpipe.files import clean_stale
 from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.core.manager import ManagerOptions, ModelManager
@@ -253,8 +253,8 @@ class EmbeddedServer:
         if open_port and sys.platform.startswith("linux"):
             address = f"unix-abstract:{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         else:
-            if self.group is None:
-                _remove_stale_probe_dirs()
+            if self.group is None:  # the probe directories of servers killed before their stop
+                clean_stale(tempfile.gettempdir(), PROBE_PREFIX)
             parent = self.group.dir if self.group is not None else None
             self._probe_dir = tempfile.mkdtemp(prefix=f"{PROBE_PREFIX}{os.getpid()}-", dir=parent)
             if len(self._probe_dir) > 90:  # a Unix socket's path has room for about 100 bytes
@@ -442,18 +442,6 @@ class EmbeddedServer:
             self.batcher.close()
         for ex in self._executors:
             ex.shutdown(wait=False, cancel_futures=True)
-
-
-def _remove_stale_probe_dirs() -> None:
-    """The probe directories of servers whose process is gone (killed before their stop)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PROBE_PREFIX}*-*")):
-        pid = os.path.basename(path)[len(PROBE_PREFIX):].split("-", 1)[0]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, OSError):  # not a pid, or another user's live process
-            pass
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)

@@ -57,12 +57,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from tfpipe.files import read_json
+from tfpipe.files import clean_stale, read_json
 from tfpipe.serve.errors import ServeError, precondition, unavailable
 from tfpipe.serve.flags import ServeOptions
 
 WORKER_ENV = "TFPIPE_SERVE_WORKER"  # "i/N" in a worker's environment
 GROUP_ENV = "TFPIPE_SERVE_WORKERS_DIR"  # the group's shared directory
+GROUP_PREFIX = "tfpipe-serve-workers-"  # then the supervisor's pid: a group whose supervisor is gone is removed
 DEBUG_ENV = "TFPIPE_SERVE_DEBUG"  # "1": the workers keep TensorFlow's native stderr lines (--debug)
 READY_FD_ENV = "TFPIPE_SERVE_READY_FD"  # the write end of the worker's readiness pipe
 SNAPSHOT_SECONDS = 0.5
@@ -464,7 +465,8 @@ class Supervisor:
         check(opts)
         self.opts, self.log, self.n = opts, log, opts.workers
         self.child = worker_options(opts)
-        self.dir = tempfile.mkdtemp(prefix="tfpipe-serve-workers-")
+        clean_stale(tempfile.gettempdir(), GROUP_PREFIX)  # the groups of supervisors killed before their stop
+        self.dir = tempfile.mkdtemp(prefix=f"{GROUP_PREFIX}{os.getpid()}-")
         spec = {k: v for k, v in dataclasses.asdict(self.child).items() if k != "given"}
         spec["given"] = sorted(self.child.given)
         self.spec = json.dumps(spec)

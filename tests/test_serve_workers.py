@@ -630,3 +630,25 @@ def test_a_worker_that_keeps_crashing_is_given_up_while_the_other_serves(tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_group_directory_left_by_a_killed_supervisor_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A supervisor killed with SIGKILL leaves its group's directory (tfpipe-serve-workers-PID-...) in
+    the temporary directory; the next supervisor to start removes it, and keeps the one of a
+    supervisor still running (here: this process)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.workers import GROUP_PREFIX, Supervisor
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{GROUP_PREFIX}{int(gone.stdout)}-abc"
+    live = tmp_path / f"{GROUP_PREFIX}{os.getpid()}-def"
+    for folder in (stale, live):
+        (folder / "metrics").mkdir(parents=True)
+    supervisor = Supervisor(ServeOptions(workers=2, port=0, rest_api_port=0), log=lambda _: None)
+    assert not stale.exists() and live.exists()
+    assert supervisor.dir.startswith(str(tmp_path / f"{GROUP_PREFIX}{os.getpid()}-"))
