@@ -885,3 +885,34 @@ def test_a_string_that_is_not_an_example_is_left_to_the_models_refusal():
     from tfpipe.serve.core.servable import as_numbers
 
     assert as_numbers([b"\xff\xff"], "x", "float") is None
+
+
+@pytest.mark.parametrize("values, numpy_dtype, dtype, want", [
+    ([5400, 1_700_000_000], "int64", "float32", [5400.0, 1_700_000_000.0]),  # held exactly
+    ([2**24 + 1], "int64", "float64", [2.0**24 + 1]),
+    ([-(2**63)], "int64", "float32", [-(2.0**63)]),  # a power of two: exact
+    ([2**63 - 1], "int64", "float32", "9223372036854775807 would be 9223372036854775808"),
+    ([2**24 + 1], "int64", "float32", "16777217 would be 16777216"),
+    ([[1, 2], [3, 2**60 + 1]], "int64", "float64", "1152921504606846977 would be 1152921504606846976"),
+    ([2**64 - 1], "uint64", "float64", "18446744073709551615 would be"),
+    ([70000], "int32", "float16", "70000 would be inf"),
+    ([2.5], "float64", "int64", "non-integral numbers"),
+    ([300], "int64", "uint8", "out of range for uint8"),
+])
+def test_a_numeric_input_of_another_dtype_is_converted_only_when_exact(values, numpy_dtype, dtype, want):
+    """gRPC tensors of another numeric dtype than the signature's (TF Serving refuses the dtype): converted
+    when every value is held exactly, else INVALID_ARGUMENT naming the input and the first value lost."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfpipe.serve.core.servable import coerce
+    from tfpipe.serve.errors import ServingError
+
+    value = np.array(values, dtype=numpy_dtype)
+    if isinstance(want, str):
+        with pytest.raises(ServingError, match=want) as e:
+            coerce(value, tf.as_dtype(dtype), "x")
+        assert e.value.code.name == "INVALID_ARGUMENT" and "input 'x'" in e.value.message
+    else:
+        got = coerce(value, tf.as_dtype(dtype), "x")
+        assert got.dtype == np.dtype(dtype) and got.tolist() == want

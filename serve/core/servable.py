@@ -514,7 +514,27 @@ def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:
             raise invalid(f"input '{name}' has values out of range for {dtype.name}")
     if target.kind == "b" and kind != "b":
         raise invalid(f"input '{name}' expects booleans")
-    return value.astype(target, copy=False)
+    converted = value.astype(target, copy=False)
+    if target.kind == "f" and kind in "iu" and value.size:
+        inexact = _inexact_integers(value, converted)
+        if inexact is not None:
+            held = float(converted.flat[np.flatnonzero(value == inexact)[0]])
+            raise invalid(f"input '{name}' has integers that {dtype.name} cannot hold exactly ({inexact} would be "
+                          f"{int(held) if math.isfinite(held) else held}): send them as {dtype.name}")
+    return converted
+
+
+def _inexact_integers(value: np.ndarray, converted: np.ndarray) -> int | None:
+    """The first integer of `value` that its float conversion does not hold exactly, or None."""
+    big = (value > 2**53) | (value < -(2**53))  # float64 holds every integer within 2**53 exactly
+    small = ~big
+    exact = value[small].astype(np.float64) == converted[small].astype(np.float64)
+    if not exact.all():
+        return int(value[small][~exact][0])
+    for v, c in zip(value[big].tolist(), converted[big].tolist()):
+        if not math.isfinite(c) or int(c) != v:
+            return v
+    return None
 
 
 def _shape_text(dims: list[int | None] | None) -> str:
