@@ -150,6 +150,9 @@ TFPIPE_FLAGS: list[Flag] = [
     Flag("max_request_bytes", int, 64 * 1024 * 1024, "Largest request accepted: a REST body (413 over it, before "
          "any of the body is read when Content-Length says so) and a gRPC message once decompressed "
          "(RESOURCE_EXHAUSTED; TF Serving's limit is 2 GiB)", metavar="BYTES", shown_default="64 MiB"),
+    Flag("model_config_reload", _bool, True, "Answer ModelService.HandleReloadConfigRequest, which replaces the "
+         "served models (an empty list unloads them all) for anyone who can reach the gRPC port, as TF Serving "
+         "does; false: PERMISSION_DENIED, and the models change only through --model_config_file and its poll"),
     Flag("rest_read_timeout_seconds", float, 30.0, "REST: a connection that has not sent a whole request line and "
          "headers within S seconds (of opening, or of its previous answer, so idle connections too), or then its "
          "whole body within S more, is closed; 0: no such limit", metavar="S", shown_default="30"),

@@ -916,3 +916,49 @@ def test_a_numeric_input_of_another_dtype_is_converted_only_when_exact(values, n
     else:
         got = coerce(value, tf.as_dtype(dtype), "x")
         assert got.dtype == np.dtype(dtype) and got.tolist() == want
+
+
+def test_model_config_reload_false_refuses_the_reload_rpc_and_keeps_serving(tmp_path):
+    """--model_config_reload=false: HandleReloadConfigRequest (which would unload every model given an
+    empty list) is PERMISSION_DENIED naming the flag, and the model goes on answering."""
+    import grpc
+    import numpy as np
+    import tensorflow as tf
+    from serving_models import save_half
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc, predict_pb2
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"), b=2.0)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="half",
+                        model_base_path=str(tmp_path / "half"), model_config_reload=False)
+    empty = model_server_config_pb2.ModelServerConfig()
+    empty.model_config_list.SetInParent()
+    with ServerThread(opts) as server, grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+                model_management_pb2.ReloadConfigRequest(config=empty), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "--model_config_reload=false" in caught.value.details()
+        request = predict_pb2.PredictRequest(model_spec={"name": "half"})
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([2.0], np.float32)))
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        assert list(answer.outputs["y"].float_val) == [3.0]
+
+
+@pytest.mark.parametrize("backend", ["tfserving", "docker"])
+def test_model_config_reload_false_is_refused_for_tensorflow_model_server(backend, tmp_path):
+    """tensorflow_model_server cannot turn its reload RPC off: asking for it there is an error naming
+    the flag, not a server that silently leaves the RPC open."""
+    from tfpipe.serve.errors import ServeError
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.tfserving.launcher import docker_command, tfserving_command
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    opts = ServeOptions(backend=backend, model_name="m", model_base_path=str(tmp_path / "m"), dry_run=True,
+                        config_dir=str(tmp_path / "cfg"), model_config_reload=False)
+    with pytest.raises(ServeError, match="--model_config_reload=false: tensorflow_model_server"):
+        (tfserving_command if backend == "tfserving" else docker_command)(opts)

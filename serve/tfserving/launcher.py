@@ -111,7 +111,16 @@ def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) 
     return flags
 
 
+def _refuse_what_it_cannot_do(opts: ServeOptions) -> None:
+    """A switch that protects the server, which tensorflow_model_server has no way to honour."""
+    if not opts.model_config_reload:
+        raise ServeError("--model_config_reload=false: tensorflow_model_server answers HandleReloadConfigRequest "
+                         "for anyone who reaches its --port and has no switch to turn it off; serve on a "
+                         "trusted network, or use the default --backend embedded")
+
+
 def tfserving_command(opts: ServeOptions) -> list[str]:
+    _refuse_what_it_cannot_do(opts)
     binary = shutil.which("tensorflow_model_server")
     if binary is None and not opts.dry_run:
         raise ServeError("tensorflow_model_server is not on PATH: install TensorFlow Serving "
@@ -131,6 +140,7 @@ def container_base_paths(config: model_server_config_pb2.ModelServerConfig) -> d
 
 
 def docker_command(opts: ServeOptions) -> list[str]:
+    _refuse_what_it_cannot_do(opts)
     if not opts.dry_run:
         if shutil.which("docker") is None:
             raise ServeError("docker is not on PATH: install Docker to use --backend docker, or use "
