@@ -1,6 +1,7 @@
-"""Run `tfpipe run` on every table of the gallery (benchmarks/gallery.py) and score what it served.
+"""Run `tfpipe run` on every table of both galleries (benchmarks/gallery.py) and score what it served.
 
-    python benchmarks/bench_tables.py                          the whole gallery, in a temp dir
+    python benchmarks/bench_tables.py                          both galleries, in a temp dir
+    python benchmarks/bench_tables.py --gallery 2              the second gallery only (issue #44)
     python benchmarks/bench_tables.py --only iris_r,diamonds   some tables
     python benchmarks/bench_tables.py --workdir-root .bench/tables --json tables.json
 
@@ -409,6 +410,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", metavar="NAME[,NAME]", help="comma list of gallery entries (default: all; "
                    f"known: {', '.join(e.name for e in gallery.entries())})")
+    p.add_argument("--gallery", type=int, choices=gallery.GALLERIES,
+                   help="only the entries of this gallery (default: both)")
     p.add_argument("--workdir-root", metavar="DIR", help="where the gallery files (DIR/gallery) and each table's "
                    "scratch folder (DIR/runs/NAME, the run's workdir under it) go, kept afterwards "
                    "(default: a temporary folder, removed at the end)")
@@ -420,11 +423,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    gallery.select(args.only)  # an unknown name stops here, before anything is written
+    gallery.select(args.only, args.gallery)  # an unknown name stops here, before anything is written
     root = os.path.abspath(args.workdir_root) if args.workdir_root else tempfile.mkdtemp(prefix="bench-tables-")
     results = []
     try:
-        written = gallery.write_gallery(os.path.join(root, "gallery"), args.only)
+        written = gallery.write_gallery(os.path.join(root, "gallery"), args.only, args.gallery)
         print(HEADER, flush=True)
         for w in written:
             r = bench_one(w, root, args.timeout)

