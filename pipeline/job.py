@@ -196,7 +196,7 @@ def _log_delimiters(files: list[InputFile], config: DataConfig, log: Callable[[s
         if f.format == "csv" and f.delimiter != ",":
             log(f"{os.path.basename(f.path)}: fields separated by {delimiter_name(f.delimiter)}s "
                 f"({shown_delimiter(f.delimiter)}, detected; --delimiter sets it)"
-                + ("; numbers with a decimal comma (3,5) are read as numbers" if f.delimiter == ";" else ""))
+                + ("; a number written with a decimal comma (3,5), if any, is read as 3.5" if f.delimiter == ";" else ""))
 
 
 def _check_names(columns: list[str], config: DataConfig, files: list[InputFile]) -> None:

@@ -35,7 +35,7 @@ ROWS = {"penguins_raw": 344, "iris_r": 150, "wine": 178, "breast_cancer": 569, "
         "digits": 1797,
         # the second gallery
         "tissue_genes": 189, "email_spam": 3921, "loans": 10000, "births": 7305, "bfi": 2800, "creditcard": 1319,
-        "boston": 506, "pima_tr": 200, "forbes2000": 2000, "nsw": 445}
+        "boston": 506, "pima_tr": 200, "forbes2000": 2000, "cps1985": 534}
 
 
 @pytest.fixture(scope="module")
