@@ -333,7 +333,18 @@ def measure(workdir: str | None) -> dict:
         except Exception as e:  # noqa: BLE001 - one part failing leaves the others
             result["errors"][part] = f"{type(e).__name__}: {e}"
     result["saved_model"] = version_dir
+    result["interval"] = printed_interval(version_dir)
     return result
+
+
+def printed_interval(version_dir: str | None) -> list[float] | None:
+    """The 95% interval tfpipe printed beside its test metric (export.json `test.interval`), or None."""
+    try:
+        with open(os.path.join(version_dir, "assets.extra", "export.json"), encoding="utf-8") as f:
+            interval = json.load(f)["test"]["interval"]
+        return [interval["low"], interval["high"]]
+    except (TypeError, OSError, KeyError, ValueError):
+        return None
 
 
 def verdict(run: dict, m: dict) -> list[str]:
@@ -367,8 +378,12 @@ def figure(value, metric) -> str:
     return f"{value:.3f}" if metric == "accuracy" else f"{value:,.4g}" if value < 1000 else f"{value:,.0f}"
 
 
+def interval_text(interval, metric) -> str:
+    return "-" if not interval else f"{figure(interval[0], metric)}-{figure(interval[1], metric)}"
+
+
 HEADER = f"{'table':<18} {'rows':>7} {'task':<10} {'exit':>4} {'wall s':>7} {'metric':<8} {'model':>9} " \
-         f"{'HGB':>9} {'trivial':>9}  verdict"
+         f"{'tfpipe 95% CI':>19} {'HGB':>9} {'trivial':>9}  verdict"
 
 
 def row_line(r: dict) -> str:
@@ -376,7 +391,8 @@ def row_line(r: dict) -> str:
     metric = m.get("metric") or "-"
     code = "T/O" if run["timed_out"] else str(run["exit"])
     return (f"{r['name']:<18} {r['rows']:>7} {r['task']:<10} {code:>4} {run['wall_s']:>7.1f} {metric:<8} "
-            f"{figure(m.get('model'), metric):>9} {figure(m.get('hgb'), metric):>9} "
+            f"{figure(m.get('model'), metric):>9} {interval_text(m.get('interval'), metric):>19} "
+            f"{figure(m.get('hgb'), metric):>9} "
             f"{figure(m.get('trivial'), metric):>9}  {'PASS' if not r['missed'] else 'FAIL: ' + '; '.join(r['missed'])}")
 
 
