@@ -139,6 +139,7 @@ def test_canaries_are_promoted_or_rolled_back_while_every_client_is_answered(tmp
             assert len(seen) == 1, (k, seen)  # sticky
             sides[k] = seen.pop()
         assert set(sides.values()) == {1, 2}, sides
+
         def decided(name: str) -> bool:
             return any(line.startswith(f"canary: {name} candidate 2 ") and DECIDED.search(line)
                        for line in proc.output.lines)
