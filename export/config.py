@@ -34,7 +34,7 @@ class ExportConfig(BaseModel):
                              "another order than Keras does, a wrong input transform differs by far more")
     tflite: str = Field("auto", description="TFLite variants to build and measure, comma-separated ('' for none); "
                         "auto: " + ",".join(TFLITE_VARIANTS) + ", without int8 for a regression (full-integer "
-                        "activations cannot hold a label's range: diamonds' int8 RMSE was 5x float's)")
+                        "activations cannot hold a label's range: docs/export.md)")
     max_accuracy_drop: float = Field(0.01, ge=0, description="largest accuracy drop of a TFLite variant below "
                                      "the SavedModel (classification)")
     max_rmse_rise: float = Field(0.10, ge=0, description="largest relative rise of a TFLite variant's RMSE over "

@@ -116,7 +116,7 @@ class NumericBlock(layers.Layer):
 class OneHot(layers.Layer):
     """One-hot as rows of the identity matrix. TFLite's ONE_HOT op keeps its on/off
     values' int8 scale where its output has another, so in an int8 model 'off' read as
-    -0.88 and 'on' as 3.1 (measured); a gather from a constant table keeps the scale."""
+    other than 0 and 1; a gather from a constant table keeps the scale."""
 
     def __init__(self, depth: int, **kwargs):
         super().__init__(**kwargs)

@@ -473,8 +473,8 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     async def main() -> None:
         server = EmbeddedServer(opts, log)
         runtime.apply(server.bundle, log)
-        # TensorFlow and Keras leave ~330k long-lived objects; a full garbage collection that
-        # walks them stalls every thread for ~200 ms (REST p99.9 at 32 clients was 4x p99).
+        # TensorFlow and Keras leave hundreds of thousands of long-lived objects; a full garbage
+        # collection that walks them stalls every thread, which shows in the latency's far tail.
         # Frozen, they are never walked; the models loaded later stay collectable.
         # TFPIPE_GC_FREEZE=0 leaves them unfrozen (benchmarks/bench_serve.py shows the difference).
         if os.environ.get("TFPIPE_GC_FREEZE", "1") != "0":

@@ -1,8 +1,8 @@
 """`tfpipe serve --workers N`: N processes serving the same ports, so that the server uses every core.
 
 Why processes that each hold the models: the model itself is a small part of a request's CPU
-(about 10 us a row of the ~150 us a REST request of the taxi model costs, with batching); the
-rest is request handling in Python, under one interpreter lock per process. A front end handing
+with batching (docs/benchmarks.md, serving); the rest is request handling in Python, under one
+interpreter lock per process. A front end handing
 requests to one model process would pay a serialization and a hand-off per request, of the same
 order as the work it spreads. So each worker is a whole embedded server: its own models, batch
 queues and request log files, bound to the same gRPC and REST ports with SO_REUSEPORT (grpcio

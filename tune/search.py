@@ -135,8 +135,8 @@ class CoarseToFine:
             return [replace(best, num_batch_threads=n) for n in (1, 2 * self.cores)]
         if name == "workers":
             # each worker sees 1/N of the requests: a batch that filled in one process would wait out
-            # its timeout in each of N (measured: max_batch_size 8 at 8 ms over 2 workers and 8 clients
-            # fell from 5,700 to 850 req/s), so the batch and the batch threads are divided too
+            # its timeout in each of N (throughput collapses), so the batch and the batch threads
+            # are divided too
             n = self.cores
             return [replace(best, workers=n, num_batch_threads=max(1, best.num_batch_threads // n),
                             max_batch_size=max(1, best.max_batch_size // n), allowed_batch_sizes=())]

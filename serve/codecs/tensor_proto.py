@@ -14,8 +14,8 @@ from tensorflow_serving.apis import input_pb2, predict_pb2
 from tfpipe.serve.errors import invalid, quoted
 
 
-# TensorProto <-> numpy without tf.make_ndarray / tf.make_tensor_proto, which cost ~25 us
-# per tensor: with 17 one-row inputs that was most of a request's time in the server.
+# TensorProto <-> numpy without tf.make_ndarray / tf.make_tensor_proto, whose cost per tensor is
+# paid once per input: with many one-row inputs it was most of a request's time in the server.
 _VALUE_FIELDS = {
     types_pb2.DT_FLOAT: ("float_val", np.float32), types_pb2.DT_DOUBLE: ("double_val", np.float64),
     types_pb2.DT_INT32: ("int_val", np.int32), types_pb2.DT_INT16: ("int_val", np.int16),
@@ -137,7 +137,7 @@ def _one_value_tensors(inputs) -> dict[str, np.ndarray] | None:
     """The common gRPC request read in one pass: every input a shape [1] tensor holding its one
     value in its typed field (a row of one example, as clients send it), of a float, double,
     int32, int64, bool or string dtype. Each dtype's values become one array and each input a
-    view of it: a sixth of tensor_to_numpy's cost per input (measured on the taxi model's 17).
+    view of it, much cheaper per input than tensor_to_numpy on a model of many one-row inputs.
     None for anything else, which tensor_to_numpy reads input by input."""
     groups: dict[int, list] = {}
     places = []

@@ -171,7 +171,8 @@ def release_memory(alive: Callable[[], bool] | None = None, wait: float = 30.0) 
         each function it ran, removed functions included (the serving version's kernels are
         instantiated again on their next call);
       * let glibc return the freed heap (malloc_trim).
-    Without the last two, RSS grew ~1 MiB with every hot reload of a 12 MiB model."""
+    Without the last two, RSS grew with every hot reload (tests/test_serve.py checks it stays
+    flat over twelve)."""
     deadline = time.monotonic() + wait
     gc.collect()
     while alive is not None and alive() and time.monotonic() < deadline:
