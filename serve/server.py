@@ -37,7 +37,7 @@ from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
-from tfpipe.serve.errors import ServeError, ServingError, with_code
+from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import LogBounds, RequestLogs
@@ -189,8 +189,8 @@ class EmbeddedServer:
     def _reload(self, config) -> None:
         """HandleReloadConfigRequest: apply `config`; in a group, every worker applies it before the answer."""
         if not self.opts.model_config_reload:
-            raise with_code(grpc.StatusCode.PERMISSION_DENIED.value[0],
-                            "this server's models are not reloaded over gRPC (--model_config_reload=false)")
+            raise ServingError(grpc.StatusCode.PERMISSION_DENIED,
+                               "this server's models are not reloaded over gRPC (--model_config_reload=false)")
         self.manager.set_config(config)
         if self.group is not None:
             self.group.share_config(config.SerializeToString())
