@@ -114,6 +114,7 @@ def _grpc_version(grpc_port: int, name: str, key: str | None = None) -> int:
     return resp.model_spec.version.value
 
 
+@pytest.mark.long
 def test_canaries_are_promoted_or_rolled_back_while_every_client_is_answered(tmp_path):
     """--canary=0.5 over five models under a steady client load: the good candidate is promoted
     after 100 canary requests and serves every request that names no version; the one answering

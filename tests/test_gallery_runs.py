@@ -45,6 +45,7 @@ def _run(tables, name: str):
     return res, workdir, _load(os.path.join(version, "assets.extra", "export.json")), version
 
 
+@pytest.mark.long
 def test_a_french_spreadsheet_export_runs_with_its_own_column_names(tables):
     from tfpipe.loadtest.payloads import saved_model_inputs
 
@@ -68,6 +69,7 @@ def test_a_french_spreadsheet_export_runs_with_its_own_column_names(tables):
     assert "test accuracy" in log and "not a valid tf.function parameter name" not in log
 
 
+@pytest.mark.long
 def test_hitters_sets_its_players_without_a_salary_aside_and_regresses_on_the_rest(tables):
     res, workdir, export, version = _run(tables, "hitters")
     data = _load(os.path.join(workdir, "data", "data.json"))

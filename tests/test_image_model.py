@@ -76,6 +76,7 @@ def _test_images(data: str) -> tuple[list[bytes], np.ndarray]:
     return encoded, np.array(labels)
 
 
+@pytest.mark.long
 @DIGITS
 def test_digits_are_written_as_png_class_folders_once(digits):
     data = _json(Path(digits["data"]) / "data.json")
@@ -87,6 +88,7 @@ def test_digits_are_written_as_png_class_folders_once(digits):
         assert image.size == (8, 8) and image.mode == "L"
 
 
+@pytest.mark.long
 @DIGITS
 def test_image_training_reports_what_it_trained(digits):
     t = _json(Path(digits["train"]) / "train.json")
@@ -97,6 +99,7 @@ def test_image_training_reports_what_it_trained(digits):
     assert "avx2" in t["devices"]["cpu"]["features"] or t["devices"]["cpu"]["model"] is not None
 
 
+@pytest.mark.long
 @DIGITS
 def test_export_has_both_signatures_warmup_images_and_an_int8_variant_within_the_gate(digits):
     import tensorflow as tf
@@ -127,6 +130,7 @@ def test_export_has_both_signatures_warmup_images_and_an_int8_variant_within_the
     assert all(s["predicted"] in e["image"]["classes"] for s in samples["images"])
 
 
+@pytest.mark.long
 @DIGITS
 def test_signatures_answer_and_resnet_style_clients_get_the_in_process_class(digits):
     import grpc
@@ -201,6 +205,7 @@ def test_signatures_answer_and_resnet_style_clients_get_the_in_process_class(dig
         proc.wait(timeout=60)
 
 
+@pytest.mark.long
 @DIGITS
 def test_image_training_resumes_after_sigkill(digits, tmp_path):
     out = tmp_path / "train"
@@ -218,6 +223,7 @@ def test_image_training_resumes_after_sigkill(digits, tmp_path):
     assert [json.loads(line)["epoch"] for line in open(out / "metrics.jsonl")] == list(range(1, killed_at + 2))
 
 
+@pytest.mark.long
 @DIGITS
 def test_a_keras_applications_model_needs_32_pixels(digits, tmp_path):
     res = run_cli("train", "--data", digits["data"], "--out", str(tmp_path / "t"), "--model", "mobilenet_v3_small")
@@ -312,6 +318,7 @@ def test_decoding_is_the_same_for_training_and_serving():
     np.testing.assert_array_equal(batch[0], batch[1])
 
 
+@pytest.mark.long
 @DIGITS
 def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits):
     out, workdir = digits["stdout"], Path(digits["workdir"])
@@ -334,6 +341,7 @@ def test_the_digits_demo_runs_end_to_end_and_its_report_shows_predictions(digits
     assert show.returncode == 0 and "sklearn://digits (written to" in show.stdout, show.stdout + show.stderr
 
 
+@pytest.mark.long
 def test_a_model_with_augmentation_exports_and_converts(tmp_path):
     """The served and converted model leave out the random layers (Keras's draw random numbers
     at inference too, which TFLite cannot run) and answer as the trained model does."""

@@ -253,6 +253,7 @@ def test_bad_input_exits_2_before_any_load(tmp_path, half_server, args, message)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")] == []
 
 
+@pytest.mark.long
 def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, half_server):
     """A master with one local worker process waits for a worker started the way another
     machine would (`tfpipe loadtest --worker --master HOST:PORT`); both run each step of the
@@ -289,6 +290,7 @@ def test_workers_here_and_from_another_machine_merge_into_one_result(tmp_path, h
         assert len(step["series"]) == 2
 
 
+@pytest.mark.long
 def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
     """--model-path measures the SavedModel in-process first; --web serves locust's own UI and
     stats while a step runs; the report renders in headless Chromium without errors."""

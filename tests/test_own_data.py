@@ -47,6 +47,7 @@ def own_run(tmp_path_factory):
     return workdir, res
 
 
+@pytest.mark.long
 def test_own_file_runs_to_the_end_and_small_traffic_is_within_noise(own_run):
     workdir, res = own_run
     assert res.returncode == 0, res.stdout + res.stderr

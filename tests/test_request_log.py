@@ -557,6 +557,7 @@ def test_tensorflow_model_server_is_not_given_a_logging_config_it_would_refuse(t
                       str(tmp_path / "cfg"))
 
 
+@pytest.mark.long
 def test_replay_sends_every_logged_request_at_the_logged_rate_over_its_own_api(logged, tmp_path):
     """60 requests to `paced` over 3 s, paced at 20/s, over every API and both protocols; then
     `tfpipe loadtest --replay` at 2x speed to `quiet`: the same count, at twice the rate, within 5%,

@@ -68,6 +68,7 @@ def test_summarise_takes_medians_and_all_rounds_for_the_slo():
     assert s["p99_spread"] == pytest.approx(2.0)
 
 
+@pytest.mark.long
 def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_path):
     from serving_models import save_half, save_slow
 

@@ -278,6 +278,7 @@ def test_promote_and_rollback_under_load_lose_no_request_in_one_process(tmp_path
         ("promoted", 2, 1), ("rolled back", 1, 2)]
 
 
+@pytest.mark.long
 def test_tfpipe_promote_and_rollback_under_load_lose_no_request_with_two_workers(tmp_path):
     """`tfpipe serve --workers 2`, `tfpipe promote --version 2` then `tfpipe rollback` while REST and
     gRPC clients predict, each on a connection it keeps (3 per API) or on a new connection per request

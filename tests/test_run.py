@@ -262,6 +262,7 @@ def test_a_second_run_is_all_cache_hits(run_copy, config):
     assert [v for v in os.listdir(os.path.join(workdir, "export", "models", "penguins")) if v.isdigit()] == ["1"]
 
 
+@pytest.mark.long
 def test_batching_tune_reruns_serve_onwards_and_serves_the_tuned_config(run_copy, config):
     """[serve] batching = "tune": the serve step runs tfpipe tune on the exported model (here one
     trial, the start) and serves with its batching.config; the report shows the trials."""
@@ -283,6 +284,7 @@ def test_batching_tune_reruns_serve_onwards_and_serves_the_tuned_config(run_copy
     assert "Batching tuned by measurement" in report
 
 
+@pytest.mark.long
 def test_a_new_learning_rate_reruns_train_onwards_and_a_killed_run_resumes(run_copy, config):
     workdir = run_copy
     data_sha = manifest(workdir)["steps"]["data"]["outputs"]["sha256"]

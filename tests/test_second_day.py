@@ -49,10 +49,11 @@ def _write(path: str, header: list[str], rows: list[dict[str, str]]) -> str:
 
 
 @pytest.fixture(scope="module")
-def days(tmp_path_factory, penguins_csv, penguins_trained):
-    """Trained models for the story: day 1 on half the rows; day 2 on all of them (the suite's
-    shared penguins model); day 2 with every label shuffled; day 2 without the island column."""
-    root = tmp_path_factory.mktemp("days")
+def day_data(tmp_path_factory, penguins_csv, penguins_data):
+    """The data stage's output for each day of the story: day 1 on half the rows; day 2 on all of
+    them (the suite's shared penguins data); day 2 with every label shuffled; day 2 without the
+    island column."""
+    root = tmp_path_factory.mktemp("day-data")
     header, rows = _rows(penguins_csv)
     half = _write(str(root / "half.csv"), header, rows[::2])
     shuffled_rows = [dict(r) for r in rows]
@@ -61,14 +62,20 @@ def days(tmp_path_factory, penguins_csv, penguins_trained):
     for r, s in zip(shuffled_rows, species):
         r["species"] = s
     shuffled = _write(str(root / "shuffled.csv"), header, shuffled_rows)
-    day1_data = _data(half, str(root / "day1-data"))
-    return {
-        "day1": (day1_data, _train(day1_data, str(root / "day1-train"), 10)),
-        "more rows": penguins_trained,
-        "shuffled": (d := _data(shuffled, str(root / "shuffled-data")), _train(d, str(root / "shuffled-train"), 5)),
-        "no island": (d := _data(penguins_csv, str(root / "noisland-data"), exclude=["island"]),
-                      _train(d, str(root / "noisland-train"), 5)),
-    }
+    return {"day1": _data(half, str(root / "day1")), "more rows": penguins_data,
+            "shuffled": _data(shuffled, str(root / "shuffled")),
+            "no island": _data(penguins_csv, str(root / "noisland"), exclude=["island"])}
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory, day_data, penguins_trained):
+    """(data, trained model) for each day of the story; day 2 on all the rows is the suite's shared
+    penguins model."""
+    root = tmp_path_factory.mktemp("days")
+    return {"day1": (day_data["day1"], _train(day_data["day1"], str(root / "day1-train"), 10)),
+            "more rows": penguins_trained,
+            "shuffled": (day_data["shuffled"], _train(day_data["shuffled"], str(root / "shuffled-train"), 5)),
+            "no island": (day_data["no island"], _train(day_data["no island"], str(root / "noisland-train"), 5))}
 
 
 def export(model: tuple[str, str], base, *flags: str):
@@ -104,6 +111,7 @@ def served_version(url: str) -> tuple[int, float]:
     return max(available), max(r.json()["predictions"][0]["probabilities"])
 
 
+@pytest.mark.long
 def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, days, day1_published):
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
@@ -159,6 +167,7 @@ def test_a_new_version_is_served_only_when_it_beats_the_served_one(tmp_path, day
     assert "checked by hand" in res.stdout
 
 
+@pytest.mark.long
 def test_a_threshold_holds_a_version_that_the_noise_rule_would_pass(tmp_path, days, day1_published):
     base = _from_day1(day1_published, tmp_path)
     assert versions.served(str(base / "penguins")) == 1
@@ -193,7 +202,7 @@ def test_the_decision(record, settings, want):
     assert decision == want[0] and want[1] in why, why
 
 
-def test_the_new_data_is_compared_with_the_data_of_the_served_version(tmp_path, days, penguins_csv):
+def test_the_new_data_is_compared_with_the_data_of_the_served_version(tmp_path, day_data, penguins_csv):
     """The same rows have not moved; a column shifted by 20 mm has, and only it; and the first day's
     half of the rows (every second one, and the file alternates the sexes) has moved in `sex`."""
     from tfpipe.export.judge import keep_test_data
@@ -201,11 +210,11 @@ def test_the_new_data_is_compared_with_the_data_of_the_served_version(tmp_path, 
     from tfpipe.train.datadir import load_data_dir
 
     served = tmp_path / "1"
-    keep_test_data(str(served), load_data_dir(days["more rows"][0]))  # what a version of all the rows keeps
-    same = new_data_against_served(days["no island"][0], str(served))  # the same rows, island left out
+    keep_test_data(str(served), load_data_dir(day_data["more rows"]))  # what a version of all the rows keeps
+    same = new_data_against_served(day_data["no island"], str(served))  # the same rows, island left out
     assert same["drifted"] == [] and len(same["features"]) == 6 and same["only_served"] == ["island"], same
     assert "no feature moved" in drift_line(same)
-    assert new_data_against_served(days["day1"][0], str(served))["drifted"] == ["sex"]
+    assert new_data_against_served(day_data["day1"], str(served))["drifted"] == ["sex"]
     header, rows = _rows(penguins_csv)
     for r in rows:
         if r["bill_length_mm"] not in ("", "NA"):

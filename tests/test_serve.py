@@ -1138,6 +1138,7 @@ PACE_S = 0.005  # each reload-test client's pause between requests
 RELOADS = 8
 
 
+@pytest.mark.long
 def test_hot_reloads_under_load_stay_flat_in_memory(models, tmp_path):
     """12 versions published one after another while clients call REST and gRPC, batching on,
     two malloc arenas (MALLOC_ARENA_MAX=2, as docs/benchmarks.md advises for flat memory): no request fails; after each reload one version is left in memory and the old version's

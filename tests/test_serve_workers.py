@@ -296,6 +296,7 @@ def test_two_workers_share_the_ports_and_count_together(pair):
         == dict.fromkeys(("", "ModelService", "PredictionService", "tfpipe.worker.0", "tfpipe.worker.1"), "SERVING")
 
 
+@pytest.mark.long
 def test_a_killed_worker_is_started_again(pair):
     """SIGKILL one of two workers: while its replacement starts, the metrics show it starting and the
     health service NOT_SERVING for the server (the other worker answering); the supervisor says when
@@ -351,6 +352,7 @@ def test_a_killed_worker_is_started_again(pair):
     assert answers == [{"predictions": [3.0]}] * 40 and held > 0, (answers, held)  # the new worker took some
 
 
+@pytest.mark.long
 def test_sigterm_lets_every_workers_in_flight_requests_finish(pair):
     """SIGTERM to the supervisor with requests in flight on both APIs in both workers (slow batched
     calls, REST bodies still coming in, large requests being read, keep-alive and pipelining
@@ -428,6 +430,7 @@ def _status(port: int) -> list[tuple[int, str]]:
                       for v in out.model_version_status)
 
 
+@pytest.mark.long
 def test_two_workers_move_to_a_new_version_together_and_log_every_request_once(tmp_path):
     """Version 2 published under a served base path: every worker loads it and drops version 1
     (status agrees whichever worker answers); after that, no answer comes from version 1. Each
@@ -478,6 +481,7 @@ def _predict_model(port: int, name: str) -> tuple[str, float] | tuple[str, str]:
         return e.code().name, e.details()
 
 
+@pytest.mark.long
 def test_a_reloaded_model_config_reaches_every_worker_before_the_answer(tmp_path):
     """HandleReloadConfigRequest reaches one worker; once it answers OK, the model it adds serves from
     every worker (16 fresh connections, none NOT_FOUND), and a worker killed afterwards comes back
@@ -554,6 +558,7 @@ def _held_by(worker, port: int, connect) -> object:
     raise AssertionError(f"none of 40 connections reached worker {worker.pid}")
 
 
+@pytest.mark.long
 def test_a_worker_that_keeps_crashing_is_given_up_while_the_other_serves(tmp_path):
     """Worker 0 crashes again and again (killed while serving, then each replacement as it starts):
     it is started again after a growing backoff, then given up on at its 4th exit in a row, said in

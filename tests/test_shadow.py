@@ -389,6 +389,7 @@ def test_a_newer_candidate_replaces_the_shadowed_one_and_promotion_stops_shadowi
 
 # ---- 5. two workers, one report ------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_two_workers_reports_add_up(tmp_path):
     """--workers 2 --shadow=1 --shadow_report_dir: each worker writes its own file; `tfpipe shadow`
     adds them up to the requests sent (both workers answered some), as the merged Prometheus page does."""

@@ -676,6 +676,7 @@ def test_prometheus_endpoint(servers, paths):
         assert "# TYPE" in resp.read().decode("utf-8")
 
 
+@pytest.mark.long
 def test_cases_against_two_worker_processes(paths):
     """The upstream cases' calls against `tfpipe serve --workers 2`, each call on a new connection,
     six rounds: whichever worker the kernel hands a connection to, the answer is TF Serving's

@@ -76,6 +76,7 @@ def test_penguins_trains_and_the_saved_model_takes_raw_features(tmp_path, pengui
     assert res.returncode == 0 and "cache hit" in res.stdout
 
 
+@pytest.mark.long
 def test_chicago_taxi_quality(tmp_path, chicago_csv):
     from tfpipe.pipeline.config import DataConfig
     from tfpipe.pipeline.job import run
@@ -89,6 +90,7 @@ def test_chicago_taxi_quality(tmp_path, chicago_csv):
     assert m["metrics"]["test"]["accuracy"] >= 0.78 and m["metrics"]["test"]["auc"] >= 0.92
 
 
+@pytest.mark.long
 def test_kill_diverge_and_resume(tmp_path, penguins_data):
     out = tmp_path / "train"
     common = ["--seed", "3", "--batch-size", "32"]
@@ -137,6 +139,7 @@ def _weights(path) -> list[np.ndarray]:
     return [np.asarray(w) for w in keras.models.load_model(path).weights]
 
 
+@pytest.mark.long
 def test_seed_and_deterministic_give_bit_identical_weights(tmp_path, penguins_data):
     args = ["--seed", "11", "--deterministic", "--epochs", "4", "--dropout", "0.1"]
     assert train(penguins_data, tmp_path / "a", *args).returncode == 0
@@ -240,6 +243,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, penguins_data, case):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.long
 def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     # Two real processes on 127.0.0.1, each reading its own shard of the train files
     # (the data fixture writes 2 shards per split), gradients all-reduced every step.

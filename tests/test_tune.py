@@ -242,6 +242,7 @@ def _servers_of(path: str) -> list:
     return found
 
 
+@pytest.mark.long
 def test_tune_killed_after_a_trial_resumes_and_writes_a_config_the_server_served(tmp_path):
     from serving_models import save_half
 
