@@ -150,6 +150,16 @@ TFPIPE_FLAGS: list[Flag] = [
     Flag("max_request_bytes", int, 64 * 1024 * 1024, "Largest request accepted: a REST body (413 over it, before "
          "any of the body is read when Content-Length says so) and a gRPC message once decompressed "
          "(RESOURCE_EXHAUSTED; TF Serving's limit is 2 GiB)", metavar="BYTES", shown_default="64 MiB"),
+    Flag("grpc_max_calls_in_flight", int, 10_000, "gRPC: a call that comes while N are being answered is "
+         "RESOURCE_EXHAUSTED at once (a client retries it later), rather than queued in grpc core until core "
+         "cancels a burst of them; the health service is not counted. 0: no bound (grpc core's own queue "
+         "bounds then apply)", metavar="N", shown_default="10000"),
+    Flag("max_call_rows", int, 1024, "With batching off: a request of more rows runs as successive model calls of "
+         "at most N rows each, and other requests' calls run between them, so that one large request (or a small "
+         "one that TensorFlow's fill-out makes large) cannot hold the model while the others wait; the answer is "
+         "the same (rows are answered independently, as batching assumes; a signature whose outputs are not one "
+         "row per input row is called whole). With batching on, the batching parameters bound a call. 0: no "
+         "limit", metavar="N"),
     Flag("model_config_reload", _bool, True, "Answer ModelService.HandleReloadConfigRequest, which replaces the "
          "served models (an empty list unloads them all) for anyone who can reach the gRPC port, as TF Serving "
          "does; false: PERMISSION_DENIED, and the models change only through --model_config_file and its poll"),

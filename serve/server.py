@@ -62,6 +62,8 @@ PROBE_PREFIX = "tfpipe-drain-"  # then the server's pid
 GROUP_HEALTH_POLL_S = 0.2  # how often a worker of a group takes the workers' states into its health
 
 
+PENDING_CALLS = 20_000  # calls grpc core may hold for the loop (see _start_grpc)
+
 class EmbeddedServer:
     """Build from ServeOptions, `await start()`, `await stop()`. A negative port picks a free one
     (tfpipe's extension, for tests); a port of 0 disables that listener, as in TF Serving."""
@@ -132,7 +134,7 @@ class EmbeddedServer:
                            ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
                                    per_model_batching=settings.per_model_batching, shadow=self.shadow,
-                                   canary=self.canary)
+                                   canary=self.canary, call_rows=max(0, opts.max_call_rows))
         self.grpc = self.health = self.group = None
         self.grpc_port = self.rest_port = None
         self._rest: RestApi | None = None
@@ -207,13 +209,21 @@ class EmbeddedServer:
         # A request's bound is --max_request_bytes on both transports: grpc checks it after
         # decompression, so a compressed request cannot inflate beyond it (TF Serving's is 2 GiB).
         received = o.max_request_bytes if o.max_request_bytes > 0 else MAX_MESSAGE_BYTES
+        # Calls the loop has not taken up yet wait in grpc core's queue; past its bounds (1,000, then
+        # up to 3,000, by default) core cancels them: a good client's call CANCELLED in a burst.
+        # Overload is answered here instead, RESOURCE_EXHAUSTED past --grpc_max_calls_in_flight, and
+        # core's queue is let hold a burst of the calls the loop then takes up or refuses.
+        in_flight = max(0, o.grpc_max_calls_in_flight)
+        pending = [("grpc.server.max_pending_requests", max(PENDING_CALLS, 2 * in_flight)),
+                   ("grpc.server.max_pending_requests_hard_limit", max(3 * PENDING_CALLS // 2, 3 * in_flight))]
         options = dict([("grpc.max_receive_message_length", received),
-                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *self.channel_args])
+                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *pending, *self.channel_args])
         self.grpc = grpc.aio.server(options=list(options.items()))
         add_services(self.grpc, self.metrics,
                      PredictionService(self.inference, self.metrics, self._executors[0],
                                        o.enable_serialization_as_tensor_content, self.request_logs),
-                     ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log))
+                     ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log),
+                     in_flight)
         if o.enable_grpc_healthcheck_service:
             self.health = Health(dict.fromkeys(HEALTH_SERVICES, SERVING) | self._group_health(),
                                  refresh=self._group_health if self.group is not None else None)

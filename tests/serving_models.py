@@ -61,6 +61,31 @@ class Slow(tf.Module):
         return {"y": x + 1.0 + acc * 0.0}
 
 
+class CallRows(tf.Module):
+    """A model whose answers tell how it was called: each row's `rows` (Predict) and score
+    (Classify) are the number of rows in the model call that answered it; `total` (its
+    `total` signature) is one number for the whole call, the sum of `x`."""
+
+    def __init__(self):
+        super().__init__()
+        self.predict = tf.function(lambda x: {"rows": tf.fill(tf.shape(x), tf.cast(tf.size(x), tf.float32))},
+                                   input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        self.total = tf.function(lambda x: {"total": tf.reduce_sum(x)},
+                                 input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        self.classify = tf.function(self._classify, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+
+    def _classify(self, serialized):
+        n = tf.size(serialized)
+        return {"classes": tf.fill([n, 1], "rows"), "scores": tf.fill([n, 1], tf.cast(n, tf.float32))}
+
+
+def save_call_rows(path: str) -> str:
+    m = CallRows()
+    tf.saved_model.save(m, path, signatures={"serving_default": m.predict, "total": m.total,
+                                             "classification": m.classify})
+    return path
+
+
 class Threshold(tf.Module):
     """A classifier of one float `x`: "big" (id 1) above `t`, else "small" (0). Its predict signature
     also takes a string `island` (passed over: a column to slice by) and answers `classes`,

@@ -341,3 +341,40 @@ def test_deadlines_time_out_only_the_requests_past_theirs_on_one_timer():
     assert (first, second, results[2], results[3]) == ("timed out", "timed out", "answered", "answered")
     assert 0.2 <= at1 - t0 < 0.3 and 0.3 <= at2 - t0 < 0.4, (at1 - t0, at2 - t0)
     assert not d._deadlines and not d._expired  # nothing kept of finished requests
+
+
+@pytest.mark.parametrize("inputs, rows, cut", [
+    ({"a": np.arange(10), "b": np.arange(20).reshape(10, 2)}, 4, [4, 4, 2]),
+    ({"a": np.arange(8)}, 4, [4, 4]),
+    ({"a": np.arange(4)}, 4, None),  # few enough rows: one call
+    ({"a": np.arange(10)}, 0, None),  # no limit
+    ({"a": np.arange(10), "b": np.arange(9)}, 4, None),  # first dimensions differ: not rows
+    ({"a": np.float32(1.0)}, 4, None),  # a scalar
+])
+def test_a_requests_rows_are_cut_into_calls_and_the_answers_joined(inputs, rows, cut):
+    from tfpipe.serve.core.batching import join_rows, row_parts
+
+    parts = row_parts(inputs, rows)
+    if cut is None:
+        assert parts is None
+        return
+    assert [len(p["a"]) for p in parts] == cut
+    outputs = [{"y": p["a"] * 2, "z": np.stack([p["a"], p["a"]], 1)} for p in parts]
+    joined = join_rows(outputs, cut)
+    assert joined["y"].tolist() == (inputs["a"] * 2).tolist() and joined["z"].shape == (len(inputs["a"]), 2)
+    assert join_rows([{"total": np.float32(p["a"].sum())} for p in parts], cut) is None  # one number per call
+    assert join_rows([{"y": p["a"][:1]} for p in parts], cut) is None  # not one row per row
+
+
+@pytest.mark.parametrize("body", [
+    {"predictions": [{"a": i, "b": [i / 3, float("nan")]} for i in range(10)]},
+    {"outputs": {"x": list(range(9)), "y": [[1.5, 2.5]] * 9, "z": "s"}},
+    {"results": [[["a", 0.5]]] * 4, "n": []},
+    {"predictions": 3.5},
+])
+def test_a_large_answer_written_in_pieces_is_the_text_of_one_dumps(body):
+    import json
+
+    from tfpipe.serve.transports.rest_api import _dumps_in_pieces
+
+    assert _dumps_in_pieces(body, items=4) == json.dumps(body, allow_nan=True)

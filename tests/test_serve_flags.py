@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -241,17 +242,28 @@ PLATFORM_CONFIG = """platform_configs {
     (b'{"\\ud800": 1, "b": "\\ud83d\\ude00"}',
      "JSON Parse error: The surrogate pair in string is invalid. at offset: 2"),
 ])
-def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message):
+@pytest.mark.parametrize("pieces", [False, True])
+def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message, pieces, monkeypatch):
+    """The same words whether the document is read whole or, as a long one is, in pieces."""
     from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.transports import rest_api
     from tfpipe.serve.transports.rest_api import parse_json
+
+    if pieces:
+        monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
 
     with pytest.raises(ServingError) as e:
         parse_json(raw)
     assert e.value.message.startswith(message) and e.value.http_status == 400
 
 
-def test_json_parsing_stops_after_the_first_value():
+@pytest.mark.parametrize("pieces", [False, True])
+def test_json_parsing_stops_after_the_first_value(pieces, monkeypatch):
+    from tfpipe.serve.transports import rest_api
     from tfpipe.serve.transports.rest_api import parse_json
+
+    if pieces:
+        monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
     assert parse_json(b'{"instances": [1]} "\\ud800"') == {"instances": [1]}  # half a pair, but after it
@@ -266,6 +278,27 @@ def test_escapes_that_are_not_half_a_pair_parse(raw, value):
     from tfpipe.serve.transports.rest_api import parse_json
 
     assert parse_json(raw) == {"a": value}
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"instances": [{"a": 1, "b": [1.5, NaN, -Infinity]}, {"a": 2}], "signature_name": "s"}',
+    b' \n{ "inputs" : { "x" : [ 1 , 2 ] } , "x": [] , "x" : [ [ ] , { } ] }  tail',
+    b'{}', b'{"a": []}', b'{"a": [1,]}', b'{"a": [1 2]}', b'{"a" 1}', b'{"a": 1,}', b'[1, 2]', b'{"a": "\ud800"}',
+    b'{"instances": [' + b"9" * 5000 + b"]}", b'{"a": [' + b"[" * 100_000 + b"]}",
+])
+def test_a_long_document_read_in_pieces_gives_what_one_read_gives(raw, monkeypatch):
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.transports import rest_api
+
+    def parsed():
+        try:
+            return rest_api.parse_json(raw)
+        except ServingError as e:
+            return e.message
+
+    whole = parsed()
+    monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
+    assert parsed() == whole
 
 
 @pytest.mark.parametrize("method,path,expected", [
@@ -422,6 +455,145 @@ def test_tensor_protos_beyond_their_values_are_refused_before_any_allocation(pro
     assert e.value.code.name == "INVALID_ARGUMENT" and message in e.value.message, e.value.message
     assert e.value.message.startswith(f"input '{'n' * 256}...'")
     assert peak < 2**20, peak
+
+
+def test_the_fill_out_bound_is_for_all_of_a_requests_tensors_together():
+    """Seven inputs of 149,796 rows from one value each fit in 1,048,576 elements; eight do not,
+    and the one past the bound (whichever the map gives last) is named with what was left for it."""
+    from tensorflow_serving.apis import predict_pb2
+
+    from tfpipe.serve.codecs.tensor_proto import predict_inputs
+    from tfpipe.serve.errors import ServingError
+
+    request = predict_pb2.PredictRequest()
+    for i in range(7):
+        request.inputs[f"x{i}"].CopyFrom(_proto("DT_FLOAT", [149_796], "float_val", [float(i)]))
+    assert {k: v.shape for k, v in predict_inputs(request).items()} == {f"x{i}": (149_796,) for i in range(7)}
+    request.inputs["x7"].CopyFrom(_proto("DT_FLOAT", [149_796], "float_val", [7.0]))
+    with pytest.raises(ServingError) as e:
+        predict_inputs(request)
+    assert re.match(r"input 'x[0-7]': shape \[149796\]", e.value.message), e.value.message
+    assert "for all of a request's tensors together (4 left for this one)" in e.value.message
+
+
+@pytest.mark.parametrize("call_rows, rows, total", [(4, [4.0] * 8 + [2.0] * 2, 45.0), (0, [10.0] * 10, 45.0),
+                                                    (10, [10.0] * 10, 45.0)])
+def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_many(tmp_path, call_rows, rows,
+                                                                                     total):
+    """With batching off, ten rows and --max_call_rows=4 are three model calls (4, 4 and 2 rows) on
+    REST's Predict, gRPC's Predict and Classify alike; a signature answering one number per call
+    (`total`) is called on the whole request."""
+    import grpc
+    import tensorflow as tf
+    from serving_models import save_call_rows
+    from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_call_rows(str(tmp_path / "m" / "1"))
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
+                        model_base_path=str(tmp_path / "m"), file_system_poll_wait_seconds=0, max_call_rows=call_rows)
+    xs = [float(i) for i in range(10)]
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/m:predict"
+        assert requests.post(url, json={"instances": xs}, timeout=30).json()["predictions"] == rows
+        r = requests.post(url, json={"signature_name": "total", "inputs": xs}, timeout=30)
+        assert r.json() == {"outputs": total}, r.text
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}"))
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "m"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(xs, np.float32)))
+        assert tf.make_ndarray(stub.Predict(request, timeout=30).outputs["rows"]).tolist() == rows
+        request = classification_pb2.ClassificationRequest()
+        request.model_spec.name = "m"
+        request.model_spec.signature_name = "classification"
+        for x in xs:
+            request.input.example_list.examples.add().features.feature["x"].float_list.value.append(x)
+        answer = stub.Classify(request, timeout=30).result.classifications
+        assert [c.classes[0].score for c in answer] == rows
+
+
+def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(tmp_path):
+    """A body over OFF_LOOP_BYTES is parsed and decoded on a REST thread: its rows are answered (in
+    calls of the default --max_call_rows), its errors are the same 400s as a small body's, and
+    Classify's examples too."""
+    from serving_models import save_call_rows
+
+    from tfpipe.serve.core.inference import OFF_LOOP_BYTES
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_call_rows(str(tmp_path / "m" / "1"))
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
+                        model_base_path=str(tmp_path / "m"), file_system_poll_wait_seconds=0)
+    xs = [i + 0.5 for i in range(20_000)]
+    body = json.dumps({"instances": xs}).encode()
+    assert len(body) > OFF_LOOP_BYTES
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/m"
+        answer = requests.post(f"{url}:predict", data=body, timeout=60).json()["predictions"]
+        assert answer == [1024.0] * 19 * 1024 + [544.0] * 544
+        for bad, small, message in (
+                (body[:-2], b'{"instances": [1.5', "JSON Parse error: Missing a comma or ']' after an array element."),
+                (body.replace(b"0.5,", b'0.5, "x",', 1), b'{"instances": [1.5, "x"]}', "is not of expected type: float")):
+            for sent in (bad, small):
+                r = requests.post(f"{url}:predict", data=sent, timeout=60)
+                assert r.status_code == 400 and message in r.json()["error"], (len(sent), r.text)
+        examples = {"signature_name": "classification", "examples": [{"x": x} for x in xs[:5000]]}
+        assert len(json.dumps(examples)) > OFF_LOOP_BYTES
+        r = requests.post(f"{url}:classify", json=examples, timeout=60)
+        assert r.status_code == 200 and r.json()["results"][0] == [["rows", 1024.0]], r.text[:300]
+
+
+@pytest.mark.parametrize("calls, max_in_flight, rejected", [(3000, None, False), (16, 4, True)])
+def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_never_cancelled(
+        tmp_path, calls, max_in_flight, rejected):
+    """3,000 Predicts at once on one channel: grpc core's default queue bounds (1,000, up to 3,000)
+    cancelled a burst of them; every one is answered. Past --grpc_max_calls_in_flight, a call is
+    RESOURCE_EXHAUSTED with the flag named, at once, and the others are answered."""
+    import asyncio
+    import collections
+
+    import grpc
+    from serving_models import save_slow
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_slow(str(tmp_path / "m" / "1"), steps=2000 if rejected else 1)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
+                        file_system_poll_wait_seconds=0,
+                        **({"grpc_max_calls_in_flight": max_in_flight} if max_in_flight else {}))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "m"
+    request.inputs["x"].dtype = 1
+    request.inputs["x"].tensor_shape.dim.add(size=1)
+    request.inputs["x"].float_val.append(1.0)
+
+    async def burst(port: int) -> tuple[collections.Counter, set[str]]:
+        codes, details = collections.Counter(), set()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+            async def one():
+                try:
+                    await stub.Predict(request, timeout=120)
+                    codes["OK"] += 1
+                except grpc.aio.AioRpcError as e:
+                    codes[e.code().name] += 1
+                    details.add(e.details())
+            await asyncio.gather(*[one() for _ in range(calls)])
+        return codes, details
+
+    with ServerThread(opts) as s:
+        codes, details = asyncio.run(burst(s.grpc_port))
+    assert set(codes) == ({"OK", "RESOURCE_EXHAUSTED"} if rejected else {"OK"}), (codes, details)
+    assert sum(codes.values()) == calls
+    if rejected:
+        assert details == {"Too many calls in flight: this server answers 4 at once (--grpc_max_calls_in_flight); "
+                           "try again later"}
 
 
 def test_a_models_own_warmup_records_are_filled_out_without_the_bound():

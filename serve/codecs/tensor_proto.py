@@ -30,8 +30,8 @@ _DTYPES = {np.dtype(t): dt for dt, (_, t) in _VALUE_FIELDS.items()}
 # What a TensorProto may ask the server to fill in: TensorFlow repeats a tensor's last value (or
 # zeros, given none) over the elements the request does not carry, so a request of a few hundred
 # bytes could declare a shape of billions of elements and have them allocated. The fill is taken
-# up to these bounds only; a tensor is otherwise built only from the values the request carries
-# (docs/serve.md states them).
+# up to these bounds only, for all of a request's tensors together; a tensor is otherwise built
+# only from the values the request carries (docs/serve.md states them).
 MAX_FILL_ELEMENTS = 1 << 20
 MAX_FILL_STRING_BYTES = 16 << 20  # a string tensor filled: its text in all
 MAX_TENSOR_RANK = 64  # numpy's limit on dimensions (TensorFlow's is 254)
@@ -63,30 +63,39 @@ def tensor_shape(proto, name: str = "") -> tuple[tuple[int, ...], int]:
 
 
 def _check_fill(name: str, shape: tuple[int, ...], n: int, carried: int, string_bytes: int = 0,
-                bounded: bool = True) -> None:
+                bounded: bool = True, left: list[int] | None = None) -> None:
     """A tensor of `n` elements from `carried` values: fewer values than elements are filled out
-    only up to MAX_FILL_ELEMENTS (and, for strings, MAX_FILL_STRING_BYTES of text), when `bounded`."""
+    only up to MAX_FILL_ELEMENTS (and, for strings, MAX_FILL_STRING_BYTES of text), when `bounded`;
+    `left`: what the request's other tensors have left of MAX_FILL_ELEMENTS (one number in a list,
+    taken from)."""
     if carried > n:
         raise invalid(f"input '{quoted(name)}': {carried} values for shape {list(shape)}")
-    if bounded and carried < n and (n > MAX_FILL_ELEMENTS or string_bytes > MAX_FILL_STRING_BYTES):
+    if not bounded or carried >= n:
+        return
+    budget = MAX_FILL_ELEMENTS if left is None else left[0]
+    if n > budget or string_bytes > MAX_FILL_STRING_BYTES:
         raise invalid(f"input '{quoted(name)}': shape {list(shape)} has {n:,} elements and the request carries "
                       f"{carried:,} values; a tensor is filled out from fewer values than its elements only up to "
                       f"{MAX_FILL_ELEMENTS:,} elements" + (f" and {MAX_FILL_STRING_BYTES >> 20} MiB of strings"
-                                                          if string_bytes else ""))
+                                                          if string_bytes else "")
+                      + (f", for all of a request's tensors together ({budget:,} left for this one)"
+                         if budget < MAX_FILL_ELEMENTS else ""))
+    if left is not None:
+        left[0] -= n
 
 
-def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
+def tensor_to_numpy(proto, name: str = "", bounded: bool = True, left: list[int] | None = None) -> np.ndarray:
     """A TensorProto's value, with TF's rules: tensor_content, or typed values where fewer
     values than elements repeat the last one (within MAX_FILL_ELEMENTS unless not `bounded`:
-    a model's own warmup records are filled out as TF Serving fills them), checked before any
-    allocation."""
+    a model's own warmup records are filled out as TF Serving fills them; `left`: see
+    _check_fill), checked before any allocation."""
     shape, n = tensor_shape(proto, name)
     if proto.dtype == types_pb2.DT_STRING:
         values = proto.string_val
         text = 0
         if len(values) < n:
             text = sum(map(len, values)) + (n - len(values)) * (len(values[-1]) if values else 0)
-        _check_fill(name, shape, n, len(values), text, bounded)
+        _check_fill(name, shape, n, len(values), text, bounded, left)
         values = list(values)
         arr = np.empty(len(values), dtype=object)
         arr[:] = values
@@ -98,7 +107,7 @@ def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
                               f"shape {list(shape)} needs {n * np.dtype(dtype).itemsize}")
             return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
         values = getattr(proto, field)
-        _check_fill(name, shape, n, len(values), bounded=bounded)
+        _check_fill(name, shape, n, len(values), bounded=bounded, left=left)
         try:
             arr = np.array(values, dtype=dtype)
         except OverflowError:  # int_val holds int32s; int8, int16, uint8 and uint16 take fewer
@@ -107,7 +116,7 @@ def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
         if not proto.tensor_content:  # make_ndarray fills out as above: the same bounds
             carried = (sum(len(getattr(proto, f)) for f in _OTHER_FIELDS)
                        + sum(len(getattr(proto, f)) // 2 for f in _PAIRED_FIELDS))
-            _check_fill(name, shape, n, carried, bounded=bounded)
+            _check_fill(name, shape, n, carried, bounded=bounded, left=left)
         try:
             return tf.make_ndarray(proto)
         except Exception as e:  # an unsupported or inconsistent TensorProto
@@ -120,11 +129,13 @@ def tensor_to_numpy(proto, name: str = "", bounded: bool = True) -> np.ndarray:
 
 
 def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:
-    """A Predict's tensors (`bounded`: see tensor_to_numpy)."""
+    """A Predict's tensors (`bounded`: see tensor_to_numpy; the fill-out bound is for all of them)."""
     inputs = request.inputs
     fast = _one_value_tensors(inputs)
-    return fast if fast is not None else {name: tensor_to_numpy(proto, name, bounded)
-                                          for name, proto in inputs.items()}
+    if fast is not None:
+        return fast
+    left = [MAX_FILL_ELEMENTS]
+    return {name: tensor_to_numpy(proto, name, bounded, left) for name, proto in inputs.items()}
 
 
 # the dtypes _one_value_tensors reads: their value field and numpy type

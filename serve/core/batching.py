@@ -1,5 +1,6 @@
-"""Batching parameters: TF Serving's BatchingParameters as one type (BatchOptions), and the
-starting point `tfpipe run` serves with. No numpy here: the CLI and the [serve] section's
+"""Batching parameters: TF Serving's BatchingParameters as one type (BatchOptions), the
+starting point `tfpipe run` serves with, and how a request's rows are cut into model calls
+(with batching off, --max_call_rows). No numpy at import: the CLI and the [serve] section's
 validation import this at start; the batcher that uses it is serve/core/batcher.py."""
 
 from __future__ import annotations
@@ -92,3 +93,27 @@ def batch_shapes(inputs: dict) -> tuple | None:
         shapes.append((name, value.dtype, shape[1:]))
     shapes.sort(key=lambda s: s[0])
     return tuple(shapes) if shapes else None
+
+
+def row_parts(inputs: dict, rows: int) -> list[dict] | None:
+    """`inputs` cut into successive parts of at most `rows` rows each (views, no copies), when they
+    have more and can be cut: every input has the same first dimension (what batching needs too).
+    None: one call takes them whole (`rows` 0, few enough rows, or inputs that do not batch)."""
+    if rows <= 0 or batch_shapes(inputs) is None:
+        return None
+    total = next(iter(inputs.values())).shape[0]
+    if total <= rows:
+        return None
+    return [{k: v[start:start + rows] for k, v in inputs.items()} for start in range(0, total, rows)]
+
+
+def join_rows(parts: list[dict], rows: list[int]) -> dict | None:
+    """The outputs of successive calls on `rows` rows each, put together as one call's; None when an
+    output is not one row per input row (a scalar, a per-call statistic): such a signature's
+    outputs cannot be split and joined, and it has to be called on the whole request."""
+    import numpy as np
+
+    for part, n in zip(parts, rows):
+        if any(v.ndim == 0 or v.shape[0] != n for v in part.values()):
+            return None
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -10,6 +10,13 @@ Both transports live on the server's asyncio loop. `predict` never runs TensorFl
 loop: a model call goes to a worker thread (`--rest_api_num_threads` for REST,
 `--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the loop waits
 without holding a thread. `classify`, `regress` and `multi_inference` run on a worker thread.
+
+With batching off, a request of more rows than `call_rows` (--max_call_rows) is answered by
+successive model calls of at most that many rows, each a call of its own for TensorFlow's thread
+pools (and, for Predict, for the worker threads), so that other requests' calls run between
+them: a large request, or a small one that TensorFlow's fill-out rule makes large, cannot hold
+the model while the others wait. Rows are answered independently of each other, as batching
+assumes too; a signature whose outputs are not one row per input row is called whole.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import numpy as np
 
 from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
-from tfpipe.serve.core.batching import batch_shapes
+from tfpipe.serve.core.batching import batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.model_info import metadata_response, status_response
@@ -32,6 +39,9 @@ from tfpipe.serve.core.shadow import Shadow, classification_view
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 
 Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
+# A request larger than this is decoded (and a REST body parsed) on a worker thread rather than on
+# the loop that every connection shares; a smaller one takes less time than the thread hop costs.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass
@@ -52,8 +62,9 @@ class Inference:
 
     def __init__(self, manager: ModelManager, batcher: BatchScheduler | None = None,
                  executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False,
-                 shadow: Shadow | None = None, canary: Canary | None = None):
+                 shadow: Shadow | None = None, canary: Canary | None = None, call_rows: int = 0):
         self.manager, self.batcher, self.executor = manager, batcher, executor
+        self.call_rows = call_rows  # the most rows of one unbatched model call; 0: no limit
         self.per_model_batching = per_model_batching
         self.shadow, self.canary = shadow, canary
         self._options: dict[int, BatchOptions | None] = {}
@@ -141,16 +152,17 @@ class Inference:
     async def predict(self, spec: Spec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
                       output_filter=(), executor: Executor | None = None,
                       unknown_signature: Callable[[str], ServingError] | None = None,
-                      client: str | None = None) -> Prediction:
+                      client: str | None = None, decode_off_loop: bool = False) -> Prediction:
         """The one Predict: the servable resolved, its signature found, `decode(signature)` (the
         transport's codec; REST's JSON needs the signature's dtypes) giving the inputs, checked,
         run batched or on `executor` (the REST threads when None). `unknown_signature(key)`: the
         error for a key the SavedModel lacks, for a transport whose wording differs from
         FAILED_PRECONDITION's (REST's INVALID_ARGUMENT, as TF Serving's JSON decoding words it).
-        `client`: the request's --canary_key value, if any."""
+        `client`: the request's --canary_key value, if any. `decode_off_loop`: decode (and check)
+        on the executor too, for a request large enough to keep the loop from other connections."""
         servable = self.manager.resolve(*spec)
         unversioned = spec[1] is None and not spec[2]
-        args = (signature_name, decode, output_filter, executor, unknown_signature)
+        args = (signature_name, decode, output_filter, executor, unknown_signature, decode_off_loop)
         candidate = self.canary.pick(servable, client) if unversioned and self.canary is not None else None
         if candidate is not None:
             try:
@@ -177,22 +189,49 @@ class Inference:
         return p
 
     async def _predict_on(self, servable: Servable, signature_name: str, decode, output_filter, executor,
-                          unknown_signature) -> tuple[Prediction, dict[str, np.ndarray], float]:
+                          unknown_signature, decode_off_loop: bool = False
+                          ) -> tuple[Prediction, dict[str, np.ndarray], float]:
         """`predict` on one servable: the Prediction, the checked inputs and the model call's seconds."""
         key = signature_name or DEFAULT_SIGNATURE
         if unknown_signature is not None and key not in servable.signature_defs:
             raise unknown_signature(key)
         sig = servable.signature(key)
-        inputs = decode(sig)
-        checked, keep = servable.check_inputs(sig, inputs), servable.output_filter(sig, output_filter)
         loop = asyncio.get_running_loop()
+
+        def read() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            inputs = decode(sig)
+            return inputs, servable.check_inputs(sig, inputs)
+
+        inputs, checked = await loop.run_in_executor(executor or self.executor, read) if decode_off_loop else read()
+        keep = servable.output_filter(sig, output_filter)
         t0 = time.perf_counter()
         future = self._submit(servable, sig, checked, loop)
         if future is None:
-            outputs = await loop.run_in_executor(executor or self.executor, servable.run, sig, checked, keep)
+            outputs = await self._unbatched(servable, sig, checked, keep, executor or self.executor, loop)
         else:  # waits without holding a thread
             outputs = _keep(await future, keep)
         return Prediction(servable, sig, inputs, outputs), checked, time.perf_counter() - t0
+
+    async def _unbatched(self, servable: Servable, sig: Signature, inputs: dict[str, np.ndarray], keep,
+                         executor: Executor, loop) -> dict[str, np.ndarray]:
+        """`servable.run` on `executor`, in parts of at most `call_rows` rows, each part a job of its
+        own (the thread is given back between parts)."""
+        parts = row_parts(inputs, self.call_rows) if sig.splits else None
+        if parts is not None:
+            outputs = [await loop.run_in_executor(executor, servable.run, sig, part, keep) for part in parts]
+            joined = await loop.run_in_executor(executor, _joined, sig, parts, outputs)  # (many rows: off the loop)
+            if joined is not None:
+                return joined
+        return await loop.run_in_executor(executor, servable.run, sig, inputs, keep)
+
+    def _run_unbatched(self, servable: Servable, sig: Signature, inputs: dict[str, np.ndarray]):
+        """`_unbatched` on the caller's thread."""
+        parts = row_parts(inputs, self.call_rows) if sig.splits else None
+        if parts is not None:
+            joined = _joined(sig, parts, [servable.run(sig, part) for part in parts])
+            if joined is not None:
+                return joined
+        return servable.run(sig, inputs)
 
     async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes],
                              client: str | None = None):
@@ -251,8 +290,17 @@ class Inference:
         """How Classify and Regress call their signature: through the batch queue when on."""
         def run(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             future = self._submit(servable, sig, inputs)
-            return servable.run(sig, inputs) if future is None else future.result()
+            return self._run_unbatched(servable, sig, inputs) if future is None else future.result()
         return run
+
+
+def _joined(sig: Signature, parts: list[dict], outputs: list[dict]) -> dict[str, np.ndarray] | None:
+    """The parts' outputs as one call's; None, and the signature is not cut again, when an output
+    is not one row per input row: then the caller calls it on the whole request."""
+    joined = join_rows(outputs, [next(iter(p.values())).shape[0] for p in parts])
+    if joined is None:
+        sig.splits = False
+    return joined
 
 
 def _failure(e: Exception) -> str:

@@ -68,6 +68,7 @@ class Signature:
     defaults: dict[str, np.ndarray] = field(default_factory=dict)
     call: Any = None  # inputs whose shapes match the signature -> outputs (see _flat_caller)
     call_any: Any = None  # inputs of any shape -> outputs (the public call)
+    splits: bool = True  # its outputs have one row per input row, so a call can be cut by rows (Inference)
 
     @property
     def method(self) -> str:

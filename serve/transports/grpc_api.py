@@ -37,7 +37,7 @@ from tfpipe.serve.codecs.tensor_proto import (
     regression_result,
     tensor_proto,
 )
-from tfpipe.serve.core.inference import Inference
+from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.model_info import spec_of
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
@@ -91,7 +91,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             spec = spec_of(request.model_spec)
             p = await self.inference.predict(spec, request.model_spec.signature_name,
                                              lambda _: predict_inputs(request), request.output_filter, self.executor,
-                                             client=self._client(context))
+                                             client=self._client(context),
+                                             decode_off_loop=request.ByteSize() > OFF_LOOP_BYTES)
             response = predict_pb2.PredictResponse()
             model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
             for k, v in p.outputs.items():
@@ -209,25 +210,35 @@ _METHODS = {
 }
 
 
-def add_services(server, metrics: Metrics, prediction: PredictionService, model: ModelService) -> None:
+def add_services(server, metrics: Metrics, prediction: PredictionService, model: ModelService,
+                 max_in_flight: int = 0) -> None:
     """Both services on `server`, as the generated add_*Servicer_to_server would add them except
     that the request bytes come to this code to parse: bytes that are not the method's request
     (random, cut short, bit-flipped) are INVALID_ARGUMENT naming the message type. grpcio's own
-    deserializer answers them UNKNOWN ("Unexpected <class DecodeError>") before any code of ours runs."""
+    deserializer answers them UNKNOWN ("Unexpected <class DecodeError>") before any code of ours runs.
+    `max_in_flight` (--grpc_max_calls_in_flight; 0: no bound): a call that comes while as many are
+    being answered is RESOURCE_EXHAUSTED at once."""
     for service, servicer in (("tensorflow.serving.PredictionService", prediction),
                               ("tensorflow.serving.ModelService", model)):
         handlers = {name: grpc.unary_unary_rpc_method_handler(
-                        _parsed(getattr(servicer, name), request, api, metrics),
+                        _parsed(getattr(servicer, name), request, api, metrics, max_in_flight),
                         request_deserializer=None,  # bytes in
                         response_serializer=response.SerializeToString)
                     for name, (request, response, api) in _METHODS[service].items()}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
 
 
-def _parsed(method, request_type, api: str, metrics: Metrics):
-    """`method` (a servicer's coroutine) called on the request parsed from the call's bytes."""
+def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int = 0):
+    """`method` (a servicer's coroutine) called on the request parsed from the call's bytes, unless
+    `max_in_flight` calls are being answered already."""
 
     async def handler(raw: bytes, context):
+        if max_in_flight and metrics.grpc_in_flight >= max_in_flight:
+            metrics.request("", api, "RESOURCE_EXHAUSTED", 0.0)
+            fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 f"Too many calls in flight: this server answers {max_in_flight} at once "
+                 "(--grpc_max_calls_in_flight); try again later")
+            return None
         request = parsed_request(request_type, raw, context)
         if request is None:
             metrics.request("", api, "INVALID_ARGUMENT", 0.0)

@@ -14,11 +14,14 @@ Serving maps the gRPC status to; JSON that does not parse gets rapidjson's wordi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import gc
 import json
 import re
 import sys
 import termios
+import threading
 import time
 import urllib.parse
 
@@ -29,7 +32,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.rest_json import TOO_BIG, json_debug, json_examples, json_inputs, json_outputs
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
-from tfpipe.serve.core.inference import Inference
+from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
@@ -56,8 +59,27 @@ _PARSE_ERRORS = [
 
 
 def _json(body, status: int = 200) -> web.Response:
+    return _json_text(_dumps(body), status)
+
+
+def _dumps(body) -> str:
     # allow_nan: TF Serving's REST API sends NaN / Infinity as bare tokens.
-    return web.Response(text=json.dumps(body, allow_nan=True), status=status, content_type="application/json")
+    return json.dumps(body, allow_nan=True)
+
+
+def _dumps_in_pieces(body, items: int = 1024) -> str:
+    """`_dumps(body)`, the same text, with every list of more than `items` items written `items` at a
+    time: one json.dumps call holds Python's GIL until it returns, so a large answer written in one
+    call would keep the loop (every other connection) waiting for all of it."""
+    if isinstance(body, dict):
+        return "{" + ", ".join(f"{_dumps(k)}: {_dumps_in_pieces(v, items)}" for k, v in body.items()) + "}"
+    if isinstance(body, list) and len(body) > items:
+        return "[" + ", ".join(_dumps(body[i:i + items])[1:-1] for i in range(0, len(body), items)) + "]"
+    return _dumps(body)
+
+
+def _json_text(text: str, status: int = 200) -> web.Response:
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -86,7 +108,7 @@ def parse_json(raw: bytes):
     if start == len(text):
         raise invalid(f"JSON Parse error: The document is empty. at offset: {start}")
     try:
-        value, end = _DECODER.raw_decode(text, start)
+        value, end = _decode(text, start)
     except json.JSONDecodeError as e:
         raise invalid(f"JSON Parse error: {_rapidjson_message(e)} at offset: {e.pos}") from None
     except ValueError:  # an integer literal of more digits than Python converts: far beyond a double
@@ -101,6 +123,66 @@ def parse_json(raw: bytes):
     if not isinstance(value, dict):
         raise invalid(f"JSON Value: {json_debug(value)} Is not object")
     return value
+
+
+# A document longer than this (characters) is parsed value by value (below); one json call on a
+# shorter one holds Python's GIL for no longer than a thread switch or two.
+PIECES_CHARS = 1 << 20
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _decode(text: str, start: int):
+    """(the value at `start`, where it ends), as _DECODER.raw_decode gives them. A long document is
+    read in pieces, a top-level object's members one by one and each of a long array's values by a
+    call of its own, so that the parse, on a REST thread, lets the loop (and every other connection)
+    run between its pieces: one json call holds the GIL until it returns. A document the pieces do
+    not read (an error anywhere, or another shape) is read again whole, for the same answer or error."""
+    if len(text) > PIECES_CHARS:
+        try:
+            return _object_in_pieces(text, start)
+        except Exception:  # noqa: BLE001 (read again whole: its error, with its words, is raised there)
+            pass
+    return _DECODER.raw_decode(text, start)
+
+
+def _object_in_pieces(text: str, pos: int):
+    scan, space = _DECODER.scan_once, _SPACE.match
+    if text[pos] != "{":
+        raise ValueError("not an object")
+    value, pos = {}, space(text, pos + 1).end()
+    if text[pos] == "}":
+        return value, pos + 1
+    while True:
+        if text[pos] != '"':
+            raise ValueError("not a key")
+        key, pos = scan(text, pos)
+        pos = space(text, pos).end()
+        if text[pos] != ":":
+            raise ValueError("no colon")
+        pos = space(text, pos + 1).end()
+        value[key], pos = _array_in_pieces(text, pos) if text[pos] == "[" else scan(text, pos)
+        pos = space(text, pos).end()
+        if text[pos] == "}":
+            return value, pos + 1
+        if text[pos] != ",":
+            raise ValueError("no comma")
+        pos = space(text, pos + 1).end()
+
+
+def _array_in_pieces(text: str, pos: int):
+    scan, space = _DECODER.scan_once, _SPACE.match
+    items, pos = [], space(text, pos + 1).end()
+    if text[pos] == "]":
+        return items, pos + 1
+    while True:
+        item, pos = scan(text, pos)
+        items.append(item)
+        pos = space(text, pos).end()
+        if text[pos] == "]":
+            return items, pos + 1
+        if text[pos] != ",":
+            raise ValueError("no comma")
+        pos = space(text, pos + 1).end()
 
 
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")  # every escape of a parsed document, in order
@@ -253,6 +335,32 @@ class Deadlines:
             task.cancel()
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # large requests being answered
+_gc_was_enabled = False  # the collector's state when the first of them came in
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's garbage collector off while any large request is answered, and as it was after
+    the last: a large JSON body's millions of objects (acyclic, freed by their counts) would set
+    off full collections that walk them all, holding the GIL, and so the loop and every other
+    connection, for a long time each."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 class _SlowBody(Exception):
     """The body did not arrive within the read timeout."""
 
@@ -342,13 +450,18 @@ class RestApi:
             name, version, label, api = parsed
             spec = (name, version, label)
             if api in ("predict", "classify", "regress"):
-                body = parse_json(await self._body(request))
-                client = request.headers.get(self.canary_key) if self.canary_key else None
-                work = getattr(self, api)(spec, body, started, client)
-                if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
-                    response = await self.deadlines.run(work)
-                else:
-                    response = await work
+                raw = await self._body(request)
+                large = len(raw) > OFF_LOOP_BYTES
+                with _gc_paused() if large else contextlib.nullcontext():
+                    body = await self._off_loop(parse_json, raw) if large else parse_json(raw)
+                    del raw
+                    client = request.headers.get(self.canary_key) if self.canary_key else None
+                    work = getattr(self, api)(spec, body, started, client, large)
+                    del body
+                    if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
+                        response = await self.deadlines.run(work)
+                    else:
+                        response = await work
             elif not name:
                 raise invalid("Missing model name in request.")
             elif api == "metadata":
@@ -401,7 +514,14 @@ class RestApi:
             request.content.feed_eof()  # nothing more to read of it (aiohttp would try, and log the error)
             raise _Undecodable(request.headers.get("Content-Encoding", "")) from None
 
-    async def predict(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
+    async def _off_loop(self, fn, *args):
+        """`fn(*args)` on a REST thread: a large body's parsing and decoding, or its answer's
+        writing, which would keep the loop (and every other connection's request) waiting for as
+        long as they take on it."""
+        return await asyncio.get_running_loop().run_in_executor(self.inference.executor, fn, *args)
+
+    async def predict(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
+                      large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
         rows = False
 
@@ -411,31 +531,45 @@ class RestApi:
             return inputs
 
         p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature,
-                                         client=client)
-        answer = _json(json_outputs(p.outputs, rows))
+                                         client=client, decode_off_loop=large)
+        if large:  # its answer is large too
+            answer = _json_text(await self._off_loop(lambda: _dumps_in_pieces(json_outputs(p.outputs, rows))))
+        else:
+            answer = _json(json_outputs(p.outputs, rows))
         self._log("predict", spec[0], p.servable.version, p.signature.name, started,
                   lambda: _predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
                                           p.outputs),
                   rest_format="instances" if rows else "inputs")
         return answer
 
-    async def classify(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
+    async def classify(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
+                    large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
-        examples = json_examples(body)
+        examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples, client)
-        result = classification_result(classes, scores)
-        answer = _json({"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
+        def answer_text():  # (the result, its JSON)
+            result = classification_result(classes, scores)
+            return result, (_dumps_in_pieces if large else _dumps)(
+                {"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
+
+        result, text = await self._off_loop(answer_text) if large else answer_text()
+        answer = _json_text(text)
         self._log("classify", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
 
-    async def regress(self, spec, body: dict, started: tuple[int, int], client: str | None = None) -> web.Response:
+    async def regress(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
+                    large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
-        examples = json_examples(body)
+        examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, values = await self.inference.regress_async(spec, signature_name, examples, client)
-        result = regression_result(values)
-        answer = _json({"results": [r.value for r in result.regressions]})
+        def answer_text():  # (the result, its JSON)
+            result = regression_result(values)
+            return result, (_dumps_in_pieces if large else _dumps)({"results": [r.value for r in result.regressions]})
+
+        result, text = await self._off_loop(answer_text) if large else answer_text()
+        answer = _json_text(text)
         self._log("regress", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
                                           result))
