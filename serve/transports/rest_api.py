@@ -146,43 +146,48 @@ def _decode(text: str, start: int):
 
 
 def _object_in_pieces(text: str, pos: int):
-    scan, space = _DECODER.scan_once, _SPACE.match
+    scan = _DECODER.scan_once
     if text[pos] != "{":
         raise ValueError("not an object")
-    value, pos = {}, space(text, pos + 1).end()
-    if text[pos] == "}":
-        return value, pos + 1
-    while True:
+    value, (pos, done) = {}, _first_item(text, pos, "}")
+    while not done:
         if text[pos] != '"':
             raise ValueError("not a key")
         key, pos = scan(text, pos)
-        pos = space(text, pos).end()
+        pos = _SPACE.match(text, pos).end()
         if text[pos] != ":":
             raise ValueError("no colon")
-        pos = space(text, pos + 1).end()
+        pos = _SPACE.match(text, pos + 1).end()
         value[key], pos = _array_in_pieces(text, pos) if text[pos] == "[" else scan(text, pos)
-        pos = space(text, pos).end()
-        if text[pos] == "}":
-            return value, pos + 1
-        if text[pos] != ",":
-            raise ValueError("no comma")
-        pos = space(text, pos + 1).end()
+        pos, done = _next_item(text, pos, "}")
+    return value, pos
 
 
 def _array_in_pieces(text: str, pos: int):
-    scan, space = _DECODER.scan_once, _SPACE.match
-    items, pos = [], space(text, pos + 1).end()
-    if text[pos] == "]":
-        return items, pos + 1
-    while True:
+    scan, items = _DECODER.scan_once, []
+    pos, done = _first_item(text, pos, "]")
+    while not done:
         item, pos = scan(text, pos)
         items.append(item)
-        pos = space(text, pos).end()
-        if text[pos] == "]":
-            return items, pos + 1
-        if text[pos] != ",":
-            raise ValueError("no comma")
-        pos = space(text, pos + 1).end()
+        pos, done = _next_item(text, pos, "]")
+    return items, pos
+
+
+def _first_item(text: str, pos: int, close: str) -> tuple[int, bool]:
+    """At an object's or array's opening: (where its first item begins, False), or (past `close`,
+    True) when it is empty."""
+    pos = _SPACE.match(text, pos + 1).end()
+    return (pos + 1, True) if text[pos] == close else (pos, False)
+
+
+def _next_item(text: str, pos: int, close: str) -> tuple[int, bool]:
+    """After an item: (where the next begins, False), or (past `close`, True)."""
+    pos = _SPACE.match(text, pos).end()
+    if text[pos] == close:
+        return pos + 1, True
+    if text[pos] != ",":
+        raise ValueError("no comma")
+    return _SPACE.match(text, pos + 1).end(), False
 
 
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")  # every escape of a parsed document, in order
