@@ -25,7 +25,7 @@ from tfpipe.export.config import ExportConfig
 from tfpipe.export.errors import ExportError
 from tfpipe.export.inputs import HIGH_WATER, check_inputs, choose_version
 from tfpipe.export.judge import decide, gate_lines, judge, keep_test_data
-from tfpipe.export.signatures import ServingModule, finish_signatures, input_renames
+from tfpipe.export.signatures import ServingModule, boolean_spellings, finish_signatures, input_renames
 from tfpipe import __version__
 from tfpipe import versions
 from tfpipe.files import publish_dir, read_json, temp_dir, write_atomic, write_json
@@ -146,7 +146,8 @@ def _export_rows(tmp: str, model: keras.Model, data, config: ExportConfig, log,
 
     # The signatures call the trained layers with every number's normalisation as one block (the
     # reload check below holds its answers to the trained model's).
-    module = ServingModule(block_model(model, data.schema) or model, data.schema, keep)
+    module = ServingModule(block_model(model, data.schema) or model, data.schema, keep,
+                           boolean_spellings(data.schema, data.train_stats()))
     dtypes = module.dtypes
     tf.saved_model.save(module, tmp, signatures=module.signatures())
     finish_signatures(tmp, module.method_names(), input_renames(data.schema))

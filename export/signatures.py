@@ -58,13 +58,32 @@ def input_renames(schema: Schema) -> dict[str, str]:
     return {g: c for c, g in schema.graph_names().items() if g != c}
 
 
-class ServingModule(tf.Module):
-    """Wraps the end-to-end Keras model with TF Serving signatures."""
+def boolean_spellings(schema: Schema, train_stats: dict) -> dict[str, dict[str, str]]:
+    """The string features whose training values are booleans (True/False, true/false, TRUE/FALSE:
+    how pandas, JSON and spreadsheets write them): feature -> {"true": the training data's own
+    spelling of it, "false": likewise}. serving_default reads such a feature's values whatever their
+    case, so that REST's JSON `true`, which the server reads as "true", is the model's "True"."""
+    out = {}
+    for c in schema.features:
+        if c.type != "string" or c.kind:
+            continue
+        seen = [str(v) for v, _ in train_stats["features"].get(c.name, {}).get("top", []) if v != ""]
+        lowered = {v.lower(): v for v in seen}
+        if seen and len(lowered) == len(seen) and set(lowered) <= {"true", "false"}:
+            out[c.name] = lowered
+    return out
 
-    def __init__(self, model: keras.Model, schema: Schema, keep: dict[str, tf.DType] | None = None):
+
+class ServingModule(tf.Module):
+    """Wraps the end-to-end Keras model with TF Serving signatures. `spellings`: see
+    boolean_spellings."""
+
+    def __init__(self, model: keras.Model, schema: Schema, keep: dict[str, tf.DType] | None = None,
+                 spellings: dict[str, dict[str, str]] | None = None):
         super().__init__()
         self.model = model
         self._schema = schema
+        self._spellings = spellings or {}
         label = schema.label
         self._classes = None
         if label.task != "regression":
@@ -109,6 +128,8 @@ class ServingModule(tf.Module):
         inputs = {}
         for c in self._schema.features:
             x = features[c.name]
+            if c.name in self._spellings:
+                x = _respelled(x, self._spellings[c.name])
             # The model takes ints as float64 so that NaN can mark a missing value.
             inputs[c.name] = tf.cast(x, tf.float64) if c.type == "int" else x
         return self._outputs(self.model(inputs, training=False))
@@ -129,6 +150,14 @@ class ServingModule(tf.Module):
         class_ids = tf.argmax(probabilities, axis=-1)
         return {"probabilities": tf.cast(probabilities, tf.float32), "class_ids": class_ids,
                 "classes": tf.gather(self._classes, class_ids)}
+
+
+def _respelled(x, spellings: dict[str, str]):
+    """`x` with each value that is one of `spellings`' keys in any case in its spelling."""
+    lower = tf.strings.lower(x)
+    for value, spelling in spellings.items():
+        x = tf.where(tf.equal(lower, value), tf.constant(spelling), x)
+    return x
 
 
 def finish_signatures(saved_model_dir: str, methods: dict[str, str], renames: dict[str, str],

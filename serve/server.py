@@ -21,6 +21,8 @@ import secrets
 import select
 import shutil
 import signal
+import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -376,7 +378,7 @@ class EmbeddedServer:
         if self.health is not None:
             self.health.drain()  # NOT_SERVING; Watch streams are sent it and end
         if self._rest is not None:
-            self._rest.draining = True  # answers say Connection: close
+            self._rest.give_up_bodies()  # answers say Connection: close; bodies never sent are not waited for
         await asyncio.gather(self._drain_rest(deadline), self._drain_grpc(deadline))
         rest_open = len(self._rest.server.connections) if self._rest is not None else 0
         grpc_done = self._grpc_stopping is None or self._grpc_stopping.done()
@@ -405,6 +407,8 @@ class EmbeddedServer:
         if self._listener is None:
             return
         loop = asyncio.get_running_loop()
+        for sock in self._listener.sockets:
+            refuse_new_connections(sock)
         listening = [s.fileno() for s in self._listener.sockets]
         for _ in range(10):  # each turn of the loop accepts up to the backlog: enough for what is queued
             if not select.select(listening, [], [], 0)[0]:
@@ -455,6 +459,24 @@ class EmbeddedServer:
             self.batcher.close()
         for ex in self._executors:
             ex.shutdown(wait=False, cancel_futures=True)
+
+
+SO_ATTACH_FILTER = 26  # Linux's socket option number (asm-generic/socket.h)
+
+
+def refuse_new_connections(sock) -> None:
+    """Drop every packet that comes to the listening socket `sock` from now on, so that the kernel
+    completes no new connection for it: what is queued can be accepted and answered before it
+    closes, and the close then resets no connection whose client has already sent its request. A
+    client whose SYN is dropped sends it again a second later and is refused (the socket is closed
+    by then) or, in a worker group, taken by another worker. A classic BPF program of one
+    instruction, `return 0`; where the kernel refuses it (not Linux), nothing changes."""
+    program = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET | BPF_K, k=0: drop
+    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog: one instruction
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+    except OSError:
+        pass
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)

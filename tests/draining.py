@@ -67,7 +67,7 @@ class _Answers:
 class DrainLoad:
     def __init__(self, grpc_port: int, rest_port: int, model: str, grpc_callers: int = 6, rest_callers: int = 3,
                  uploads: int = 3, large: int = 3, fresh_callers: int = 0, pipelining: int = 2,
-                 rows: int = BIG_ROWS):
+                 rows: int = BIG_ROWS, connectors: int = 0):
         self.grpc_port, self.rest_port, self.model, self.rows = grpc_port, rest_port, model, rows
         self.signalled_at: float | None = None
         self.release = threading.Event()  # the uploads may send the rest of their bodies
@@ -81,6 +81,7 @@ class DrainLoad:
         callers += [(self._rest_caller, (f"r{i}", False)) for i in range(rest_callers)]
         callers += [(self._rest_caller, (f"f{i}", True)) for i in range(fresh_callers)]
         callers += [(self._pipelining_caller, (f"p{i}",)) for i in range(pipelining)]
+        callers += [(self._connector, ()) for _ in range(connectors)]
         callers += [(self._upload, (True,)) for _ in range(uploads)]
         self.threads = [threading.Thread(target=target, args=args) for target, args in callers]
         self._large = [threading.Thread(target=self._upload, args=(False,)) for _ in range(large)]
@@ -145,6 +146,42 @@ class DrainLoad:
                     return
         finally:
             conn.close()
+
+    def _connector(self) -> None:
+        """From the signal until the server has exited: a new connection, a request written on it,
+        its answer read, again and again (a millisecond apart). Each attempt after the signal is
+        recorded as "connector": "refused" (connect failed), "OK" or the HTTP status (answered), or
+        "reset after sent: ..." when the request was written and the connection then reset or
+        closed without an answer, what a client must never see."""
+        request = _predict_bytes(self.model, 1.0)
+        while self.signalled_at is None and not self.stop.is_set():
+            time.sleep(0.005)
+        while not self.stop.is_set():
+            sent = time.monotonic()
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.rest_port), timeout=90)
+            except OSError:
+                self._record("connector", None, sent, "refused")
+                time.sleep(0.001)
+                continue
+            try:
+                sock.sendall(request)
+                sent = time.monotonic()
+                resp = http.client.HTTPResponse(sock)
+                resp.begin()
+                resp.read()
+                outcome = "OK" if resp.status == 200 else f"HTTP {resp.status}"
+            except (OSError, http.client.HTTPException) as e:
+                outcome = f"reset after sent: {type(e).__name__}: {e}"
+            finally:
+                sock.close()
+            self._record("connector", None, sent, outcome)
+            time.sleep(0.001)
+
+    def resets_after_sent(self) -> list[str]:
+        """What the connectors saw that is neither a refusal nor an answer."""
+        return [outcome for kind, _, _, outcome in self.results
+                if kind == "connector" and outcome.startswith("reset after sent")]
 
     def _pipelining_caller(self, who: str) -> None:
         sock = socket.create_connection(("127.0.0.1", self.rest_port), timeout=90)

@@ -12,12 +12,13 @@ import os
 import pytest
 
 
-HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "label"]
+HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "import", "label"]
 
 
 def _table(path: str) -> str:
-    """200 rows: the label is "hi" when `Sepal.Length` is over 5; `from` a category (shop), `day` a
-    date (every 17th one missing), the others numbers and a second category."""
+    """200 rows: the label is "hi" when `Sepal.Length` is over 5 or `import` is True (pandas'
+    spelling of a boolean, every fourth row); `from` a category (shop), `day` a date (every 17th
+    one missing), the others numbers and a second category."""
     start = datetime.date(2020, 1, 1)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -25,8 +26,9 @@ def _table(path: str) -> str:
         for i in range(200):
             x = (i * 37 % 100) / 10
             day = (start + datetime.timedelta(days=i * 3)).isoformat() if i % 17 else ""
+            flag = i % 4 == 1
             w.writerow([["north", "south", "east"][i % 3], ["a", "b"][i % 2], i % 7, round(x * 1.5, 2), x, day,
-                        "hi" if x > 5 else "lo"])
+                        str(flag), "hi" if x > 5 or flag else "lo"])
     return path
 
 
@@ -71,7 +73,8 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
 
-    row = {"from": "north", "class": "a", "lambda": 3, "wind speed": 9.0, "Sepal.Length": 6.0, "day": "2021-03-04"}
+    row = {"from": "north", "class": "a", "lambda": 3, "wind speed": 9.0, "Sepal.Length": 6.0, "day": "2021-03-04",
+           "import": "False"}
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="kw", model_base_path=exported)
     with ServerThread(opts) as server:
         url = f"http://127.0.0.1:{server.rest_port}/v1/models/kw:predict"
@@ -91,6 +94,17 @@ def test_a_date_that_is_not_one_is_refused_naming_the_input_and_a_new_category_i
         assert unseen.status_code == 200, unseen.text
         assert abs(sum(unseen.json()["predictions"][1]["probabilities"]) - 1) < 1e-5
         assert post().status_code == 200  # and it keeps serving
+
+        # a column trained from True/False takes JSON's true and false, and any case of its words
+        low = {**row, "Sepal.Length": 1.0, "wind speed": 1.5}
+        answers = {}
+        for value in (True, "True", "true", "TRUE", False, "False", "false", "FALSE"):
+            r = requests.post(url, json={"instances": [{**low, "import": value}]}, timeout=30)
+            assert r.status_code == 200, (value, r.text)
+            answers[value] = r.json()["predictions"][0]
+        assert {str(v).lower(): a["classes"] for v, a in answers.items()} == {"true": "hi", "false": "lo"}, answers
+        assert all(answers[v] == answers[True] for v in ("True", "true", "TRUE"))
+        assert all(answers[v] == answers[False] for v in ("False", "false", "FALSE"))
 
         # :classify takes a whole number for a float feature, and 3.0 for an int one, as :predict does
         # (REST's JSON makes them an int64_list and a float_list); a string, or 3.5 for an int, is refused

@@ -120,16 +120,32 @@ def test_promote_and_rollback_move_a_models_config_label_on_a_running_server_wit
     tensorflow_model_server takes): `tfpipe promote --models-config --server` loads the new version
     beside the old one, then moves the label; clients calling by label and unversioned are answered
     all along; the file parses with the official protos and says what the server serves."""
-    import threading
-
-    import requests
-    from conftest import run_cli
-    from google.protobuf import text_format
-    from serving_models import save_half
-    from tensorflow_serving.config import model_server_config_pb2
-
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
+
+    path, model = _labelled_models(tmp_path)
+    with ServerThread(ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=str(path))) as s:
+        _move_the_label_under_load(path, model, s.grpc_port, s.rest_port)
+
+
+@pytest.mark.long
+def test_a_models_config_label_moves_on_every_worker_without_a_failed_request(tmp_path):
+    """The same with `tfpipe serve --workers 2`: the reload the promotion sends reaches one worker,
+    which hands the config to the other before it answers; clients on fresh and kept connections,
+    whichever worker the kernel gives them, are answered all along and end on the version labelled."""
+    from conftest import start_cli_server
+
+    path, model = _labelled_models(tmp_path)
+    proc, grpc_port, rest_port = start_cli_server("--workers=2", f"--model_config_file={path}")
+    try:
+        _move_the_label_under_load(path, model, grpc_port, rest_port, fresh=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _labelled_models(tmp_path):
+    from serving_models import save_half
 
     model = tmp_path / "half"
     save_half(str(model / "1"), b=2.0)
@@ -138,40 +154,54 @@ def test_promote_and_rollback_move_a_models_config_label_on_a_running_server_wit
     path.write_text('model_config_list { config { name: "half" base_path: "%s" model_platform: "tensorflow" '
                     'model_version_policy { specific { versions: 1 } } version_labels { key: "stable" value: 1 } } }'
                     % model)
-    with ServerThread(ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=str(path))) as s:
-        url, stop, answers = f"http://127.0.0.1:{s.rest_port}/v1/models/half", threading.Event(), []
+    return path, model
 
-        def client(route: str) -> None:
-            session = requests.Session()
-            while not stop.is_set():
-                r = session.post(f"{url}{route}:predict", json={"instances": [2.0]}, timeout=30)
-                answers.append((route, r.status_code, r.json().get("predictions", [r.text])[0]))
 
-        clients = [threading.Thread(target=client, args=(route,)) for route in ("", "/labels/stable")]
+def _move_the_label_under_load(path, model, grpc_port: int, rest_port: int, fresh: bool = False) -> None:
+    """Promote version 2 and roll back while clients call by label and unversioned (`fresh`: one
+    more of each that opens a connection per request); every answer 200, the last ones version 1's."""
+    import threading
+
+    import requests
+    from conftest import run_cli
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    url, stop, answers = f"http://127.0.0.1:{rest_port}/v1/models/half", threading.Event(), []
+
+    def client(route: str, new_connections: bool) -> None:
+        session = requests.Session()
+        while not stop.is_set():
+            post = requests.post if new_connections else session.post
+            r = post(f"{url}{route}:predict", json={"instances": [2.0]}, timeout=30)
+            answers.append((route, r.status_code, r.json().get("predictions", [r.text])[0]))
+
+    kinds = [(route, new) for route in ("", "/labels/stable") for new in ((False, True) if fresh else (False,))]
+    clients = [threading.Thread(target=client, args=kind) for kind in kinds]
+    for t in clients:
+        t.start()
+    try:
+        flags = ("--models-config", str(path), "--server", f"127.0.0.1:{grpc_port}")
+        res = run_cli("promote", str(model), "--version", "2", *flags)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "loads version 2 beside 1" in res.stdout
+        promoted = len(answers)
+        res = run_cli("rollback", str(model), *flags)
+        assert res.returncode == 0, res.stdout + res.stderr
+        rolled = len(answers)
+        deadline = time.monotonic() + 30
+        while len(answers) < rolled + 20 * len(kinds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
         for t in clients:
-            t.start()
-        try:
-            flags = ("--models-config", str(path), "--server", f"127.0.0.1:{s.grpc_port}")
-            res = run_cli("promote", str(model), "--version", "2", *flags)
-            assert res.returncode == 0, res.stdout + res.stderr
-            assert "loads version 2 beside 1" in res.stdout
-            promoted = len(answers)
-            res = run_cli("rollback", str(model), *flags)
-            assert res.returncode == 0, res.stdout + res.stderr
-            rolled = len(answers)
-            deadline = time.monotonic() + 30
-            while len(answers) < rolled + 20 and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            for t in clients:
-                t.join()
+            t.join()
     codes = [code for _, code, _ in answers]
     assert set(codes) == {200} and len(answers) > 50, ({c: codes.count(c) for c in set(codes)},
                                                        [(i, a) for i, a in enumerate(answers) if a[1] != 200][:3],
                                                        (promoted, rolled))
     assert {y for _, _, y in answers[promoted - 5:promoted]} <= {3.0, 4.0}
-    assert {y for _, _, y in answers[rolled + 5:]} == {3.0}  # back on version 1, by label and unversioned
+    assert {y for _, _, y in answers[rolled + 5 * len(kinds):]} == {3.0}  # back on version 1, by label and unversioned
     config = text_format.Parse(path.read_text(), model_server_config_pb2.ModelServerConfig())
     entry = config.model_config_list.config[0]
     assert list(entry.model_version_policy.specific.versions) == [1] and dict(entry.version_labels) == {"stable": 1}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import glob
 import json
 import os
@@ -13,6 +14,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -936,7 +938,8 @@ def _follow(stream, into: list) -> None:
 def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     """SIGTERM with requests in flight on both APIs (slow batched calls, REST bodies still coming in,
     large requests the server is reading, keep-alive and pipelining connections, the health service
-    watched): every request sent before the signal is answered OK, the health watch is told
+    watched): every request sent before the signal is answered OK, a connection made after it is
+    refused or answered (never reset once its request is written), the health watch is told
     NOT_SERVING and ended, then the server exits 0 and no longer answers."""
     from draining import BATCHING, DrainLoad
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -962,7 +965,7 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
         with open("/proc/net/unix") as f:
             assert f" @tfpipe-drain-{proc.pid}-" in f.read()
         assert not glob.glob(os.path.join(tempfile.gettempdir(), f"tfpipe-drain-{proc.pid}-*"))
-        load = DrainLoad(grpc_port, rest_port, "slow")
+        load = DrainLoad(grpc_port, rest_port, "slow", connectors=2)
         load.start()
         mark = proc.output.mark()
         load.signal(proc)
@@ -973,6 +976,9 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
         channel.close()
         assert load.lost() == []
         assert code == 0
+        # connections made after the signal are refused or answered, never reset once they sent
+        connector = [o for k, _, _, o in load.results if k == "connector"]
+        assert load.resets_after_sent() == [] and "refused" in connector, collections.Counter(connector)
         assert watched == [health_pb2.HealthCheckResponse.NOT_SERVING, "OK"]  # told, then the stream ended
         kinds = {kind: sum(k == kind and o == "OK" for k, _, _, o in load.results) for kind in ("upload", "large")}
         in_flight = load.in_flight()
@@ -1023,6 +1029,62 @@ def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_pat
         with pytest.raises(requests.ConnectionError):
             rest.result(timeout=30)
     assert "drain: 2 request(s) still open after --drain_seconds 0.5 (1 REST, 1 gRPC): cut off" in lines, lines
+
+
+def test_a_listener_told_to_refuse_completes_no_new_connection_and_keeps_the_queued_ones():
+    """The drain's first step on the REST listener: a connection queued before it is still accepted
+    (and so answered), and no new one completes (its SYN is dropped; the client's connect waits),
+    so that closing the listener afterwards resets no client that has sent its request."""
+    from tfpipe.serve.server import refuse_new_connections
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    queued = socket.create_connection(("127.0.0.1", port), timeout=5)
+    refuse_new_connections(listener)
+    late = socket.socket()
+    late.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        late.connect(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    queued.sendall(b"ping")
+    assert accepted.recv(4) == b"ping"
+    for s in (late, queued, accepted, listener):
+        s.close()
+
+
+def test_a_body_never_sent_after_100_continue_does_not_hold_the_drain(tmp_path):
+    """Clients that asked `Expect: 100-continue`, were told to send, and never send a byte: the drain
+    answers them 503 at once (nothing of their request came) rather than waiting out their read
+    timeout."""
+    from serving_models import save_half
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    lines: list[str] = []
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="half",
+                        model_base_path=str(tmp_path / "half"), file_system_poll_wait_seconds=0,
+                        rest_read_timeout_seconds=60)
+    head = (b"POST /v1/models/half:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n")
+    thread = ServerThread(opts, log=lines.append)
+    with thread as server:
+        held = []
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", server.rest_port), timeout=30)
+            sock.sendall(head)
+            assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue"), "not told to send"
+            held.append(sock)
+        stopping = asyncio.run_coroutine_threadsafe(server.stop(20.0), thread.loop)
+        for sock in held:
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 503") and b"did not read this request" in answer, answer
+            sock.close()
+        stopping.result(timeout=30)
+    assert not [line for line in lines if "cut off" in line], lines
 
 
 def test_tfserving_and_docker_backends_write_valid_configs(tmp_path):

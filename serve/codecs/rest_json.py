@@ -84,6 +84,8 @@ def _scalar(value: Any, dtype: tf.DType) -> Any:
             return value.encode("utf-8")
         if isinstance(value, dict):
             return _b64(value)
+        if isinstance(value, bool):  # JSON's spelling (TF Serving refuses it; a tfpipe model reads it in any case)
+            return b"true" if value else b"false"
         raise _type_error(value, dtype)
     if isinstance(value, dict):
         raise _type_error(value, dtype)

@@ -270,15 +270,20 @@ def parse_path(method: str, raw_path: str) -> tuple[str, int | None, str | None,
     return name, version, label, api
 
 
-async def _expect(request: web.BaseRequest) -> None:
+async def _expect(request: web.BaseRequest, draining: bool) -> bool:
     """`Expect: 100-continue` (curl sends it before a body over 1 KiB): the interim answer, as an
-    aiohttp Application's router gives it; any other expectation is a 417."""
+    aiohttp Application's router gives it; any other expectation is a 417. While the server drains,
+    the client is not asked for its body: _NotRead. True when the client was told to send it."""
     expect = request.headers["Expect"]
     if request.version == HttpVersion11:
         if expect.lower() != "100-continue":
             raise web.HTTPExpectationFailed(reason=f"Unknown Expect: {quoted(expect)}")
+        if draining:
+            raise _NotRead()
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer's own size starts after it
+        return True
+    return False
 
 
 class Deadlines:
@@ -374,6 +379,11 @@ class _Undecodable(Exception):
     """The body is not what its Content-Encoding (the argument) says: the client's error."""
 
 
+class _NotRead(Exception):
+    """The server drains and has not read this request's body, nor will: it asked `Expect:
+    100-continue` and was told to wait, or was told to send and no byte of it has come."""
+
+
 class RestApi:
     """`read_timeout`: seconds a connection has to send a request's line and headers (from its
     start, or from the previous answer: an idle connection is closed after as long), and then
@@ -391,7 +401,8 @@ class RestApi:
         self.read_timeout = read_timeout
         self.cors = cors
         self.canary_key = inference.canary.options.key if inference.canary is not None else ""  # its header
-        self.draining = False  # set by the server's drain: answers say Connection: close
+        self.draining = False  # set by the server's drain (see give_up_bodies): answers say Connection: close
+        self._continued: dict[int, web.BaseRequest] = {}  # told `100 Continue`, their bodies to come (by id)
         # aiohttp's low-level server: every path comes to one handler, so an Application's router,
         # middleware chain and per-request bookkeeping, a fixed cost on every request, are left out.
         # Its keep-alive timer runs from a connection's start and from each answer, and closes the
@@ -403,6 +414,15 @@ class RestApi:
             if read_timeout > 0 else {}
         self.server = web.Server(self.handle, request_factory=self._request, access_log=None, **limits)
 
+    def give_up_bodies(self) -> None:
+        """The drain begins: answers say Connection: close from now on, and a request that was told
+        `100 Continue` and has sent no byte of its body is answered 503 at once rather than held
+        until its read timeout (a client that never sends would hold the drain that long)."""
+        self.draining = True
+        for request in list(self._continued.values()):
+            if request.content.total_bytes == 0 and not request.content.is_eof():
+                request.content.set_exception(_NotRead())
+
     def _request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
         return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
                                client_max_size=self.max_body_bytes)
@@ -413,12 +433,24 @@ class RestApi:
             length = request.content_length
             if length is not None and length > self.max_body_bytes:  # refused before any of it is read
                 raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=length)
-            if "Expect" in request.headers:
-                await _expect(request)
-            response = await self.dispatch(request)
+            if "Expect" in request.headers and await _expect(request, self.draining):
+                self._continued[id(request)] = request
+                try:
+                    response = await self.dispatch(request)
+                finally:
+                    del self._continued[id(request)]
+            else:
+                response = await self.dispatch(request)
         except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 417, ...
             response = _error(e.status, e.reason if e.status != 413 else
                               f"Request body too large (limit {self.max_body_bytes} bytes)")
+        except _NotRead:  # nothing of the body has come: the client sends the request again, elsewhere
+            response = _error(503, "The server is shutting down and did not read this request: send it again")
+            response.force_close()
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+            return response
         except _SlowBody:  # the connection goes, with a 408 if the client still reads
             response = _error(408, f"Request body not received within {self.read_timeout:g} s "
                                    "(--rest_read_timeout_seconds)")
@@ -489,6 +521,9 @@ class RestApi:
             raise
         except _SlowBody:
             self.metrics.request(name, api, "HTTP_408", time.perf_counter() - t0)
+            raise
+        except _NotRead:
+            self.metrics.request(name, api, "HTTP_503", time.perf_counter() - t0)
             raise
         except _Undecodable as e:
             status = "INVALID_ARGUMENT"
