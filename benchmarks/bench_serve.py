@@ -23,6 +23,9 @@ Prints:
     and disables its own collector while it measures, so that its pauses are not counted.
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
 
+--only-cpu --against TREE compares this tree's server with TREE's (a checkout of an earlier commit
+with its own .venv), taking turns, one worker: the before-and-after of a change, in one run.
+
 --only-cpu measures the server's CPU time per request (read from /proc, summed over its
 processes) and its throughput at --clients, with clients that cost little CPU of their own:
 wrk (or hey) for REST :predict and ghz (`go install github.com/bojand/ghz/cmd/ghz@latest`) for
@@ -99,8 +102,8 @@ def rest_body(req) -> str:
     return json.dumps({"instances": [row]})
 
 
-def start(cmd: list[str], pattern: str, count: int, groups: int = 1) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start(cmd: list[str], pattern: str, count: int, groups: int = 1, root: str = ROOT) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     ports, deadline = [], time.time() + 180
@@ -118,7 +121,9 @@ def start(cmd: list[str], pattern: str, count: int, groups: int = 1) -> tuple[su
 
 
 def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
-          grpc_threads: int = 0, extra: tuple[str, ...] = (), max_batch: int = 32) -> tuple[subprocess.Popen, int, int]:
+          grpc_threads: int = 0, extra: tuple[str, ...] = (), max_batch: int = 32,
+          tree: str = ROOT) -> tuple[subprocess.Popen, int, int]:
+    """`tfpipe serve` on 127.0.0.1, from `tree` (a checkout with its own .venv when not this one)."""
     flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", f"--model_name={NAME}",
              f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0", *extra]
     if grpc_threads:
@@ -130,11 +135,12 @@ def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int
                     f"num_batch_threads {{ value: {threads} }}\nmax_enqueued_batches {{ value: 1000 }}\n")
         flags += ["--enable_batching", f"--batching_parameters_file={cfg}"]
     workers = next((int(f.split("=", 1)[1]) for f in extra if f.startswith("--workers=")), 1)
+    python = sys.executable if tree == ROOT else os.path.join(tree, ".venv", "bin", "python")
     if workers > 1:  # the supervisor's line, once every worker serves: "... serving gRPC H:P, REST H:P"
-        proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags],
-                            r"workers .* serving gRPC [\d.]+:(\d+), REST [\d.]+:(\d+)", 1, groups=2)
+        proc, ports = start([python, "-m", "tfpipe.cli", "serve", *flags],
+                            r"workers .* serving gRPC [\d.]+:(\d+), REST [\d.]+:(\d+)", 1, groups=2, root=tree)
     else:
-        proc, ports = start([sys.executable, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2)
+        proc, ports = start([python, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2, root=tree)
     return proc, ports[0], ports[1]
 
 
@@ -374,6 +380,9 @@ def main() -> None:
     ap.add_argument("--only-cpu", action="store_true",
                     help="measure only the server's CPU per request and req/s at --clients (wrk or hey, ghz), "
                          "against the empty-handler floor")
+    ap.add_argument("--against", metavar="TREE", help="with --only-cpu: this tree's server against TREE's (another "
+                    "checkout of tfpipe with its own .venv, e.g. a git worktree of an earlier commit), taking turns")
+    ap.add_argument("--cpu-rounds", type=int, default=3, help="with --against: rounds of turns (default 3)")
     ap.add_argument("--only-logging", action="store_true",
                     help="measure only request logging's cost: p50 at concurrency 1 and throughput at --clients, "
                          "every request logged (sampling_rate 1.0) against logging off")
@@ -398,7 +407,10 @@ def main() -> None:
         return
     if args.only_cpu:
         with tempfile.TemporaryDirectory() as tmp:
-            cpu_per_request(path, reqs, bodies[0], tmp, args)
+            if args.against:
+                cpu_against(path, reqs, bodies[0], tmp, args)
+            else:
+                cpu_per_request(path, reqs, bodies[0], tmp, args)
         return
     if args.only_tail:
         with tempfile.TemporaryDirectory() as tmp:
@@ -605,6 +617,41 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
     for what, _, rps, _, _, _ in rows:
         if what.startswith("--workers") and not what.startswith("--workers 1,") and what.split(", ", 1)[1] in one:
             print(f"  {what}: {rps / one[what.split(', ', 1)[1]]:.2f}x the throughput of one worker")
+
+
+def cpu_against(path: str, reqs, body: str, tmp: str, args) -> None:
+    """Server CPU per request, this tree's server against `args.against`'s (another checkout of
+    tfpipe with its own .venv), the two taking turns for --cpu-rounds rounds (this shared host's
+    speed drifts within minutes): one worker, batching on and off, REST and gRPC; the medians."""
+    import statistics
+
+    found: dict[tuple[str, str], dict[str, list[float]]] = {}
+    trees = {"this tree": ROOT, "--against": os.path.abspath(args.against)}
+    for _ in range(args.cpu_rounds):
+        for name, tree in trees.items():
+            for batching in (True, False):
+                proc, gport, rport = serve(path, batching=batching, tmp=tmp, grpc_threads=32,
+                                           extra=("--workers=1",), max_batch=32, tree=tree)
+                try:
+                    for proto, port in (("rest", rport), ("grpc", gport)):
+                        def run(warm: bool, proto=proto, port=port):
+                            s = 2.0 if warm else args.seconds
+                            if proto == "rest":
+                                return rest_client(port, "/v1/models/taxi:predict", body, args.clients, s, tmp)
+                            return ghz_client(port, reqs[0], args.clients, s, tmp)
+                        cpu = measured(proc.pid, run)[3]
+                        key = (f"batching {'on' if batching else 'off'}", proto.upper())
+                        found.setdefault(key, {}).setdefault(name, []).append(cpu)
+                finally:
+                    proc.terminate()
+                    proc.wait()
+    print(f"\nserver CPU per request (us), --workers 1, {args.clients} clients, medians of {args.cpu_rounds} "
+          f"rounds taking turns; --against {args.against}")
+    print(f"  {'':22s} {'this tree':>10s} {'--against':>10s} {'ratio':>7s}   rounds (this / against)")
+    for (batching, proto), by in found.items():
+        this, other = statistics.median(by["this tree"]), statistics.median(by["--against"])
+        print(f"  {batching + ', ' + proto:22s} {this:10.0f} {other:10.0f} {this / other:7.2f}   "
+              f"{' '.join(f'{x:.0f}' for x in by['this tree'])} / {' '.join(f'{x:.0f}' for x in by['--against'])}")
 
 
 def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:

@@ -392,7 +392,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
         assert isinstance(r.json()["error"], str) and r.json()["error"], (path, body)
 
     # A body its Content-Encoding does not decode: 400 (the connection closes after it)
-    for encoding in ("gzip", "deflate", "br"):
+    for encoding in ("gzip", "deflate", "br", "zstd"):
         r = session.post(server.url + "/v1/models/half:predict", data=b"not compressed",
                          headers={"Content-Encoding": encoding})
         assert r.status_code == 400 and f"Content-Encoding ({encoding})" in r.json()["error"], (encoding, r.text)
@@ -584,8 +584,9 @@ def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server)
     assert answer.outputs["upper"].string_val == [b"A"] and not answer.outputs["upper"].tensor_shape.dim
 
 
-def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hostile_server):
-    """A gzip-compressed Predict of about 64 KB on the wire that inflates to 64 MiB of tensor_content
+@pytest.mark.parametrize("algorithm", ["Gzip", "Deflate"])  # what grpc compresses with
+def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hostile_server, algorithm):
+    """A compressed Predict (gzip, deflate) of about 64 KB on the wire that inflates to 64 MiB of tensor_content
     zeros (a compression bomb, scaled down): RESOURCE_EXHAUSTED against --max_request_bytes (BODY_LIMIT
     here), checked as grpc decompresses, with the server's peak memory within 32 MiB of where it
     started; an uncompressed request over the limit likewise; and a good request answered after."""
@@ -607,7 +608,8 @@ def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hosti
     grpc_fuzz.reset_peak_rss(proc.pid)
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        for request, compression in ((bomb, grpc.Compression.Gzip), (over, grpc.Compression.NoCompression)):
+        for request, compression in ((bomb, getattr(grpc.Compression, algorithm)),
+                                     (over, grpc.Compression.NoCompression)):
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Predict(request, timeout=60, compression=compression)
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
@@ -615,6 +617,50 @@ def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hosti
         good = predict_pb2.PredictRequest(model_spec={"name": "half"})
         good.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([2.0], np.float32)))
         assert len(stub.Predict(good, timeout=30).outputs["y"].float_val) == 1
+    assert growth <= 32 * 2**20, growth / 2**20
+
+
+def _compressors():
+    import gzip
+    import zlib
+
+    import brotli
+    import zstandard
+
+    return {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress,
+            "zstd": zstandard.ZstdCompressor().compress}
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "zstd"])
+def test_a_compressed_rest_body_is_read_within_the_request_limit(hostile_server, encoding):
+    """Each Content-Encoding a client may send: a compressed Predict is answered as the plain one;
+    a compression bomb (64 MiB of spaces in a JSON body, a few KB on the wire) is a 413 against
+    --max_request_bytes, checked as it inflates; an integer of 10,000 digits is a 400 in rapidjson's
+    words; the server's peak memory stays within 32 MiB of where it started. An encoding the server
+    cannot decode is a 400 naming it, for every one of these bodies."""
+    import grpc_fuzz
+
+    proc, _, rest_port = hostile_server
+    compress = _compressors()[encoding]
+    url = f"http://127.0.0.1:{rest_port}/v1/models/half:predict"
+    good = compress(json.dumps({"instances": [1.0, 2.0]}).encode())
+    bomb = compress(b'{"instances": [1.0' + b" " * (64 * 2**20) + b"]}")
+    digits = compress(b'{"instances": [' + b"9" * 10_000 + b"]}")
+    assert len(bomb) < 2**20 < 64 * 2**20
+    start = grpc_fuzz.rss_bytes(proc.pid)
+    grpc_fuzz.reset_peak_rss(proc.pid)
+    answers = [requests.post(url, data=body, headers={"Content-Encoding": encoding}, timeout=60)
+               for body in (good, bomb, digits)]
+    growth = grpc_fuzz.rss_bytes(proc.pid, "VmHWM") - start
+    if answers[0].status_code == 400:  # not an encoding this server decodes
+        for r in answers:
+            assert r.status_code == 400 and f"Content-Encoding ({encoding})" in r.json()["error"], r.text
+    else:
+        plain = requests.post(url, json={"instances": [1.0, 2.0]}, timeout=30).json()
+        assert answers[0].json() == plain and len(plain["predictions"]) == 2, answers[0].text
+        assert answers[1].status_code == 413 and "too large" in answers[1].json()["error"], answers[1].text
+        assert answers[2].status_code == 400 and "Number too big to be stored in double" in answers[2].text
+    assert requests.post(url, json={"instances": [1.0]}, timeout=30).status_code == 200  # and it keeps serving
     assert growth <= 32 * 2**20, growth / 2**20
 
 

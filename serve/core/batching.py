@@ -99,11 +99,12 @@ def row_parts(inputs: dict, rows: int) -> list[dict] | None:
     """`inputs` cut into successive parts of at most `rows` rows each (views, no copies), when they
     have more and can be cut: every input has the same first dimension (what batching needs too).
     None: one call takes them whole (`rows` 0, few enough rows, or inputs that do not batch)."""
-    if rows <= 0 or batch_shapes(inputs) is None:
+    if rows <= 0 or not inputs:
         return None
-    total = next(iter(inputs.values())).shape[0]
-    if total <= rows:
+    first = next(iter(inputs.values())).shape
+    if not first or first[0] <= rows or batch_shapes(inputs) is None:  # (the common case: one cheap look)
         return None
+    total = first[0]
     return [{k: v[start:start + rows] for k, v in inputs.items()} for start in range(0, total, rows)]
 
 
