@@ -62,9 +62,8 @@ HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving 
 PROBE_METHOD = "/tfpipe.serve.Drain/Probe"
 PROBE_PREFIX = "tfpipe-drain-"  # then the server's pid
 GROUP_HEALTH_POLL_S = 0.2  # how often a worker of a group takes the workers' states into its health
-
-
 PENDING_CALLS = 20_000  # calls grpc core may hold for the loop (see _start_grpc)
+
 
 class EmbeddedServer:
     """Build from ServeOptions, `await start()`, `await stop()`. A negative port picks a free one

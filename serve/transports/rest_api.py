@@ -491,10 +491,9 @@ class RestApi:
                 large = len(raw) > OFF_LOOP_BYTES
                 with _gc_paused() if large else contextlib.nullcontext():
                     body = await self._off_loop(parse_json, raw) if large else parse_json(raw)
-                    del raw
+                    del raw  # (a large body's bytes need not wait for its answer)
                     client = request.headers.get(self.canary_key) if self.canary_key else None
                     work = getattr(self, api)(spec, body, started, client, large)
-                    del body
                     if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
                         response = await self.deadlines.run(work)
                     else:
@@ -583,10 +582,11 @@ class RestApi:
         return answer
 
     async def classify(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
-                    large: bool = False) -> web.Response:
+                       large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
         examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples, client)
+
         def answer_text():  # (the result, its JSON)
             result = classification_result(classes, scores)
             return result, (_dumps_in_pieces if large else _dumps)(
@@ -600,10 +600,11 @@ class RestApi:
         return answer
 
     async def regress(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
-                    large: bool = False) -> web.Response:
+                      large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
         examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, values = await self.inference.regress_async(spec, signature_name, examples, client)
+
         def answer_text():  # (the result, its JSON)
             result = regression_result(values)
             return result, (_dumps_in_pieces if large else _dumps)({"results": [r.value for r in result.regressions]})
