@@ -27,6 +27,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfpipe import __version__
 from tfpipe.files import publish_dir, temp_dir
+from tfpipe.machine import cores
 from tfpipe.pipeline.errors import DataError, RunnerError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
 from tfpipe.stage import DataOutputs, StageResult
@@ -107,7 +108,7 @@ def beam_options(args: list[str], input_bytes: int, runner: str | None = None) -
     extra = []
     workers = given.get("direct_num_workers") or 1
     if name in LOCAL_RUNNERS and "direct_num_workers" not in given and input_bytes > 16 << 20:
-        workers = os.cpu_count() or 1
+        workers = cores()
         if workers > 1:
             extra += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
     elif name not in LOCAL_RUNNERS:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tfpipe.machine import cores
 from tfpipe.serve.core.batching import RUN_BATCHING, BatchOptions
 
 
@@ -47,7 +47,7 @@ class ServeConfig(BaseModel):
     def batch_options(self) -> BatchOptions:
         """The batching parameters of this section (num_batch_threads 0: one per core)."""
         return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
-                            num_batch_threads=self.num_batch_threads or (os.cpu_count() or 1),
+                            num_batch_threads=self.num_batch_threads or cores(),
                             max_enqueued_batches=self.max_enqueued_batches,
                             allowed_batch_sizes=tuple(self.allowed_batch_sizes))
 

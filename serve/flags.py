@@ -11,11 +11,12 @@ and why (`Flag.ignored`); the rest are honoured.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-CPUS = os.cpu_count() or 1
+from tfpipe.machine import cores
+
+CPUS = cores()  # the cores this process may use (affinity, cgroup quota)
 
 
 def _bool(text: str) -> bool:

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable
 
 from tfpipe.files import clean_stale, read_json
+from tfpipe.machine import cores
 from tfpipe.serve.errors import ServeError, precondition, unavailable
 from tfpipe.serve.flags import ServeOptions
 
@@ -381,14 +382,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
-
-
-def cores() -> int:
-    """The cores this process may run on (its affinity, which a container's cpuset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def worker_count(opts: ServeOptions, available: int | None = None) -> tuple[int, str]:

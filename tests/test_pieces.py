@@ -378,3 +378,33 @@ def test_a_large_answer_written_in_pieces_is_the_text_of_one_dumps(body):
     from tfpipe.serve.transports.rest_api import _dumps_in_pieces
 
     assert _dumps_in_pieces(body, items=4) == json.dumps(body, allow_nan=True)
+
+
+@pytest.mark.parametrize("cpu_max, cores", [
+    ("max 100000", None), ("200000 100000", 2), ("150000 100000", 2), ("50000 100000", 1), ("", None),
+    ("100000", None), ("x 100000", None), ("0 100000", None),
+])
+def test_a_cgroup_cpu_quota_in_whole_cores(cpu_max, cores):
+    from tfpipe.machine import quota_cores
+
+    assert quota_cores(cpu_max) == cores
+
+
+def test_the_cores_a_process_may_use_are_its_affinity_within_its_quota(tmp_path):
+    import os
+
+    from tfpipe.machine import cores
+
+    affinity = len(os.sched_getaffinity(0))
+    assert cores(str(tmp_path)) == affinity  # no cgroup files: no quota
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert cores(str(tmp_path)) == 1
+    (tmp_path / "cpu.max").write_text(f"{100000 * (affinity + 3)} 100000\n")
+    assert cores(str(tmp_path)) == affinity  # a quota above the cores it may run on does not add any
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cores(str(tmp_path)) == 1  # cgroups v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cores(str(tmp_path)) == affinity

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfpipe import __version__
 from tfpipe.files import digest, publish_dir, read_json
+from tfpipe.machine import cores
 from tfpipe.stage import StageResult, TrainOutputs
 from tfpipe.train.config import UNTIL_STOPPED, UNTIL_STOPPED_MIN_DELTA, TrainConfig
 from tfpipe.train.data import make_dataset
@@ -230,13 +231,13 @@ def _runtime(config: TrainConfig, log: Callable[[str], None]) -> _Runtime:
         tf.config.experimental.enable_op_determinism()
     replicas = strategy.num_replicas_in_sync
     rt = _Runtime(gpus, policy, policy_why, xla, xla_why, strategy, strategy_name, workers, worker,
-                  config.batch_size * replicas, {"cpus": os.cpu_count(), "cpu": cpu_features(), "gpus": gpus})
+                  config.batch_size * replicas, {"cpus": cores(), "cpu": cpu_features(), "gpus": gpus})
     for g in gpus:
         log(f"GPU {g['device']}: {g['name']}, compute capability {g['compute_capability']}, "
             f"{g['memory_gb'] or '?'} GB")
     if not gpus:
         cpu = rt.devices["cpu"]
-        log(f"devices: CPU only ({os.cpu_count()} cores"
+        log(f"devices: CPU only ({cores()} cores"
             + (f", {', '.join(cpu['features'])}" if cpu["features"] else "") + ")")
     log(f"precision {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({xla_why}); {strategy_name}; "
         f"global batch {rt.global_batch} = {config.batch_size} x {replicas} replica(s)"

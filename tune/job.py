@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfpipe.files import digest, publish_dir, read_json, write_json
+from tfpipe.machine import cores as machine_cores
 from tfpipe.tune.config import TuneConfig
 from tfpipe.tune.errors import TuneError
 from tfpipe.tune.search import Candidate, CoarseToFine
@@ -85,7 +86,7 @@ def fingerprint(cfg: TuneConfig, cores: int) -> str:
 def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
     """0 when the best candidate met the SLO at some level, 1 when no candidate did."""
     check_inputs(cfg)
-    cores = cfg.cores or os.cpu_count() or 1
+    cores = cfg.cores or machine_cores()
     work = work_dir(cfg.out)
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "lock"), "w") as lock:

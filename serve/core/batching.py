@@ -5,8 +5,9 @@ validation import this at start; the batcher that uses it is serve/core/batcher.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from tfpipe.machine import cores
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class BatchOptions:
 
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0
-    num_batch_threads: int = os.cpu_count() or 1
+    num_batch_threads: int = cores()
     max_enqueued_batches: int = 10
     allowed_batch_sizes: tuple[int, ...] = ()
     enable_large_batch_splitting: bool = False
