@@ -476,10 +476,8 @@ def test_the_fill_out_bound_is_for_all_of_a_requests_tensors_together():
     assert "for all of a request's tensors together (4 left for this one)" in e.value.message
 
 
-@pytest.mark.parametrize("call_rows, rows, total", [(4, [4.0] * 8 + [2.0] * 2, 45.0), (0, [10.0] * 10, 45.0),
-                                                    (10, [10.0] * 10, 45.0)])
-def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_many(tmp_path, call_rows, rows,
-                                                                                     total):
+@pytest.mark.parametrize("call_rows, rows", [(4, [4.0] * 8 + [2.0] * 2), (0, [10.0] * 10), (10, [10.0] * 10)])
+def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_many(tmp_path, call_rows, rows):
     """With batching off, ten rows and --max_call_rows=4 are three model calls (4, 4 and 2 rows) on
     REST's Predict, gRPC's Predict and Classify alike; a signature answering one number per call
     (`total`) is called on the whole request."""
@@ -499,8 +497,9 @@ def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_
         url = f"http://127.0.0.1:{s.rest_port}/v1/models/m:predict"
         assert requests.post(url, json={"instances": xs}, timeout=30).json()["predictions"] == rows
         r = requests.post(url, json={"signature_name": "total", "inputs": xs}, timeout=30)
-        assert r.json() == {"outputs": total}, r.text
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}"))
+        assert r.json() == {"outputs": sum(xs)}, r.text
+        channel = grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}")
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "m"
         request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(xs, np.float32)))
@@ -511,6 +510,7 @@ def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_
         for x in xs:
             request.input.example_list.examples.add().features.feature["x"].float_list.value.append(x)
         answer = stub.Classify(request, timeout=30).result.classifications
+        channel.close()
         assert [c.classes[0].score for c in answer] == rows
 
 
