@@ -60,17 +60,33 @@ def write_config(path: str, config) -> None:
     write_atomic(path, text_format.MessageToString(config))
 
 
+# TF Serving's refusal of a label for a version it has not loaded: with `tfpipe serve --workers N`
+# the new version may be loaded on the worker that answered the status check and not yet on the
+# one this connection reaches, so the label's move is sent again, on a new connection, for a while.
+_NOT_LOADED_YET = "which is not currently available for inference"
+
+
 def reload(server: str, config, timeout: float = 120) -> None:
-    """Send `config` to the server at HOST:PORT (gRPC), as `tensorflow_model_server` takes it."""
+    """Send `config` to the server at HOST:PORT (gRPC), as `tensorflow_model_server` takes it; sent
+    again while the server says a labelled version is not loaded yet, up to `timeout` s."""
     import grpc
     from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 
-    with grpc.insecure_channel(server) as channel:
-        try:
-            answer = model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
-                model_management_pb2.ReloadConfigRequest(config=config), timeout=timeout)
-        except grpc.RpcError as e:
-            raise RolloutError(f"the server at {server} refused the config: {e.code().name}: {e.details()}") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        with grpc.insecure_channel(server, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            try:
+                answer = model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(
+                    model_management_pb2.ReloadConfigRequest(config=config),
+                    timeout=max(1.0, deadline - time.monotonic()))
+            except grpc.RpcError as e:
+                if (e.code() == grpc.StatusCode.FAILED_PRECONDITION and _NOT_LOADED_YET in (e.details() or "")
+                        and time.monotonic() < deadline):
+                    time.sleep(0.2)
+                    continue
+                raise RolloutError(f"the server at {server} refused the config: {e.code().name}: {e.details()}") \
+                    from None
+        break
     if answer.status.error_code:
         raise RolloutError(f"the server at {server} refused the config: {answer.status.error_message}")
 
