@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +183,6 @@ class _Kind:
     floating: bool
     integer: bool
     int_range: np.iinfo | None
-    scalar_check: Any  # (JSON value) -> bool, or None (see _scalar_rows)
 
 
 # By id: TensorFlow keeps one DType object per type (tf.as_dtype's table), and DType's own __hash__
@@ -197,7 +197,7 @@ def _kind(dtype: tf.DType) -> _Kind:
     integer = dtype.is_integer
     numpy = _numpy_dtype(dtype)
     kind = _Kind(numpy, dtype == tf.string, dtype == tf.bool, dtype.is_floating, integer,
-                 _json_int_range(dtype) if integer else None, _scalar_check(dtype, numpy))
+                 _json_int_range(dtype) if integer else None)
     _KINDS_OF[id(dtype)] = (dtype, kind)
     return kind
 
@@ -268,37 +268,46 @@ def _json_inputs(body: dict, inputs: dict[str, tf.DType]) -> tuple[dict[str, np.
 
 def _scalar_rows(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.ndarray] | None:
     """The common row request read in one pass: objects naming every input once, each value one
-    JSON scalar of the input's own kind (see _scalar_check). Each dtype's columns become one
-    array, and each input a row of it. None for anything else, which the exact reader below reads
-    (or words the error for) value by value; both give the same tensors."""
+    JSON scalar of the input's own kind (see _group_check). The inputs of one dtype are taken from
+    each object at once and become one array, each input a row of it. None for anything else,
+    which the exact reader below reads (or words the error for) value by value; both give the
+    same tensors."""
     plan = _row_plan(inputs)
     if plan is None:
         return None
-    slots, groups = plan
-    columns: list[list] = [[] for _ in slots]
+    width, groups = plan
+    rows: list[list[tuple]] = [[] for _ in groups]
     for item in instances:
-        if type(item) is not dict or len(item) != len(slots):
+        if type(item) is not dict or len(item) != width:
             return None
-        for (name, accept, _, _), column in zip(slots, columns):
-            value = item.get(name, _MISSING)
-            if not accept(value):
+        for (_, _, take, check), taken in zip(groups, rows):
+            try:
+                values = take(item)
+            except KeyError:
                 return None
-            column.append(value)
-    blocks = [_block(dtype, [columns[i] for i in members], len(instances)) for dtype, members in groups]
-    return {name: blocks[group][row] for name, _, group, row in slots}
+            if not check(values):
+                return None
+            taken.append(values)
+    out = {}
+    for (dtype, names, _, _), taken in zip(groups, rows):
+        block = _block(dtype, taken)
+        out.update(zip(names, block))
+    return out
 
 
-def _block(dtype: np.dtype, columns: list[list], n: int) -> np.ndarray:
-    """[columns, n] of `dtype` from JSON scalars, converted as the exact reader converts them."""
+def _block(dtype: np.dtype, rows: list[tuple]) -> np.ndarray:
+    """[inputs, rows] of `dtype` (each input's values contiguous) from rows of JSON scalars,
+    converted as the exact reader converts them."""
     if dtype == object:
-        block = np.empty((len(columns), n), dtype=object)
-        block[...] = [[v.encode("utf-8") for v in column] for column in columns]
-        return block
-    if dtype.kind in "iu":
-        return np.array(columns, dtype=np.int64).astype(dtype, copy=False)
-    if dtype.kind == "b":
-        return np.array(columns, dtype=bool)
-    return np.array(columns, dtype=np.float64).astype(dtype, copy=False)
+        block = np.empty((len(rows), len(rows[0])), dtype=object)
+        block[...] = [[v.encode("utf-8") for v in row] for row in rows]
+    elif dtype.kind in "iu":
+        block = np.array(rows, dtype=np.int64).astype(dtype, copy=False)
+    elif dtype.kind == "b":
+        block = np.array(rows, dtype=bool)
+    else:
+        block = np.array(rows, dtype=np.float64).astype(dtype, copy=False)
+    return np.ascontiguousarray(block.T)
 
 
 # By id, as _KINDS_OF: a signature's {input: dtype} is one dict for the servable's life.
@@ -306,45 +315,66 @@ _ROW_PLANS: dict[int, tuple[dict, Any]] = {}
 
 
 def _row_plan(inputs: dict[str, tf.DType]):
-    """For _scalar_rows, once per signature: per input (sorted by name) its check and its place
-    (which dtype's block, which row of it), and per block its dtype and inputs; None when an input
-    has a dtype that only the exact reader reads."""
+    """For _scalar_rows, once per signature: how many inputs, and per dtype its numpy dtype, its
+    inputs (sorted by name), a getter of their values from one object (a tuple) and the check of
+    those values; None when an input has a dtype that only the exact reader reads."""
     known = _ROW_PLANS.get(id(inputs))
     if known is not None and known[0] is inputs:
         return known[1]
-    slots, groups, plan = [], {}, None
-    for i, name in enumerate(sorted(inputs)):
+    members: dict[np.dtype, list[str]] = {}
+    checks: dict[np.dtype, Any] = {}
+    plan = None
+    for name in sorted(inputs):
         want = _kind(inputs[name])
-        if want.scalar_check is None:
+        check = _group_check(inputs[name], want.numpy)
+        if check is None:
             break
-        members = groups.setdefault(want.numpy, [])
-        slots.append((name, want.scalar_check, list(groups).index(want.numpy), len(members)))
-        members.append(i)
+        members.setdefault(want.numpy, []).append(name)
+        checks[want.numpy] = check
     else:
-        plan = tuple(slots), tuple(groups.items())
+        groups = []
+        for dtype, names in members.items():
+            take = operator.itemgetter(*names) if len(names) > 1 else (lambda item, n=names[0]: (item[n],))
+            groups.append((dtype, tuple(names), take, checks[dtype]))
+        plan = len(inputs), tuple(groups)
     if len(_ROW_PLANS) > 1000:  # signatures of versions long unloaded
         _ROW_PLANS.clear()
     _ROW_PLANS[id(inputs)] = (inputs, plan)
     return plan
 
 
-_MISSING = object()
+_STRINGS, _BOOLEANS, _INTEGERS, _NUMBERS = frozenset({str}), frozenset({bool}), frozenset({int}), frozenset({float, int})
+_EXACT_IN_DOUBLE = 2**53
 
 
-def _scalar_check(dtype: tf.DType, numpy: np.dtype):
-    """For _scalar_rows: whether a JSON value is one scalar its reader takes as it is for `dtype`
-    (a number for a float, an integer within range for int32 and int64, a string, a boolean);
-    None for the dtypes it leaves to the exact reader."""
+def _within(values: tuple, lo: int, hi: int) -> bool:
+    """Whether every integer among `values` (JSON scalars, floats among them) is within [lo, hi]."""
+    try:
+        if lo <= min(values) and max(values) <= hi:  # the common case, at C speed (a NaN defeats it)
+            return True
+    except TypeError:
+        return False
+    return all(lo <= v <= hi for v in values if type(v) is int)
+
+
+def _group_check(dtype: tf.DType, numpy: np.dtype):
+    """For _scalar_rows: whether a tuple of JSON values are each one scalar that the reader takes
+    as it is for `dtype` (a number for a float, an integer within range for int32 and int64, a
+    string, a boolean); None for the dtypes it leaves to the exact reader."""
     if dtype == tf.string:
-        return lambda v: type(v) is str
+        return lambda vs: _STRINGS.issuperset(map(type, vs))
     if dtype == tf.bool:
-        return lambda v: type(v) is bool
+        return lambda vs: _BOOLEANS.issuperset(map(type, vs))
     if dtype.is_floating:  # not bool, whose type is its own; integers only where a double holds them exactly,
         # so that converting through float64 rounds once, as the exact reader's int64 array does
-        return lambda v: type(v) is float or (type(v) is int and -2**53 <= v <= 2**53)
+        def numbers(vs):
+            types = set(map(type, vs))
+            return _NUMBERS.issuperset(types) and (int not in types
+                                                   or _within(vs, -_EXACT_IN_DOUBLE, _EXACT_IN_DOUBLE))
+        return numbers
     if numpy in (np.dtype(np.int32), np.dtype(np.int64)):
         lo, hi = int(np.iinfo(numpy).min), int(np.iinfo(numpy).max)
-        return lambda v: type(v) is int and lo <= v <= hi
+        return lambda vs: _INTEGERS.issuperset(map(type, vs)) and lo <= min(vs) and max(vs) <= hi
     return None
 
 

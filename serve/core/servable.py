@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import re
 import weakref
@@ -53,6 +54,9 @@ class ServableSettings:
     per_model_batching: bool = False  # read BASE/VERSION/batching_params.pbtxt
 
 
+_NDIM, _ONE_DIMENSION = operator.attrgetter("ndim"), frozenset({1})
+
+
 @dataclass
 class Signature:
     name: str
@@ -69,16 +73,24 @@ class Signature:
     call: Any = None  # inputs whose shapes match the signature -> outputs (see _flat_caller)
     call_any: Any = None  # inputs of any shape -> outputs (the public call)
     splits: bool = True  # its outputs have one row per input row, so a call can be cut by rows (Inference)
+    _vectors: Any = None  # shapes_match's getter of the inputs of shape [None], built at its first call
+    _others: list[str] = field(default_factory=list)  # shapes_match's other inputs of a known rank
 
     @property
     def method(self) -> str:
         return self.proto.method_name
 
     def shapes_match(self, inputs: dict[str, np.ndarray]) -> bool:
-        for name, value in inputs.items():
-            dims = self.dims[name]
-            if dims is None:
-                continue
+        if self._vectors is None:
+            vectors = [k for k, dims in self.dims.items() if dims == [None]]
+            self._others = [k for k, dims in self.dims.items() if dims is not None and dims != [None]]
+            self._vectors = operator.itemgetter(*vectors) if len(vectors) > 1 else (
+                (lambda d, k=vectors[0]: (d[k],)) if vectors else (lambda d: ()))
+        # inputs of shape [None] (a table's columns): one look at all their ranks
+        if not _ONE_DIMENSION.issuperset(map(_NDIM, self._vectors(inputs))):
+            return False
+        for name in self._others:
+            dims, value = self.dims[name], inputs[name]
             if len(dims) != value.ndim or any(d is not None and d != n for d, n in zip(dims, value.shape)):
                 return False
         return True
@@ -480,17 +492,22 @@ def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
         call_preflattened = tf_internals.preflattened_call(concrete)
     except Exception:  # noqa: BLE001 (any reason this path cannot be built: the public call stays)
         return None
-    eager_tensor, device_name, stack = tf_internals.EagerTensor, tf_internals.device_name, np.stack
-    packs = [(ks, d.as_datatype_enum) for d, ks in packed]
+    eager_tensor, device_name = tf_internals.EagerTensor, tf_internals.device_name
+    packs = [(operator.itemgetter(*ks), len(ks), d.as_datatype_enum) for d, ks in packed]
     singles = [(k, specs[k][0].as_datatype_enum) for k in single]
 
     def call(inputs: dict[str, np.ndarray]):
         device = device_name()
-        try:
-            flat = [eager_tensor(stack([inputs[k] for k in ks], axis=1), device, e) for ks, e in packs]
-        except ValueError:
-            rows = {k: len(v) for k, v in inputs.items() if k in in_packs}
-            raise invalid(f"inputs have different numbers of rows: {rows}") from None
+        flat = []
+        for take, width, e in packs:
+            columns = take(inputs)
+            rows = len(columns[0])
+            if any(len(c) != rows for c in columns):
+                rows = {k: len(v) for k, v in inputs.items() if k in in_packs}
+                raise invalid(f"inputs have different numbers of rows: {rows}") from None
+            # [batch, width], one column per input: the columns end to end, then transposed (one
+            # copy; numpy's stack costs a call per column)
+            flat.append(eager_tensor(np.ascontiguousarray(np.concatenate(columns).reshape(width, rows).T), device, e))
         flat += [eager_tensor(inputs[k], device, e) for k, e in singles]
         return call_preflattened(flat + concrete.captured_inputs)
     return call
