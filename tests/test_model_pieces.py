@@ -192,6 +192,21 @@ def test_a_small_regression_trains_an_ensemble(examples, given, ensemble):
     assert ("ensemble" in note) == ("ensemble" not in given)
 
 
+@pytest.mark.parametrize("examples, regression, given, hidden, said", [
+    (3_999, True, {}, [64, 32], False),
+    (4_000, True, {}, [256, 128], True),       # births' 5,833 training days underfit with 64,32
+    (40_000, False, {}, [64, 32], False),      # classification keeps the narrow layers
+    (200, False, {}, [64, 32], False),
+    (5_000, True, {"hidden": [8]}, [8], False),  # what the user set stays
+])
+def test_a_large_regression_gets_wider_hidden_layers(examples, regression, given, hidden, said):
+    from tfpipe.train.config import TrainConfig
+
+    config, note = TrainConfig(**given).sized(examples, regression=regression)
+    assert config.hidden == hidden
+    assert ("hidden 256,128" in note) == said, note
+
+
 # ---- the trivial baseline -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("task, classes, train_label, labels, expected", [

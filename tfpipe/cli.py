@@ -12,6 +12,7 @@ import signal
 import sys
 import textwrap
 import threading
+import types
 import traceback
 import typing
 from collections.abc import Callable
@@ -49,6 +50,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ski
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
         ann = field.annotation
+        if typing.get_origin(ann) in (typing.Union, types.UnionType):  # `X | None`: a flag gives an X
+            ann = next((a for a in typing.get_args(ann) if a is not type(None)), ann)
         origin = typing.get_origin(ann)
         help_ = field.description or ""
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}

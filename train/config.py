@@ -33,6 +33,11 @@ WARMUP_STEPS = 300
 # its network side by side (TrainConfig.ensemble): on a few hundred rows one network's test error
 # moves with its seed about as much as it differs from a tree ensemble's, and their mean moves less.
 SMALL_TABLE, ENSEMBLE = 1000, 5
+# A regression whose training split has at least WIDE_NET examples gets the wider hidden layers
+# (TrainConfig.sized): a smooth function of several columns (a daily count over years, weekdays and
+# days of the year) underfits with the narrow ones. Measured on the table that showed it in
+# docs/benchmarks.md ("Real tables: the second gallery").
+NARROW_HIDDEN, WIDE_HIDDEN, WIDE_NET = [64, 32], [256, 128], 4000
 
 
 class TrainConfig(BaseModel):
@@ -48,7 +53,9 @@ class TrainConfig(BaseModel):
                                    f"training split's size, about {STEPS_PER_EPOCH} steps an epoch, a power of two "
                                    f"from {MIN_BATCH} to {MAX_BATCH})")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
-    hidden: list[int] = Field(default_factory=lambda: [64, 32], description="hidden layer widths, e.g. 64,32")
+    hidden: list[int] | None = Field(None, description="hidden layer widths, e.g. 64,32 (default: "
+                                     f"{','.join(map(str, NARROW_HIDDEN))}, or {','.join(map(str, WIDE_HIDDEN))} "
+                                     f"for a regression of at least {WIDE_NET:,} training examples)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer (images: before the head)")
     target: Literal["auto", "standard", "log"] = Field(
         "auto", description="regression: the label as the network learns it; auto takes log(1 + y) for a label never "
@@ -102,8 +109,8 @@ class TrainConfig(BaseModel):
 
     @field_validator("hidden", "filters")
     @classmethod
-    def _check_hidden(cls, v: list[int]) -> list[int]:
-        if any(w < 1 for w in v):
+    def _check_hidden(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(w < 1 for w in v):
             raise ValueError("widths must be >= 1")
         return v
 
@@ -150,9 +157,15 @@ class TrainConfig(BaseModel):
             chosen["min_epochs"] = min(epochs // 2, math.ceil(WARMUP_STEPS / steps))
         if self.ensemble is None and regression:
             chosen["ensemble"] = ENSEMBLE if examples < SMALL_TABLE else 1
+        if self.hidden is None:
+            chosen["hidden"] = list(WIDE_HIDDEN if regression and examples >= WIDE_NET else NARROW_HIDDEN)
         if not chosen:
             return self, ""
-        said = {k: v for k, v in chosen.items() if k not in ("epochs", "time_limit")}
+        # the narrow layers go unsaid: every classification and small table has them (and images none)
+        said = {k: ",".join(map(str, v)) if k == "hidden" else v for k, v in chosen.items()
+                if k not in ("epochs", "time_limit") and not (k == "hidden" and v == NARROW_HIDDEN)}
+        if not said and "epochs" not in chosen:
+            return self.model_copy(update=chosen), ""
         note = ", ".join(([f"until early stopping (time limit {chosen.get('time_limit', self.time_limit):g} s)"]
                           if "epochs" in chosen else []) + [f"{k.replace('_', ' ')} {v}" for k, v in said.items()])
         return self.model_copy(update=chosen), f"for {examples:,} training examples: {note}"

@@ -158,7 +158,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     config, sized = config.sized(data.count("train"), regression=data.schema.label.task == "regression")
     if sized:
         log(sized + " (set --batch-size, --epochs, --patience, --min-epochs"
-            + (", --ensemble" if "ensemble" in sized else "") + " to choose)")
+            + (", --ensemble" if "ensemble" in sized else "") + (", --hidden" if "hidden" in sized else "")
+            + " to choose)")
     rt = _runtime(config, log)
     work = _work_dir(out, config, data, rt.worker, log)
     with rt.strategy.scope():
