@@ -187,14 +187,15 @@ ENVIRONMENT_ERROR = "tfpipe data: error: "
 
 
 def run_to_temp(out: str, options: PipelineOptions, units: int, build: Callable[[beam.Pipeline, str], None],
-                finish: Callable[[str], T], log: Callable[[str], None]) -> T:
+                finish: Callable[[str], T], log: Callable[[str], None], watch=None) -> T:
     """Run the pipeline `build(p, tmp)` lays out, writing into a temporary sibling of `out`, then
     `finish(tmp)` (reconcile and publish). The temporary directory goes whatever fails or is
-    interrupted; a user error raised inside a Beam worker comes back as the DataError it was."""
+    interrupted; a user error raised inside a Beam worker comes back as the DataError it was.
+    `watch(tmp)`: the context that reports progress while it runs (default: work units done)."""
     tmp = temp_output_dir(out)
     runner = runner_name(str(options.get_all_options()["runner"]))  # before the runner can change the options
     try:
-        with progress(tmp, units, log), job_server_log() as server_lines:
+        with (watch or (lambda t: progress(t, units, log)))(tmp), job_server_log() as server_lines:
             try:
                 with beam.Pipeline(options=options) as p:
                     build(p, tmp)

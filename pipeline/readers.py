@@ -24,7 +24,7 @@ from tfpipe.pipeline.autodetect import decimal_comma_number
 from tfpipe.pipeline.dates import is_date_value, iso_text, parse_seconds
 from tfpipe.pipeline.errors import DataError, worker_data_error
 from tfpipe.pipeline.inputs import Segment
-from tfpipe.pipeline.schema import Schema
+from tfpipe.pipeline.schema import Feature, Schema
 
 BLOCK = 1 << 20  # bytes of text per batch: ~10k rows of a typical table
 MAX_RECORD = 16 << 20  # a quoted CSV record longer than this is taken as broken quoting
@@ -54,12 +54,24 @@ class Batch:
 class Validator:
     """Turns raw records into typed columns, rejecting rows that do not fit the schema."""
 
-    def __init__(self, schema: Schema, na_values: Iterable[str] = ()):
+    def __init__(self, schema: Schema, na_values: Iterable[str] = (), scoring: tuple[str, ...] | None = None):
+        """`scoring`: rows to be scored by a trained model (tfpipe predict), not to train one: the
+        features are validated as for training, the label is not needed (when named, it is read as its
+        type, and may be missing), and the other columns named (row IDs, any other) are carried along
+        as text, as written; None: training rows."""
         self.schema = schema
         self.na = frozenset(na_values) | {""}
-        self.columns = schema.columns
+        self.scoring = scoring is not None
+        if self.scoring:
+            features, label = {c.name for c in schema.features}, schema.label
+            self.columns = (list(schema.features)
+                            + [Feature(label.name, label.type, True)] * (label.name in scoring)
+                            + [Feature(n, "string", True) for n in scoring if n not in features | {label.name}])
+        else:
+            self.columns = schema.columns
         self.label = schema.label.name
-        self.known = {c.name for c in self.columns} | set(schema.excluded) | ({schema.key} - {None})
+        self.known = ({c.name for c in self.columns} | {schema.label.name} | set(schema.excluded)
+                      | ({schema.key} - {None}))
         self.classes = set(schema.label.classes) if schema.enforced and schema.label.classes else None
 
     # -- CSV ------------------------------------------------------------------------------
@@ -132,7 +144,7 @@ class Validator:
             if not isinstance(obj, dict):
                 bad.append(_dead(source, first_line + i, line, "not a JSON object"))
                 continue
-            if not known.issuperset(obj):
+            if not self.scoring and not known.issuperset(obj):  # scoring: a column the model does not take is left
                 extra = sorted(k for k in obj if k not in known)
                 bad.append(_dead(source, first_line + i, line, f"unknown column(s) {', '.join(extra)}"))
                 continue
@@ -150,7 +162,7 @@ class Validator:
         good = []
         raws = []
         for i, r in enumerate(records):
-            extra = [k for k in r if k not in self.known]
+            extra = [] if self.scoring else [k for k in r if k not in self.known]
             if extra:
                 bad.append(_dead(source, first_row + i, _json_text(r), f"unknown column(s) {', '.join(extra)}"))
             else:
@@ -190,10 +202,13 @@ class Validator:
                 for i in np.flatnonzero(missing):
                     reasons[i] = f"missing value in non-nullable column '{c.name}'"
                 ok &= ~missing
-        values, present, _ = converted[self.label]
-        unlabelled = ok & ~present
-        ok &= present
-        if self.classes is not None:
+        if self.scoring:  # the label is not needed: every row that fits is scored
+            unlabelled = np.zeros(n, dtype=bool)
+        else:
+            values, present, _ = converted[self.label]
+            unlabelled = ok & ~present
+            ok &= present
+        if self.classes is not None and not self.scoring:
             for i in np.flatnonzero(ok):
                 if values[i] not in self.classes:
                     reasons[i] = f"label value {values[i]!r} is not one of the schema's classes"

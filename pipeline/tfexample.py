@@ -178,6 +178,16 @@ def _masked_crc(data: bytes) -> bytes:
     return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
+def tfrecord_frames(records: Iterable[bytes]) -> bytes:
+    """Records in TFRecord framing (length, its masked CRC32C, the data, its masked CRC32C): an
+    uncompressed TFRecord file's bytes."""
+    parts = []
+    for r in records:
+        length = struct.pack("<Q", len(r))
+        parts += (length, _masked_crc(length), r, _masked_crc(r))
+    return b"".join(parts)
+
+
 class GzipTFRecordWriter:
     """Writes TFRecord framing (length, masked CRC32C) through gzip, as TF's GZIP option does."""
 
@@ -189,12 +199,9 @@ class GzipTFRecordWriter:
         self.bytes_written = 0
 
     def write(self, records: Iterable[bytes]) -> None:
-        parts = []
-        for r in records:
-            length = struct.pack("<Q", len(r))
-            parts += (length, _masked_crc(length), r, _masked_crc(r))
-            self.records += 1
-        self._put(self._zip.compress(b"".join(parts)))
+        records = list(records)
+        self.records += len(records)
+        self._put(self._zip.compress(tfrecord_frames(records)))
 
     def _put(self, data: bytes) -> None:
         if data:

@@ -422,6 +422,52 @@ def penguins_trained(tmp_path_factory, penguins_data) -> tuple[str, str]:
     return tuple(built_once(tmp_path_factory, "penguins-trained", build))
 
 
+KEYWORD_HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "import", "label"]
+
+
+def keyword_table(path: str, rows: int = 200) -> str:
+    """A CSV whose headers are Python keywords, with a space and with a dot. The label is "hi" when
+    `Sepal.Length` is over 5 or `import` is True (pandas' spelling of a boolean, every fourth row);
+    `from` a category (shop), `day` a date (every 17th one missing), the others numbers and a
+    second category."""
+    import csv
+    import datetime
+
+    start = datetime.date(2020, 1, 1)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(KEYWORD_HEADER)
+        for i in range(rows):
+            x = (i * 37 % 100) / 10
+            day = (start + datetime.timedelta(days=i * 3)).isoformat() if i % 17 else ""
+            flag = i % 4 == 1
+            w.writerow([["north", "south", "east"][i % 3], ["a", "b"][i % 2], i % 7, round(x * 1.5, 2), x, day,
+                        str(flag), "hi" if x > 5 or flag else "lo"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def keyword_model(tmp_path_factory) -> str:
+    """keyword_table's 200 rows through data, train and export (in-process): the model base path
+    (BASE/kw, version 1)."""
+    def build(folder: Path) -> str:
+        from tfpipe.export.config import ExportConfig
+        from tfpipe.export.job import run as export
+        from tfpipe.pipeline.config import DataConfig
+        from tfpipe.pipeline.job import run as data_stage
+        from tfpipe.train.config import TrainConfig
+        from tfpipe.train.job import run as train
+
+        quiet = lambda _: None  # noqa: E731
+        data = data_stage(DataConfig(input=[keyword_table(str(folder / "t.csv"))], label="label",
+                                     out=str(folder / "data")), log=quiet)
+        model = train(TrainConfig(data=data, out=str(folder / "train"), epochs=20, learning_rate=0.05), log=quiet)
+        export(ExportConfig(model=model, data=data, base=str(folder / "models"), name="kw", tflite=""), log=quiet)
+        return str(folder / "models" / "kw")
+
+    return built_once(tmp_path_factory, "keyword-model", build)
+
+
 def pytest_configure(config) -> None:
     """Refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a grouped test's
     node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer takes

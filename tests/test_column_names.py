@@ -5,50 +5,16 @@ could not hold."""
 
 from __future__ import annotations
 
-import csv
-import datetime
 import os
 
 import pytest
 
-
-HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "import", "label"]
-
-
-def _table(path: str) -> str:
-    """200 rows: the label is "hi" when `Sepal.Length` is over 5 or `import` is True (pandas'
-    spelling of a boolean, every fourth row); `from` a category (shop), `day` a date (every 17th
-    one missing), the others numbers and a second category."""
-    start = datetime.date(2020, 1, 1)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(HEADER)
-        for i in range(200):
-            x = (i * 37 % 100) / 10
-            day = (start + datetime.timedelta(days=i * 3)).isoformat() if i % 17 else ""
-            flag = i % 4 == 1
-            w.writerow([["north", "south", "east"][i % 3], ["a", "b"][i % 2], i % 7, round(x * 1.5, 2), x, day,
-                        str(flag), "hi" if x > 5 or flag else "lo"])
-    return path
+from conftest import KEYWORD_HEADER as HEADER
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> str:
-    """The table through data, train and export (in this process): the model base path."""
-    from tfpipe.export.config import ExportConfig
-    from tfpipe.export.job import run as export
-    from tfpipe.pipeline.config import DataConfig
-    from tfpipe.pipeline.job import run as data_stage
-    from tfpipe.train.config import TrainConfig
-    from tfpipe.train.job import run as train
-
-    root = tmp_path_factory.mktemp("columns")
-    quiet = lambda _: None  # noqa: E731
-    data = data_stage(DataConfig(input=[_table(str(root / "t.csv"))], label="label", out=str(root / "data")),
-                      log=quiet)
-    model = train(TrainConfig(data=data, out=str(root / "train"), epochs=20, learning_rate=0.05), log=quiet)
-    export(ExportConfig(model=model, data=data, base=str(root / "models"), name="kw", tflite=""), log=quiet)
-    return str(root / "models" / "kw")
+def exported(keyword_model) -> str:
+    return keyword_model
 
 
 def test_keyword_space_and_dot_headers_train_export_and_keep_their_names(exported):

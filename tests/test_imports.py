@@ -15,10 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # repository folder -> installed package (pyproject.toml's package-dir)
 FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.train",
            "export": "tfpipe.export", "serve": "tfpipe.serve", "loadtest": "tfpipe.loadtest",
-           "skew": "tfpipe.skew", "tune": "tfpipe.tune", "rollout": "tfpipe.rollout", "examples": "tfpipe.examples"}
+           "skew": "tfpipe.skew", "tune": "tfpipe.tune", "rollout": "tfpipe.rollout", "predict": "tfpipe.predict",
+           "examples": "tfpipe.examples"}
 # modules that import nothing of tfpipe, which every room may import (docs/architecture.md)
 LEAVES = ("tfpipe", "tfpipe.files", "tfpipe.stage", "tfpipe.machine", "tfpipe.versions", "tfpipe.prediction_logs")
-STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout")
+STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout", "predict")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
            "tfpipe.manifest", "tfpipe.steps")
 
@@ -78,6 +79,8 @@ def allowed(importer: str, imported: str) -> bool:
         return True  # the last stages read the others' outputs with their own readers, load tests and charts
     if src == "tune":
         return dst in ("serve", "loadtest")  # it starts servers and load-tests them
+    if src == "predict":  # the data stage's readers and engines, the server's servable, training's parsing
+        return dst in ("pipeline", "serve", "train")
     if src in ("pipeline", "serve", "loadtest"):
         return dst not in STAGES
     if src in ("train", "export"):
@@ -107,6 +110,10 @@ def allowed(importer: str, imported: str) -> bool:
     ("tfpipe.skew.job", "tfpipe.run", False),
     ("tfpipe.serve.server", "tfpipe.skew.job", False),
     ("tfpipe.tune.job", "tfpipe.loadtest.job", True),
+    ("tfpipe.predict.job", "tfpipe.pipeline.readers", True),
+    ("tfpipe.predict.model", "tfpipe.serve.core.servable", True),
+    ("tfpipe.predict.job", "tfpipe.export.job", False),
+    ("tfpipe.serve.server", "tfpipe.predict.model", False),
     ("tfpipe.tune.job", "tfpipe.serve.tfserving.configs", True),
     ("tfpipe.tune.job", "tfpipe.train.data", False),
     ("tfpipe.serve.server", "tfpipe.tune.search", False),

@@ -199,6 +199,22 @@ def cmd_skew(args: argparse.Namespace, extra: list[str]) -> int:
         return run(cfg, log=lambda line: print(line, flush=True))
 
 
+def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
+    from tfpipe.predict.config import PredictConfig
+
+    cfg = _section(args, load_config(args.config), "predict", PredictConfig)
+    if extra:
+        cfg.beam_args = [*cfg.beam_args, *extra]
+    from tfpipe.predict.job import check_inputs
+
+    check_inputs(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
+    with quiet_native_stderr(not args.debug):
+        from tfpipe.predict.job import run
+
+        run(cfg, log=lambda line: print(line, flush=True))
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> int:
     from tfpipe.tune.config import TuneConfig
     from tfpipe.tune.job import check_inputs, run
@@ -372,6 +388,27 @@ _STAGE_COMMANDS = (
         epilog=(
             "example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
             "trip_miles=0.2"),
+    ),
+    _StageCommand(
+        "predict", "tfpipe.predict.config:PredictConfig", cmd_predict,
+        help="batch inference: score a file of any size with a published model, as a Beam job",
+        description=(
+            "Reads CSV (any delimiter), JSON Lines or Parquet (globs, several files, .gz) with the data stage's "
+            "readers, validates each row against the schema the model was trained on (kept in the version's "
+            "assets.extra/), and scores the good rows with the version's serving_default signature, called as "
+            "tfpipe serve calls it, through Beam's RunInference. Rows that do not fit, or that the model "
+            "refuses, go to deadletter/*.jsonl with their reason: rows read = predicted + dead-lettered. "
+            "Writes predictions/part-*.parquet (or csv, jsonl) with the carried input columns (row IDs, the label when "
+            "present), the features (or only --key), the prediction (with each class's probability), the "
+            "model's name and version, and predict.json, into --out atomically. A retried work unit rewrites "
+            "its own files whole. Any other option is passed to Beam unchanged (--runner, --direct_num_workers, "
+            "--direct_running_mode, ...); the default runner is FnApiRunner, with one worker per core on "
+            "inputs over 16 MB."),
+        epilog=("examples: tfpipe predict --model runs/taxi/export/models/taxi --input 'new/*.csv' --out scored; "
+                "tfpipe predict --model runs/taxi/export/models/taxi/3 --input trips.parquet --key trip_id "
+                "--output-format csv --out scored"),
+        accepts_extra=True,
+        flag_options=(("skip", frozenset({"beam_args"})),),
     ),
     _StageCommand(
         "tune", "tfpipe.tune.config:TuneConfig", cmd_tune,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.export.config import ExportConfig
+from tfpipe.predict.config import PredictConfig
 from tfpipe.loadtest.config import LoadtestConfig
 from tfpipe.rollout.config import RolloutConfig
 from tfpipe.serve.config import ServeConfig
@@ -41,6 +42,7 @@ class Config(BaseModel):
     skew: SkewConfig = Field(default_factory=SkewConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    predict: PredictConfig = Field(default_factory=PredictConfig)
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:

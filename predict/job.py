@@ -1,0 +1,513 @@
+"""`tfpipe predict`: score a file of any size with a published model, as a Beam job.
+
+    work units (the data stage's: record-aligned byte ranges, Parquet row groups)
+      -> ReadRows: read and validate with the data stage's readers against the schema the model was
+         trained on; bad rows, with their reason, to the dead-letter; good rows in pieces of PIECE
+      -> RunInference(TableModelHandler): BatchElements joins pieces into model calls of --batch-rows
+         rows (measured at start-up), the version's serving_default called as the server calls it
+      -> CoGroupByKey by work unit with the unit's bad rows and its counts
+      -> WriteUnit: the unit's predictions (predictions/part-UNIT.parquet|csv|jsonl), its dead-letter rows
+         (deadletter/part-UNIT.jsonl) and its summary (_units/): a retried unit writes the same files
+         again, whole, so a rerun bundle leaves no duplicate and no gap
+
+The launcher reconciles the units' counts (rows read = predicted + dead-lettered, exactly) and
+publishes the output directory atomically with predict.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.ml.inference.base import RunInference
+
+from tfpipe import __version__
+from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
+from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
+from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, publish, read_unit_summaries, \
+    run_to_temp, write_outputs
+from tfpipe.pipeline.readers import Validator, read_segment
+from tfpipe.pipeline.schema import Schema
+from tfpipe.pipeline.tfexample import tfrecord_frames
+from tfpipe.prediction_logs import SUFFIX as LOG_SUFFIX
+from tfpipe.predict.config import PredictConfig
+from tfpipe.predict.errors import PredictError
+from tfpipe.predict.model import ModelVersion, Rows, Scored, TableModelHandler, resolve
+
+PIECE = 256  # rows per element into RunInference: BatchElements joins pieces into model calls
+UNIT_BYTES = 16 << 20  # input bytes per work unit
+FIRST_BAD = 5  # dead-letter entries each unit reports to the launcher (for the summary)
+BATCH_SIZES = (64, 256, 1024, 4096)  # tried at start-up for --batch-rows
+EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
+PREDICTIONS = "predictions"  # the folder of prediction files (a reader of the folder sees only them)
+# --prediction-log: the request log's files, PREDICTION_LOGS/log-UNIT.tfrecord, which
+# `tfpipe skew --logs OUT/prediction_logs/log` reads
+PREDICTION_LOGS, LOG_PREFIX = "prediction_logs", "log"
+
+
+# ---- what flows between the steps --------------------------------------------------------------
+
+@dataclass
+class BadRows:
+    unit: int
+    rows: list[dict]
+
+
+@dataclass
+class UnitEnd:
+    unit: int
+    read: int
+    bad: int
+    pieces: int
+    first_bad: list[dict] = field(default_factory=list)
+
+
+# ---- the steps -----------------------------------------------------------------------------------
+
+class ReadRows(beam.DoFn):
+    """A work unit's rows, validated for scoring: good rows out in pieces of PIECE, bad rows and
+    the unit's counts tagged BAD."""
+
+    BAD = "bad"
+
+    def __init__(self, schema_json: dict, na_values: list[str], carried: tuple[str, ...]):
+        self.schema_json, self.na_values, self.carried = schema_json, na_values, carried
+
+    def setup(self) -> None:
+        self.validator = Validator(Schema.from_json(self.schema_json), self.na_values, scoring=self.carried)
+
+    def process(self, unit: WorkUnit):
+        read = bad = seq = 0
+        first_bad: list[dict] = []
+        for segment in unit.segments:
+            for batch in read_segment(segment, self.validator):
+                read += len(batch) + len(batch.bad)
+                if batch.bad:
+                    bad += len(batch.bad)
+                    first_bad.extend(batch.bad[: max(0, FIRST_BAD - len(first_bad))])
+                    yield beam.pvalue.TaggedOutput(self.BAD, (unit.index, BadRows(unit.index, batch.bad)))
+                for start in range(0, len(batch), PIECE):
+                    part = slice(start, start + PIECE)
+                    yield Rows(unit.index, seq, batch.source, batch.lines[part], batch.raws[part],
+                               {k: type(c)(c.values[part], c.present[part]) for k, c in batch.columns.items()})
+                    seq += 1
+        yield beam.pvalue.TaggedOutput(self.BAD, (unit.index, UnitEnd(unit.index, read, bad, seq, first_bad)))
+
+
+class WriteUnit(beam.DoFn):
+    """Writes one work unit's predictions, dead-letter rows and summary, each file whole."""
+
+    def __init__(self, out_dir: str, layout: "Layout"):
+        self.out_dir, self.layout = out_dir, layout
+
+    def process(self, element):
+        unit, (results, others) = element
+        ends = [o for o in others if isinstance(o, UnitEnd)]
+        if len(ends) != 1:
+            raise RuntimeError(f"work unit {unit}: {len(ends)} ends arrived, not one")
+        end = ends[0]
+        results = sorted(results, key=lambda r: r.example.seq)
+        if len(results) != end.pieces:
+            raise RuntimeError(f"work unit {unit}: {len(results)} of its {end.pieces} pieces were scored")
+        bad = [row for o in others if isinstance(o, BadRows) for row in o.rows]
+        predicted, refused = 0, []
+        table = self.layout.table(results)
+        for r in results:
+            rows: Rows = r.example
+            scored: Scored = r.inference
+            predicted += len(scored.taken)
+            for i, reason in sorted(scored.refused.items()):
+                refused.append({"source": rows.source, "line": int(rows.lines[i]), "reason": reason,
+                                "raw": rows.raws[i]})
+        name = f"{PREDICTIONS}/part-{unit:05d}.{EXTENSIONS[self.layout.output_format]}"
+        if predicted:
+            with FileSystems.create(FileSystems.join(self.out_dir, name)) as f:
+                f.write(self.layout.encode(table))
+        if self.layout.prediction_log and predicted:
+            logs = [record for r in results for record in (r.inference.logs or [])]
+            with FileSystems.create(FileSystems.join(self.out_dir, PREDICTION_LOGS,
+                                                     f"{LOG_PREFIX}-{unit:05d}{LOG_SUFFIX}")) as f:
+                f.write(tfrecord_frames(logs))
+        dead = bad + refused
+        if dead:
+            with FileSystems.create(FileSystems.join(self.out_dir, "deadletter", f"part-{unit:05d}.jsonl")) as f:
+                f.write("".join(json.dumps(b, ensure_ascii=False) + "\n" for b in dead).encode())
+        summary = {"unit": unit, "read": end.read, "predicted": predicted, "bad": len(dead),
+                   "file": name if predicted else None,
+                   "first_bad": (end.first_bad + refused)[:FIRST_BAD]}
+        with FileSystems.create(FileSystems.join(self.out_dir, "_units", f"unit-{unit:05d}.json")) as f:
+            f.write(json.dumps(summary).encode())
+
+
+# ---- the output's columns ------------------------------------------------------------------------
+
+class Layout:
+    """Which columns a prediction file holds and how they are encoded: the carried input columns
+    (row IDs, the label when present), the features (or only --key), then the model's answer and
+    the model's name and version."""
+
+    def __init__(self, schema: Schema, model: ModelVersion, carried: tuple[str, ...], key: str | None,
+                 output_format: str, prediction_log: bool = False):
+        self.output_format, self.prediction_log = output_format, prediction_log
+        self.task = schema.label.task
+        self.classes = [str(c) for c in schema.label.classes or []]
+        self.label_type = schema.label.type
+        if key:
+            self.inputs = [(key, "string")]
+        else:
+            features = [(f.name, f.type) for f in schema.features]
+            taken = {n for n, _ in features}
+            self.inputs = [(n, "string") for n in carried if n not in taken and n != schema.label.name] + features
+            if schema.label.name in carried and schema.label.name not in taken:
+                self.inputs.append((schema.label.name, schema.label.type))
+        names = {n for n, _ in self.inputs}
+        self.prefix = "prediction_" if names & set(self._answer_names("")) else ""
+        self.answers = self._answer_names(self.prefix)
+        self.model_name, self.model_version = model.name, model.version
+
+    def _answer_names(self, prefix: str) -> list[str]:
+        if self.task == "regression":
+            return [f"{prefix}prediction", "model", "model_version"]
+        return ([f"{prefix}prediction", f"{prefix}probability"] + [f"{prefix}probability_{c}" for c in self.classes]
+                + ["model", "model_version"])
+
+    @property
+    def columns(self) -> list[str]:
+        return [n for n, _ in self.inputs] + self.answers
+
+    def table(self, results) -> dict[str, list]:
+        """Column name -> values (None where missing) of every row the model answered, in order."""
+        out: dict[str, list] = {n: [] for n in self.columns}
+        for r in results:
+            rows, scored = r.example, r.inference
+            take = scored.taken
+            if not len(take):
+                continue
+            for name, type_ in self.inputs:
+                col = rows.columns[name]
+                values, present = col.values[take], col.present[take]
+                out[name].extend(_plain(v, type_) if p else None for v, p in zip(values, present))
+            n = len(take)
+            if self.task == "regression":
+                out[self.answers[0]].extend(float(v) for v in scored.outputs["predictions"])
+            else:
+                probabilities = scored.outputs["probabilities"]
+                classes = [self._label(c) for c in scored.outputs["classes"]]
+                out[self.answers[0]].extend(classes)
+                out[self.answers[1]].extend(float(p) for p in probabilities.max(axis=1))
+                for j, c in enumerate(self.classes):
+                    out[self.answers[2 + j]].extend(float(p) for p in probabilities[:, j])
+            out["model"].extend([self.model_name] * n)
+            out["model_version"].extend([self.model_version] * n)
+        return out
+
+    def _label(self, value: bytes):
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        return int(text) if self.label_type == "int" else text
+
+    def encode(self, table: dict[str, list]) -> bytes:
+        if self.output_format == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            buffer = io.BytesIO()
+            pq.write_table(pa.table(table), buffer)
+            return buffer.getvalue()
+        names = list(table)
+        rows = zip(*(table[n] for n in names))
+        if self.output_format == "jsonl":
+            return "".join(json.dumps(dict(zip(names, row)), ensure_ascii=False, allow_nan=False,
+                                      default=str) + "\n" for row in rows).encode()
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(["" if v is None else v for v in row] for row in rows)
+        return text.getvalue().encode()
+
+
+def _plain(value, type_: str):
+    if type_ == "float":
+        return float(value)
+    if type_ == "int":
+        return int(value)
+    return str(value)
+
+
+# ---- the stage -----------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    config: PredictConfig
+    model: ModelVersion
+    files: list[InputFile]
+    units: list[WorkUnit]
+    carried: tuple[str, ...]
+    layout: Layout
+    batch_rows: int
+    runner: str
+    workers: int
+    started: float
+    notices: list[str] = field(default_factory=list)
+
+
+def check_inputs(config: PredictConfig) -> ModelVersion:
+    """What can be checked before Beam and TensorFlow are imported: the model and the options."""
+    if not config.model:
+        raise PredictError("no model given: pass --model BASE/NAME (or BASE/NAME/VERSION)")
+    if not config.out:
+        raise PredictError("no output directory: pass --out DIR")
+    if not config.input:
+        raise PredictError("no input given: pass --input FILE (or a glob)")
+    out = os.path.abspath(config.out)
+    if not is_remote(config.out) and os.path.exists(out) and not config.force:
+        if not os.path.isdir(out) or os.listdir(out):
+            raise PredictError(f"--out {config.out} exists: pass --force to replace it, or another --out")
+    return resolve(config.model)
+
+
+def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:
+    started = time.time()
+    model = check_inputs(config)
+    schema = model.schema
+    log(f"model: {model.name} version {model.version} ({model.path}): {len(schema.features)} features, "
+        f"{schema.label.task} of '{schema.label.name}'")
+    data_config = model.data.get("config", {})
+    na_values = config.na_values if config.na_values is not None else data_config.get("na_values") or []
+    found = resolve_inputs(config.input, config.format)
+    if any(f.format == "images" for f in found):
+        raise PredictError("tfpipe predict scores tables (CSV, JSON Lines, Parquet); image folders are not read yet")
+    total = sum(f.size for f in found)
+    log(f"inputs: {len(found)} file(s), {human_bytes(total)}")
+    options, runner, workers = beam_options(config.beam_args, total, config.runner)
+    shards = max(1, min(1024, math.ceil(total / UNIT_BYTES)), workers)
+    grain = max(64 << 10, min(16 << 20, total // (shards * 8) or 1))
+    files = [scan_file(f, grain, config.delimiter) for f in found]
+    notices: list[str] = []
+    for f in files:
+        if f.format == "csv" and f.delimiter != "," and config.delimiter == "auto":
+            notices.append(f"{os.path.basename(f.path)}: fields separated by {delimiter_name(f.delimiter)}s "
+                           f"({shown_delimiter(f.delimiter)}, detected; --delimiter sets it)")
+    carried = _carried(schema, files, config.key)
+    for line in notices:
+        log(line)
+    batch_rows = config.batch_rows or measured_batch_rows(model, log)
+    layout = Layout(schema, model, carried, config.key, config.output_format, config.prediction_log)
+    if layout.prefix:
+        log(f"an input column is named like a prediction column: the answers are named {layout.prefix}*")
+    units = plan_units(files, shards)
+    plan = Plan(config, model, files, units, carried, layout, batch_rows, runner, workers, started, notices)
+    log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): {len(units)} work unit(s), "
+        f"model calls of up to {batch_rows:,} rows")
+    out = config.out if is_remote(config.out) else os.path.abspath(config.out)
+    return run_to_temp(out, options, len(units), lambda p, tmp: build_pipeline(p, plan, tmp),
+                       lambda tmp: _finish(plan, tmp, out, log), log, watch=lambda tmp: RowProgress(tmp, len(units), log))
+
+
+def _carried(schema: Schema, files: list[InputFile], key: str | None) -> tuple[str, ...]:
+    """The input columns carried beside the features: --key, or the label and the columns the data
+    stage left out (row IDs, --exclude), where the input has them. A CSV or Parquet input that lacks
+    one of the model's feature columns is refused: every row would be scored without it."""
+    features = [f.name for f in schema.features]
+    for f in files:
+        if f.columns is None:
+            continue  # JSON Lines: a row without a column has it missing, as in training
+        absent = [c for c in features if c not in f.columns]
+        if absent:
+            shown = ", ".join(absent[:10]) + (" ..." if len(absent) > 10 else "")
+            raise PredictError(f"{f.path} lacks {len(absent)} of the model's feature columns ({shown}); "
+                               f"its columns: {', '.join(f.columns[:30])}")
+        if key and key not in f.columns:
+            raise PredictError(f"--key: column '{key}' not found in {f.path}")
+    if key:
+        return (key,)
+    wanted = [schema.label.name] + list(schema.excluded) + ([schema.key] if schema.key else [])
+    header = {c for f in files for c in (f.columns or ())}
+    known = bool(header) and all(f.columns is not None for f in files)
+    return tuple(dict.fromkeys(c for c in wanted if c not in features and (not known or c in header)))
+
+
+def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
+    handler = TableModelHandler(plan.model.path, plan.model.name, plan.model.version,
+                                plan.model.schema.to_json(), plan.batch_rows, plan.config.prediction_log)
+    read = (p
+            | "WorkUnits" >> beam.Create(plan.units)
+            | "ReadRows" >> beam.ParDo(ReadRows(plan.model.schema.to_json(), list(_na(plan)), plan.carried))
+            .with_outputs(ReadRows.BAD, main="rows"))
+    scored = (read.rows
+              | "Predict" >> RunInference(handler)
+              | "ByUnit" >> beam.Map(lambda r: (r.example.unit, r)))
+    _ = ((scored, read[ReadRows.BAD])
+         | "Gather" >> beam.CoGroupByKey()
+         | "WriteUnits" >> beam.ParDo(WriteUnit(out_dir, plan.layout)))
+
+
+def _na(plan: Plan) -> list[str]:
+    if plan.config.na_values is not None:
+        return plan.config.na_values
+    return plan.model.data.get("config", {}).get("na_values") or []
+
+
+def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
+    summaries = read_unit_summaries([u.index for u in plan.units], tmp)
+    read = sum(s["read"] for s in summaries)
+    predicted = sum(s["predicted"] for s in summaries)
+    bad = sum(s["bad"] for s in summaries)
+    if read != predicted + bad:
+        raise RuntimeError(f"row accounting failed: read {read} != predicted {predicted} + dead-lettered {bad}")
+    if read == 0:
+        raise PredictError("the inputs hold no data rows")
+    first_bad = [b for s in summaries for b in s["first_bad"]][:FIRST_BAD]
+    if bad / read > plan.config.max_bad_fraction:
+        reasons = "\n".join(f"  {b['source']}:{b['line']}: {b['reason']}" for b in first_bad)
+        raise PredictError(f"{bad} of {read} rows are bad ({bad / read:.2%}), over --max-bad-fraction "
+                           f"{plan.config.max_bad_fraction:g}; nothing was written. First bad rows:\n{reasons}")
+    files = sorted(s["file"] for s in summaries if s["file"])
+    logs = [f"{PREDICTION_LOGS}/{LOG_PREFIX}-{s['unit']:05d}{LOG_SUFFIX}" for s in summaries
+            if s["file"] and plan.config.prediction_log]
+    elapsed = time.time() - plan.started
+    manifest = {
+        "stage": "predict", "tfpipe_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "config": plan.config.model_dump(),
+        "model": {"name": plan.model.name, "version": plan.model.version, "path": plan.model.path},
+        "inputs": [{"path": f.path, "format": f.format, "size": f.size, "sha256": f.sha256} for f in plan.files],
+        "beam": {"runner": plan.runner, "workers": plan.workers, "units": len(plan.units)},
+        "batch_rows": plan.batch_rows,
+        "counts": {"read": read, "predicted": predicted, "bad": bad},
+        "columns": plan.layout.columns,
+        "outputs": {"format": plan.config.output_format, "files": files, "prediction_logs": logs,
+                    "deadletter": deadletter_files(tmp)},
+        "first_bad": first_bad, "notices": plan.notices,
+        "elapsed_s": round(elapsed, 3), "rows_per_s": round(read / elapsed, 1) if elapsed > 0 else None,
+    }
+    write_outputs(tmp, {"predict.json": manifest})
+    publish(tmp, out, files + logs + manifest["outputs"]["deadletter"] + ["predict.json"])
+    log(f"{read:,} rows read -> {predicted:,} predicted, {bad:,} dead-lettered"
+        + (f" (deadletter/; first: {first_bad[0]['source']}:{first_bad[0]['line']}: {first_bad[0]['reason']})"
+           if first_bad else "")
+        + f"; {len(files)} {plan.config.output_format} file(s) in {out} ({elapsed:.1f} s, "
+          f"{read / max(elapsed, 1e-9):,.0f} rows/s)")
+    return out
+
+
+class RowProgress:
+    """Prints rows done, rows/s and the time left as work units finish (from their summaries)."""
+
+    def __init__(self, tmp: str, total: int, log):
+        self.tmp, self.total, self.log = tmp, total, log
+        self._stop = threading.Event()
+        self._seen: dict[str, int] = {}
+
+    def __enter__(self):
+        self.started = time.time()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(2.0):
+            new = False
+            for m in match(FileSystems.join(self.tmp, "_units", "*.json")):
+                if m.path not in self._seen:
+                    try:
+                        with FileSystems.open(m.path) as f:
+                            self._seen[m.path] = json.loads(f.read())["read"]
+                        new = True
+                    except Exception:  # noqa: BLE001 (being written: read at the next look)
+                        pass
+            done = len(self._seen)
+            if new and done < self.total:
+                elapsed = time.time() - self.started
+                rows = sum(self._seen.values())
+                left = elapsed / done * (self.total - done)
+                self.log(f"  {done}/{self.total} work units, {rows:,} rows ({rows / elapsed:,.0f} rows/s), "
+                         f"about {left:.0f} s left")
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+def measured_batch_rows(model: ModelVersion, log: Callable[[str], None]) -> int:
+    """The rows per model call: the smallest of BATCH_SIZES whose rows/s is within 10% of the best
+    measured on this machine with the version's own test rows (a larger call holds more memory and
+    gives the workers' threads fewer turns, for little more speed)."""
+    from tfpipe.predict.model import SIGNATURE, model_inputs
+    from tfpipe.pipeline.readers import Column
+    from tfpipe.serve.core.servable import Servable
+    from tfpipe.train.datadir import load_data_dir
+
+    servable = Servable(model.name, model.version, model.path)
+    sig = servable.signature(SIGNATURE)
+    rows = _test_rows(model, load_data_dir, Column)
+    if rows is None or len(rows) == 0:
+        return 1024
+    speeds = {}
+    for size in BATCH_SIZES:
+        idx = np.arange(size) % len(rows)
+        piece = Rows(0, 0, "", idx, [""] * size, {k: Column(c.values[idx], c.present[idx]) for k, c in rows.columns.items()})
+        inputs, _ = model_inputs(piece, model.schema, sig.numpy_dtypes)
+        checked = servable.check_inputs(sig, inputs)
+        servable.run(sig, checked)  # the first call of a shape traces nothing, but warms caches
+        calls, begun = 0, time.perf_counter()
+        while calls < 3 or time.perf_counter() - begun < 0.3:
+            servable.run(sig, servable.check_inputs(sig, inputs))
+            calls += 1
+        speeds[size] = size * calls / (time.perf_counter() - begun)
+    best = max(speeds.values())
+    chosen = min(s for s, v in speeds.items() if v >= 0.9 * best)
+    log("batch rows measured: " + ", ".join(f"{s:,} -> {v:,.0f} rows/s" for s, v in speeds.items())
+        + f"; model calls of {chosen:,} rows (--batch-rows sets it)")
+    return chosen
+
+
+def _test_rows(model: ModelVersion, load_data_dir, Column):
+    """The version's kept test rows as a Rows of typed columns (None when they cannot be read)."""
+    import tensorflow as tf
+
+    from tfpipe.train.data import parse_spec, raw_inputs
+
+    try:
+        data = load_data_dir(os.path.join(model.path, "assets.extra", "test_data"))
+        files = [f for split in data.manifest["outputs"]["splits"] for f in data.files(split)]
+    except Exception:  # noqa: BLE001 (no rows to measure with: the default size)
+        return None
+    spec = {k: v for k, v in parse_spec(model.schema).items() if k != model.schema.label.name}
+    records = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4096)]
+    if not records:
+        return None
+    parsed = raw_inputs(tf.io.parse_example(records, spec), model.schema)
+    columns = {}
+    for f in model.schema.features:
+        values = parsed[f.name].numpy()
+        if values.dtype == object:
+            present = values != b""
+            values = np.array([v.decode("utf-8") for v in values], dtype=object)
+        else:
+            present = ~np.isnan(values)
+            values = np.nan_to_num(values).astype(np.int64) if f.type == "int" else values
+        columns[f.name] = Column(values, present)
+    n = len(records)
+    return Rows(0, 0, "", np.arange(n), [""] * n, columns)
+
+
+def result(out: str):
+    """For `tfpipe run` and the CLI: the counts in one line."""
+    from tfpipe.stage import StageResult
+
+    with open(os.path.join(out, "predict.json")) as f:
+        m = json.load(f)
+    c = m["counts"]
+    return StageResult(os.path.join(out, "predict.json"),
+                       f"{c['read']:,} rows -> {c['predicted']:,} predicted, {c['bad']:,} dead-lettered", None)

@@ -1,0 +1,253 @@
+"""The model `tfpipe predict` scores with: which version a path names, what it was trained on, and
+the RunInference handler that calls it.
+
+The handler loads the version as the embedded server does (`serve.core.servable.Servable`) and
+calls its serving_default signature with the rows' columns as raw named tensors, through the same
+input checks and the same packed call, so that a batch job answers what the server answers for
+the same rows and version. Beam's own TensorFlow handlers cannot: they load with
+`keras.models.load_model`, which refuses SavedModel directories under Keras 3, and call the model
+rather than a signature; tfx-bsl's handler needs tensorflow-serving-api 2.19 beside our 2.21 and
+runs only Example signatures (docs/predict.md says what was tried).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.schema import Schema, load_schema
+from tfpipe.predict.errors import PredictError
+from tfpipe.versions import CANDIDATES, served, version_path
+
+TEST_DATA = os.path.join("assets.extra", "test_data")  # what every version keeps of its data (export.judge)
+SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    name: str
+    version: int
+    path: str  # the version's directory (a SavedModel)
+    schema: Schema  # what it was trained on
+    data: dict  # its data stage's data.json (how the training rows were read)
+
+
+def resolve(model: str) -> ModelVersion:
+    """BASE/NAME (the version a server polling it serves: the highest numeric one), or
+    BASE/NAME/VERSION (served or kept as a candidate), or a SavedModel directory of a version."""
+    path = os.path.abspath(model.rstrip("/"))
+    if not os.path.exists(path):
+        raise PredictError(f"--model {model}: no such directory")
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        version_dir = path
+        parent = os.path.dirname(path)
+        if os.path.basename(parent) == CANDIDATES:
+            parent = os.path.dirname(parent)
+        name = os.path.basename(parent)
+        try:
+            version = int(os.path.basename(path))
+        except ValueError:
+            raise PredictError(f"--model {model}: a SavedModel whose directory is not a version number; give "
+                               "BASE/NAME/VERSION as the export wrote it") from None
+    else:
+        version = served(path)
+        if version is None:
+            raise PredictError(f"--model {model}: neither a model base path (BASE/NAME, holding numeric version "
+                               "directories) nor a version's SavedModel directory")
+        version_dir = version_path(path, version)
+        name = os.path.basename(path)
+    stored = os.path.join(version_dir, TEST_DATA)
+    try:
+        schema = load_schema(os.path.join(stored, "schema.json"))
+        with open(os.path.join(stored, "data.json")) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise PredictError(f"{version_dir} keeps no schema of its training data ({TEST_DATA}/): it was not "
+                           "exported by tfpipe export, or by a release before versions kept one") from None
+    if data.get("kind") == "images":
+        raise PredictError(f"{version_dir} is an image model: tfpipe predict scores tables (CSV, JSON Lines, "
+                           "Parquet) for now")
+    return ModelVersion(name, version, version_dir, schema, data)
+
+
+@dataclass
+class Rows:
+    """Rows of one work unit, validated: `seq` orders a unit's pieces, `lines` are the rows' line
+    (or row) numbers in `source`, `raws` their text as read (for the dead-letter)."""
+
+    unit: int
+    seq: int
+    source: str
+    lines: np.ndarray
+    raws: list[str]
+    columns: dict[str, Column]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+@dataclass
+class Scored:
+    """What the model answered for a Rows: its outputs for the rows it took (`taken`, their
+    positions), and a reason for each row it refused."""
+
+    outputs: dict[str, np.ndarray]
+    taken: np.ndarray
+    refused: dict[int, str]
+    logs: list[bytes] | None = None  # with --prediction-log: a PredictionLog per row taken
+
+
+def model_inputs(rows: Rows, schema: Schema, dtypes: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[int, str]]:
+    """The signature's inputs for `rows` (missing values as the model takes them: NaN for a number,
+    "" for a text) and the rows that cannot be one: a missing value for an input the model takes
+    only as whole numbers (int64)."""
+    inputs, refused = {}, {}
+    for f in schema.features:
+        col = rows.columns[f.name]
+        dtype = dtypes[f.name]
+        if dtype == object:
+            values = col.values.copy()
+            values[~col.present] = ""
+            inputs[f.name] = values
+        elif dtype.kind == "f":
+            values = col.values.astype(dtype)
+            values[~col.present] = np.nan
+            inputs[f.name] = values
+        else:
+            for i in np.flatnonzero(~col.present):
+                refused.setdefault(int(i), f"column '{f.name}': a missing value, which the model takes only as a "
+                                           "whole number (its training data never missed one)")
+            inputs[f.name] = col.values.astype(dtype)
+    return inputs, refused
+
+
+class TableModelHandler(ModelHandler[Rows, PredictionResult, Any]):
+    """RunInference's handler for a tfpipe table model: each element is a Rows piece; a batch of
+    them is one model call (BatchElements sizes batches in rows, up to `batch_rows`). The model
+    is loaded once per worker process and shared by its threads (RunInference's default)."""
+
+    def __init__(self, version_dir: str, name: str, version: int, schema_json: dict, batch_rows: int,
+                 prediction_log: bool = False):
+        super().__init__()
+        self.version_dir, self.name, self.version = version_dir, name, version
+        self.schema_json, self.batch_rows, self.prediction_log = schema_json, batch_rows, prediction_log
+
+    def load_model(self):
+        from tfpipe.serve.core.servable import Servable
+
+        servable = Servable(self.name, self.version, self.version_dir)
+        servable.schema = Schema.from_json(self.schema_json)
+        return servable
+
+    def batch_elements_kwargs(self) -> dict:
+        return {"min_batch_size": self.batch_rows, "max_batch_size": self.batch_rows, "element_size_fn": len}
+
+    def run_inference(self, batch: Sequence[Rows], model, inference_args=None) -> Iterable[PredictionResult]:
+        sig = model.signature(SIGNATURE)
+        pieces = []
+        for rows in batch:
+            inputs, refused = model_inputs(rows, model.schema, sig.numpy_dtypes)
+            pieces.append((rows, inputs, refused))
+        for (rows, inputs, _), scored in zip(pieces, _scored(model, sig, pieces)):
+            if self.prediction_log and len(scored.taken):
+                scored.logs = prediction_logs(self.name, self.version, sig,
+                                              {k: v[scored.taken] for k, v in inputs.items()}, scored.outputs)
+            yield PredictionResult(rows, scored, model_id=f"{self.name}/{self.version}")
+
+    def get_metrics_namespace(self) -> str:
+        return "tfpipe_predict"
+
+
+def _scored(model, sig, pieces: list[tuple[Rows, dict, dict]]) -> list[Scored]:
+    """One call for every piece's rows; when the model refuses the call (a value it does not
+    take), each piece alone, and a refused piece row by row, so that only the rows it refuses go
+    to the dead-letter, each with the model's reason."""
+    from tfpipe.serve.errors import ServingError
+
+    takes = [np.array([i for i in range(len(rows)) if i not in refused], dtype=np.int64)
+             for rows, _, refused in pieces]
+    if not any(len(take) for take in takes):  # every row refused before the model saw it
+        return [Scored({}, take, dict(refused)) for (_, _, refused), take in zip(pieces, takes)]
+    joined = {k: np.concatenate([inputs[k][take] for (_, inputs, _), take in zip(pieces, takes)])
+              for k in pieces[0][1]}
+    try:
+        out = _call(model, sig, joined)
+    except ServingError:
+        if len(pieces) > 1:
+            return [s for piece in pieces for s in _scored(model, sig, [piece])]
+        out = None
+    if out is not None:
+        result, start = [], 0
+        for (_, _, refused), take in zip(pieces, takes):
+            result.append(Scored({k: v[start:start + len(take)] for k, v in out.items()}, take, dict(refused)))
+            start += len(take)
+        return result
+    rows, inputs, refused = pieces[0]
+    refused = dict(refused)
+    kept, answers = [], []
+    for i in takes[0]:
+        try:
+            answers.append(_call(model, sig, {k: v[i:i + 1] for k, v in inputs.items()}))
+            kept.append(i)
+        except ServingError as e:
+            refused[int(i)] = f"the model refused it: {e.message}"
+    outputs = ({k: np.concatenate([a[k] for a in answers]) for k in answers[0]} if answers else {})
+    return [Scored(outputs, np.array(kept, dtype=np.int64), refused)]
+
+
+def _call(model, sig, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return model.run(sig, model.check_inputs(sig, inputs))
+
+
+def prediction_logs(name: str, version: int, sig, inputs: dict[str, np.ndarray],
+                    outputs: dict[str, np.ndarray]) -> list[bytes]:
+    """A serialized TF Serving PredictionLog per row: the PredictRequest one client would have sent
+    for it (its features as [1] tensors of the signature's dtypes) and the PredictResponse; the
+    request log's records, which tfpipe skew reads."""
+    import time
+
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    def tensor(values: np.ndarray, dtype) -> "tensor_pb2.TensorProto":
+        values = np.asarray(values)
+        t = tensor_pb2.TensorProto(dtype=dtype.as_datatype_enum)
+        t.tensor_shape.dim.add(size=1)
+        for d in values.shape:
+            t.tensor_shape.dim.add(size=d)
+        flat = values.reshape(-1)
+        if dtype.as_datatype_enum == types_pb2.DT_STRING:
+            t.string_val.extend(v if isinstance(v, bytes) else str(v).encode("utf-8") for v in flat)
+        elif dtype.as_datatype_enum == types_pb2.DT_FLOAT:
+            t.float_val.extend(flat.tolist())
+        elif dtype.as_datatype_enum == types_pb2.DT_DOUBLE:
+            t.double_val.extend(flat.tolist())
+        else:
+            t.int64_val.extend(int(v) for v in flat)
+        return t
+
+    now = int(time.time())
+    records = []
+    n = len(next(iter(inputs.values())))
+    for i in range(n):
+        log = prediction_log_pb2.PredictionLog()
+        log.log_metadata.model_spec.name = name
+        log.log_metadata.model_spec.version.value = version
+        log.log_metadata.model_spec.signature_name = SIGNATURE
+        log.log_metadata.timestamp_secs = now
+        request = log.predict_log.request
+        request.model_spec.CopyFrom(log.log_metadata.model_spec)
+        for k, v in inputs.items():
+            request.inputs[k].CopyFrom(tensor(v[i], sig.inputs[k][0]))
+        response = log.predict_log.response
+        response.model_spec.CopyFrom(log.log_metadata.model_spec)
+        for k, v in outputs.items():
+            response.outputs[k].CopyFrom(tensor(v[i], sig.outputs[k]))
+        records.append(log.SerializeToString())
+    return records
