@@ -153,6 +153,8 @@ def device_model(model: keras.Model, schema: Schema) -> tuple[keras.Model, dict[
         found = used.get(c.name)  # None: the model does not use it (no value in training)
         if c.type in ("int", "float"):
             inputs[c.name] = keras.Input(shape=(), dtype="float32", name=names[c.name])  # taken, used or not
+            if found is not None and found.levels is not None:  # a few whole numbers: categories too
+                others.append((c.name, found.level_embed(found.levels(inputs[c.name]))))
             continue
         if found is None:
             continue
@@ -179,7 +181,11 @@ def block_model(model: keras.Model, schema: Schema) -> keras.Model | None:
     others = []
     for c in schema.features:
         found = used.get(c.name)
-        if found is None or c.type in ("int", "float"):
+        if found is None:
+            continue
+        if c.type in ("int", "float"):
+            if found.levels is not None:  # a few whole numbers: categories too
+                others.append((c.name, found.level_embed(found.levels(inputs[c.name]))))
             continue
         x = found.lookup(inputs[c.name])  # a one-hot lookup's output is the one-hot vector
         others.append((c.name, x if found.embed is None else found.embed(x)))
@@ -189,8 +195,8 @@ def block_model(model: keras.Model, schema: Schema) -> keras.Model | None:
 def _assembled(model: keras.Model, schema: Schema, used: dict, inputs: dict, others: list[tuple[str, Any]],
                name: str) -> keras.Model:
     """`model`'s trainer (and a regression's denormalisation) on [one NumericBlock of the numeric
-    features the model uses (`used`: its feature_layers), then `others` (string features: name,
-    tensor)], their columns moved into the order the trainer learned."""
+    features the model uses (`used`: its feature_layers), then `others` (string features, and the
+    levels of integer ones: name, tensor)], their columns moved into the order the trainer learned."""
     trainer = model.get_layer(TRAINER)
     numeric = [(c.name, used[c.name].norm) for c in schema.features
                if c.type in ("int", "float") and c.name in used]
@@ -201,8 +207,8 @@ def _assembled(model: keras.Model, schema: Schema, used: dict, inputs: dict, oth
         for i, (n, _) in enumerate(numeric):
             position[n] = block.columns(i)
         width = block.width
-    for n, tensor in others:
-        position[n] = list(range(width, width + tensor.shape[-1]))
+    for n, tensor in others:  # after a number's own columns, its levels' embedding (the trained order)
+        position[n] = position.get(n, []) + list(range(width, width + tensor.shape[-1]))
         width += tensor.shape[-1]
         parts.append(tensor)
     order = [i for c in schema.features for i in position.get(c.name, [])]

@@ -568,3 +568,67 @@ def test_the_month_of_a_day_is_the_same_in_the_data_stage_the_graph_and_the_cale
     want = [(datetime.date(1970, 1, 1) + datetime.timedelta(days=int(d))).month for d in days]
     assert months_of_days(days).tolist() == want
     assert _month(tf.constant(days, tf.int64)).numpy().tolist() == want
+
+
+# ---- a few whole numbers read as categories too ------------------------------------------------------
+
+@pytest.mark.parametrize("stats, expected", [
+    ({"min": 1.0, "max": 366.0, "count": 5_810}, (1, 366)),      # births' day of the year: 15.9 rows a day
+    ({"min": 1.0, "max": 366.0, "count": 2_000}, None),          # 5.5 rows a day: too few to learn each
+    ({"min": 1.0, "max": 7.0, "count": 56}, (1, 7)),
+    ({"min": 0.0, "max": 1.0, "count": 10_000}, None),           # two values: the number says it all
+    ({"min": 1.0, "max": 401.0, "count": 100_000}, None),        # more than 400 numbers: a quantity
+    ({"min": 2.0**24, "max": 2.0**24 + 5, "count": 100}, None),  # beyond float32's whole numbers
+    ({"min": None, "max": None, "count": 0}, None),
+])
+def test_which_integer_columns_are_read_as_levels_too(stats, expected):
+    from tfpipe.train.model import int_levels
+
+    assert int_levels(stats) == expected
+
+
+def test_int_levels_map_each_whole_number_and_send_the_rest_to_zero():
+    from tfpipe.train.model import IntLevels
+
+    x = np.array([1, 2, 7, 0, 8, np.nan, 3.5, -1, 6], np.float64)
+    assert np.asarray(IntLevels(1, 7)(x)).tolist() == [1, 2, 7, 0, 0, 0, 0, 0, 6]
+    assert IntLevels(1, 7).depth == 8
+    assert np.asarray(IntLevels(1969, 1988)(np.array([1969.0, 1988.0, 1989.0], np.float32))).tolist() == [1, 20, 0]
+
+
+def test_a_model_with_levels_saves_loads_and_its_device_and_block_models_answer_the_same(tmp_path):
+    """An int column of a few values gets IntLevels and an embedding after its quantile bins; the
+    saved model reloads with them, and export's block model (the SavedModel's signatures) and device
+    model (TFLite) read them back in the trained order."""
+    import keras
+
+    from tfpipe.export.tflite import block_model, device_model
+    from tfpipe.pipeline.schema import Feature, Label, Schema
+    from tfpipe.train.model import build_models, feature_layers
+
+    schema = Schema([Feature("day", "int"), Feature("x", "float"), Feature("shop", "string")],
+                    Label("y", "float", "regression"))
+    quantiles = {f"{q:g}": v for q, v in zip((0.01, 0.25, 0.5, 0.75, 0.99), (1.0, 2.0, 4.0, 6.0, 7.0))}
+    stats = {"features": {"day": {"mean": 4.0, "variance": 4.0, "min": 1.0, "max": 7.0, "count": 700,
+                                  "quantiles": quantiles},
+                          "x": {"mean": 0.0, "variance": 1.0, "min": -2.0, "max": 2.0, "count": 700},
+                          "shop": {"top": [["a", 400], ["b", 300]]}},
+             "label": {"mean": 10.0, "std": 2.0}}
+    _, _, model = build_models(schema, stats, [8], 0.0, seed=0)
+    found = feature_layers(model, schema)
+    assert found["day"].levels is not None and found["day"].level_embed is not None
+    assert found["x"].levels is None  # a float column is a quantity
+    rows = {"day": np.array([1, 3, 7, 9, np.nan], np.float64), "x": np.array([0.5, -1, 2, 0, 1], np.float32),
+            "shop": np.array(["a", "b", "c", "a", "b"], object)}
+    want = np.asarray(model(rows))
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(np.asarray(loaded(rows)), want, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(block_model(loaded, schema)(rows)), want, rtol=0, atol=1e-5)
+    lite, vocabularies = device_model(loaded, schema)
+    device = {"day": rows["day"].astype(np.float32), "x": rows["x"],
+              "shop": np.array([vocabularies["shop"].index(v) + 1 if v in vocabularies["shop"] else 0
+                                for v in rows["shop"]], np.int32)}
+    np.testing.assert_allclose(np.asarray(lite(device)), want, rtol=0, atol=1e-5)
+    width = model.get_layer("preprocessor").output.shape[-1]
+    assert width == found["day"].norm.width + 5 + found["x"].norm.width + 3  # day's bins and embedding, x, shop

@@ -34,6 +34,12 @@ ONE_HOT_MAX = 16  # string features with at most this many values are one-hot, e
 PREPROCESSOR, TRAINER = "preprocessor", "trainer"  # the two halves of a tabular model, by layer name
 DENORMALIZE = "denormalize"  # a regression model's last layer: the trainer's standard units to the label's
 Z_CLIP = 5.0  # normalised numbers are clipped to +-5 standard deviations
+# An integer column whose training values span at most LEVELS_SPAN consecutive whole numbers, with at
+# least ROWS_PER_LEVEL training rows a number on average, is also read as a category (IntLevels and
+# an embedding), beside its quantile bins: a day of the year, of the month or of the week, a month,
+# a year. A bin spans many such numbers, and one number can differ from its neighbours (a holiday's
+# births; measured in docs/benchmarks.md, "Real tables: the second gallery").
+LEVELS_SPAN, ROWS_PER_LEVEL = 400, 8
 # Quantile bins narrower than this (in standard deviations of the normalised number) are merged
 # with the next: a bin's 1/width stays a float16 constant, and ties of a discrete column's
 # quantiles make no empty bins.
@@ -150,6 +156,45 @@ class ImputeNormalize(layers.Layer):
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "variance": self.variance,
                 "flag_missing": self.flag_missing, "clip": self.clip, "log1p": self.log1p, "knots": self.knots}
+
+
+@keras.saving.register_keras_serializable(package="tfpipe")
+class IntLevels(layers.Layer):
+    """A whole number in [low, high] -> its level, 1 + (x - low); 0 for a missing value (NaN), a
+    number outside the range and a fraction: int32, for an Embedding of high - low + 2 rows. The
+    arithmetic is float32, exact for the ranges `int_levels` allows (within 2**24), so a TFLite
+    model, which takes numbers as float32, computes the same levels."""
+
+    def __init__(self, low: int, high: int, **kwargs):
+        super().__init__(**kwargs)
+        self.low, self.high = int(low), int(high)
+
+    @property
+    def depth(self) -> int:
+        return self.high - self.low + 2
+
+    def call(self, x):
+        x = ops.cast(x, "float32")
+        valid = (x >= float(self.low)) & (x <= float(self.high)) & ops.equal(ops.floor(x), x)  # NaN: False
+        return ops.cast(ops.where(valid, x - float(self.low - 1), 0.0), "int32")
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "low": self.low, "high": self.high}
+
+
+def int_levels(stats: dict[str, Any]) -> tuple[int, int] | None:
+    """(low, high) when an int column's training values are few enough consecutive whole numbers,
+    each seen often enough, to be read as categories too (see LEVELS_SPAN); else None."""
+    low, high, count = stats.get("min"), stats.get("max"), stats.get("count") or 0
+    if low is None or high is None or abs(low) >= 2**24 or abs(high) >= 2**24:
+        return None
+    span = int(high) - int(low) + 1
+    if span < 3 or span > LEVELS_SPAN or count < ROWS_PER_LEVEL * span:
+        return None
+    return int(low), int(high)
 
 
 def quantile_knots(stats: dict[str, Any], mean: float, variance: float, log1p: bool) -> list[float] | None:
@@ -278,7 +323,8 @@ def embedding_dim(n: int) -> int:
 
 
 def layer_name(kind: str, feature: str) -> str:
-    """The name of a feature's preprocessing layer of `kind` ("norm", "lookup" or "embed"): the
+    """The name of a feature's preprocessing layer of `kind` ("norm", "lookup", "embed", "levels",
+    "level_embed"): the
     contract by which `feature_layers` (and through it the TFLite export) finds it again.
     `feature` is the feature's graph name (`Schema.graph_names`), which TensorFlow takes."""
     return f"{kind}_{feature}"
@@ -286,12 +332,15 @@ def layer_name(kind: str, feature: str) -> str:
 
 @dataclass(frozen=True)
 class FeatureLayers:
-    """One feature's preprocessing layers in a tabular model: `norm` for a number; `lookup`, and
-    `embed` unless the lookup is one-hot, for a string."""
+    """One feature's preprocessing layers in a tabular model: `norm` for a number (and `levels`
+    with `level_embed` for a few whole numbers); `lookup`, and `embed` unless the lookup is
+    one-hot, for a string."""
 
     norm: ImputeNormalize | None = None
     lookup: layers.StringLookup | None = None
     embed: layers.Embedding | None = None
+    levels: IntLevels | None = None  # an int column read as categories too: its levels ...
+    level_embed: layers.Embedding | None = None  # ... and their embedding, after `norm`'s columns
 
 
 def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayers]:
@@ -301,7 +350,8 @@ def feature_layers(model: keras.Model, schema: Schema) -> dict[str, FeatureLayer
     names = schema.graph_names()
     out = {}
     for c in schema.features:
-        found = {kind: by_name.get(layer_name(kind, names[c.name])) for kind in ("norm", "lookup", "embed")}
+        found = {kind: by_name.get(layer_name(kind, names[c.name]))
+                 for kind in ("norm", "lookup", "embed", "levels", "level_embed")}
         if any(found.values()):
             out[c.name] = FeatureLayers(**found)
     return out
@@ -346,6 +396,13 @@ def build_models(schema: Schema, train_stats: dict[str, Any], hidden: list[int],
             knots = quantile_knots(s, mean, var or 1.0, log) if scaling == "auto" else None
             parts.append(ImputeNormalize(mean, var or 1.0, c.nullable, clip=Z_CLIP, log1p=log, knots=knots,
                                          dtype="float32", name=layer_name("norm", name))(x))
+            span = int_levels(s) if c.type == "int" else None
+            if span is not None:
+                levels = IntLevels(*span, name=layer_name("levels", name))
+                parts.append(layers.Embedding(
+                    levels.depth, embedding_dim(levels.depth), dtype="float32",
+                    embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
+                    name=layer_name("level_embed", name))(levels(x)))
         else:
             vocab = [str(v) for v, _ in s["top"] if v != ""]
             if not vocab:
