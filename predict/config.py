@@ -19,11 +19,15 @@ class PredictConfig(BaseModel):
     model: str | None = Field(
         None, description="the model: BASE/NAME (the version a server would serve: the highest numeric one) or "
                           "BASE/NAME/VERSION (a served or a candidate version); BASE is the export's --base")
+    workdir: str | None = Field(
+        None, description="a tfpipe run's workdir: without --model, the model it serves (WORKDIR/export/models/NAME); "
+                          "without --out, WORKDIR/predict")
     input: list[str] = Field(
         default_factory=list,
         description="file(s) or glob(s) to score, read as tfpipe data reads them: .csv (any delimiter), "
                     ".jsonl/.json, .parquet; .gz for compressed text")
-    out: str | None = Field(None, description="output directory (written atomically)")
+    out: str | None = Field(None, description="output directory (written atomically; default WORKDIR/predict with "
+                                              "--workdir)")
     format: Literal["auto", "csv", "jsonl", "parquet"] = Field(
         "auto", description="input format; auto picks it from each file's extension")
     delimiter: str = Field(

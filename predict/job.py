@@ -261,9 +261,14 @@ class Plan:
 
 
 def check_inputs(config: PredictConfig) -> ModelVersion:
-    """What can be checked before Beam and TensorFlow are imported: the model and the options."""
+    """What can be checked before Beam and TensorFlow are imported: the model and the options
+    (a --workdir fills in --model and --out)."""
+    if config.workdir and not config.model:
+        config.model = workdir_model(config.workdir)
+    if config.workdir and not config.out:
+        config.out = os.path.join(config.workdir, "predict")
     if not config.model:
-        raise PredictError("no model given: pass --model BASE/NAME (or BASE/NAME/VERSION)")
+        raise PredictError("no model given: pass --model BASE/NAME (or BASE/NAME/VERSION), or --workdir of a run")
     if not config.out:
         raise PredictError("no output directory: pass --out DIR")
     if not config.input:
@@ -273,6 +278,17 @@ def check_inputs(config: PredictConfig) -> ModelVersion:
         if not os.path.isdir(out) or os.listdir(out):
             raise PredictError(f"--out {config.out} exists: pass --force to replace it, or another --out")
     return resolve(config.model)
+
+
+def workdir_model(workdir: str) -> str:
+    """The model base path a `tfpipe run` workdir serves: WORKDIR/export/models/NAME (its only one)."""
+    models = os.path.join(workdir, "export", "models")
+    names = sorted(d for d in os.listdir(models) if os.path.isdir(os.path.join(models, d))) \
+        if os.path.isdir(models) else []
+    if len(names) != 1:
+        found = f"it holds {', '.join(names)}" if names else "it holds no exported model"
+        raise PredictError(f"--workdir {workdir}: {models} should hold one model ({found}); pass --model BASE/NAME")
+    return os.path.join(models, names[0])
 
 
 def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:

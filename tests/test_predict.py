@@ -146,7 +146,7 @@ def test_the_answers_are_the_servers_for_the_same_rows_and_version(scored, keywo
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, tmp_path, fmt):
     """Parquet and JSON Lines hold the CSV's answers; --key writes only that column beside them; a
-    file without the label column is scored."""
+    file without the label column is scored; --workdir names a run's model and output."""
     import pandas as pd
 
     from tfpipe.predict.config import PredictConfig
@@ -160,9 +160,15 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
         w.writerow(FEATURES)
         for g in good.values():
             w.writerow([g[k] for k in FEATURES])
-    got_dir = run(PredictConfig(model=keyword_model, input=[str(source)], out=str(tmp_path / "o"), output_format=fmt,
-                                key="from" if fmt == "jsonl" else None, batch_rows=32,
-                                prediction_log=fmt == "parquet"), log=lambda _: None)
+    if fmt == "parquet":
+        config = PredictConfig(model=keyword_model, input=[str(source)], out=str(tmp_path / "o"), output_format=fmt,
+                               batch_rows=32, prediction_log=True)
+    else:  # a run's workdir names the model it serves and where the predictions go
+        os.makedirs(tmp_path / "run" / "export" / "models")
+        os.symlink(keyword_model, tmp_path / "run" / "export" / "models" / "kw")
+        config = PredictConfig(workdir=str(tmp_path / "run"), input=[str(source)], output_format=fmt, key="from")
+    got_dir = run(config, log=lambda _: None)
+    assert got_dir == str(tmp_path / ("o" if fmt == "parquet" else "run/predict"))
     folder = os.path.join(got_dir, "predictions")
     if fmt == "parquet":
         got = pd.read_parquet(folder)

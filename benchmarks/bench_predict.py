@@ -1,0 +1,201 @@
+"""Batch inference (`tfpipe predict`) against the other ways to score a file, on the Chicago taxi model.
+
+    python benchmarks/bench_predict.py [--rows 100000,1000000] [--server-seconds 5]
+
+The model is bench_serve.py's (.bench/export/models/taxi, made by bench_export.py when missing);
+the input, the shipped taxi sample's 15,002 rows repeated to each --rows count as a CSV (cached in
+.bench/predict/). For each size, measured one after the other on this machine:
+
+  * tfpipe predict (FnApiRunner, its own defaults: one worker per core on inputs over 16 MB,
+    model calls of the size it measures at start-up), Parquet output;
+  * a plain loop: pandas reads the CSV 1,024 rows at a time and each chunk goes to the same
+    SavedModel's serving_default, loaded with tf.saved_model.load (what a user writes by hand);
+
+each as its own process: wall seconds, rows/s, CPU seconds of the process and its children, and
+peak resident memory (the sum over the process tree, sampled every 0.1 s). Then the embedded
+server with batching on (max_batch_size 32, 2 ms), wrk posting one row per REST request from 32
+and 64 connections: its best rows/s and its CPU seconds per row. Printed: predict's rows/s per
+CPU second against the server's and against the loop's (goals, issue #46: at least 5x the server,
+at least 0.8x the loop, memory flat from the small input to the large one). Beam's own
+TFModelHandlerTensor is tried on the same SavedModel and what it says is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+WORK = os.path.join(ROOT, ".bench", "predict")
+TAXI = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
+
+LOOP = r'''
+import os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, pandas as pd, tensorflow as tf
+version, path = sys.argv[1], sys.argv[2]
+fn = tf.saved_model.load(version).signatures["serving_default"]
+_, specs = fn.structured_input_signature
+rows = 0
+for chunk in pd.read_csv(path, chunksize=1024):
+    inputs = {}
+    for name, spec in specs.items():
+        column = chunk[name]
+        if spec.dtype == tf.string:
+            inputs[name] = tf.constant(column.fillna("").astype(str).to_numpy(dtype=object))
+        else:
+            inputs[name] = tf.constant(column.to_numpy(dtype=spec.dtype.as_numpy_dtype, na_value=np.nan)
+                                       if spec.dtype.is_floating else column.to_numpy(dtype=spec.dtype.as_numpy_dtype))
+    out = fn(**inputs)
+    rows += len(chunk)
+print("rows", rows)
+'''
+
+
+def input_csv(rows: int) -> str:
+    """The taxi sample's rows repeated to `rows` data rows (cached)."""
+    os.makedirs(WORK, exist_ok=True)
+    path = os.path.join(WORK, f"taxi-{rows}.csv")
+    if not os.path.exists(path):
+        with open(TAXI) as f:
+            header, *body = f.read().splitlines()
+        with open(path + ".part", "w") as f:
+            f.write(header + "\n")
+            for i in range(rows):
+                f.write(body[i % len(body)] + "\n")
+        os.replace(path + ".part", path)
+    return path
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return total
+
+
+def measured_run(cmd: list[str]) -> dict:
+    """Runs `cmd` to its end: wall seconds, CPU seconds (it and its children), peak tree RSS."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.1):
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    out = proc.communicate()[0]
+    done.set()
+    watcher.join()
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak[0] / 2**20, "output": out}
+
+
+def server_rows_per_s(version: str, seconds: float, tmp: str) -> dict:
+    """The embedded server with batching on: its best REST rows/s over 32 and 64 connections, one
+    row per request (its warmup records' rows), and its CPU seconds per row there."""
+    from bench_serve import measured, payloads, rest_body, rest_client, serve
+
+    body = rest_body(payloads(version)[0])
+    proc, _, rest = serve(version, batching=True, tmp=tmp)
+    try:
+        best = None
+        for clients in (32, 64):
+            def run(warm: bool, clients=clients):
+                return rest_client(rest, "/v1/models/taxi:predict", body, clients, 1.0 if warm else seconds, tmp)
+            n, p99, client, cpu_us, _ = measured(proc.pid, run)
+            figure = {"clients": clients, "rows_per_s": n / seconds, "cpu_s_per_row": cpu_us / 1e6, "p99_ms": p99}
+            print(f"  server, {clients} connections: {figure['rows_per_s']:,.0f} rows/s, "
+                  f"{cpu_us:,.0f} us CPU a row, p99 {p99:.1f} ms ({client})", flush=True)
+            if best is None or figure["rows_per_s"] > best["rows_per_s"]:
+                best = figure
+        return best
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def beam_handler_says(version: str) -> str:
+    """What Beam's own TFModelHandlerTensor does with the SavedModel (in a process of its own)."""
+    code = ("from apache_beam.ml.inference.tensorflow_inference import TFModelHandlerTensor\n"
+            f"TFModelHandlerTensor(model_uri={version!r}).load_model()\nprint('loaded')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        return "loads"
+    last = [line for line in r.stderr.strip().splitlines() if line.strip()][-1]
+    return f"fails: {last[:300]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="100000,1000000")
+    ap.add_argument("--server-seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    from bench_serve import model_dir
+
+    version = model_dir()
+    base = os.path.dirname(version)
+    print(f"model: {version}")
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rows in [int(r) for r in args.rows.split(",")]:
+            path = input_csv(rows)
+            out = os.path.join(tmp, f"scored-{rows}")
+            p = measured_run([sys.executable, "-m", "tfpipe.cli", "predict", "--model", base, "--input", path,
+                              "--out", out])
+            manifest = json.load(open(os.path.join(out, "predict.json")))
+            assert manifest["counts"]["read"] == rows, manifest["counts"]
+            loop = measured_run([sys.executable, "-c", LOOP, version, path])
+            assert f"rows {rows}" in loop["output"], loop["output"][-500:]
+            figures[rows] = {"predict": p, "loop": loop, "workers": manifest["beam"]["workers"],
+                             "batch_rows": manifest["batch_rows"]}
+            for name, f in (("tfpipe predict", p), ("plain loop", loop)):
+                print(f"  {rows:>9,} rows, {name:<14}: {f['wall_s']:6.1f} s, {rows / f['wall_s']:9,.0f} rows/s, "
+                      f"{f['cpu_s']:6.1f} CPU s ({rows / f['cpu_s']:9,.0f} rows per CPU s), "
+                      f"peak RSS {f['peak_rss_mb']:7,.0f} MB", flush=True)
+        server = server_rows_per_s(version, args.server_seconds, tmp)
+    print(f"  Beam's TFModelHandlerTensor on this SavedModel: {beam_handler_says(version)}")
+    largest = max(figures)
+    p, loop = figures[largest]["predict"], figures[largest]["loop"]
+    per_cpu = largest / p["cpu_s"]
+    server_per_cpu = 1 / server["cpu_s_per_row"]
+    print(f"\n{largest:,} rows: tfpipe predict {largest / p['wall_s']:,.0f} rows/s on {figures[largest]['workers']} "
+          f"worker(s), model calls of {figures[largest]['batch_rows']:,} rows")
+    print(f"  rows per CPU second: predict {per_cpu:,.0f}, server (batching on, best of 32/64 connections: "
+          f"{server['rows_per_s']:,.0f} rows/s) {server_per_cpu:,.0f}: {per_cpu / server_per_cpu:.1f}x (goal >= 5x)")
+    print(f"  against the plain loop: {(largest / p['wall_s']) / (largest / loop['wall_s']):.2f}x its rows/s, "
+          f"{per_cpu / (largest / loop['cpu_s']):.2f}x its rows per CPU second (goal >= 0.8x)")
+    smallest = min(figures)
+    print(f"  peak RSS: {smallest:,} rows {figures[smallest]['predict']['peak_rss_mb']:,.0f} MB, {largest:,} rows "
+          f"{p['peak_rss_mb']:,.0f} MB (goal: flat)")
+
+
+if __name__ == "__main__":
+    main()
