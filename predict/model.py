@@ -29,13 +29,21 @@ TEST_DATA = os.path.join("assets.extra", "test_data")  # what every version keep
 SIGNATURE = "serving_default"
 
 
+IMAGE_INPUT = "image_bytes"  # an image model's serving_default input: encoded image files (export/images.py)
+
+
 @dataclass(frozen=True)
 class ModelVersion:
     name: str
     version: int
     path: str  # the version's directory (a SavedModel)
-    schema: Schema  # what it was trained on
+    schema: Schema | None  # what a table model was trained on (None for an image model)
     data: dict  # its data stage's data.json (how the training rows were read)
+    classes: tuple[str, ...] = ()  # an image model's classes, in label-id order
+
+    @property
+    def images(self) -> bool:
+        return self.schema is None
 
 
 def resolve(model: str) -> ModelVersion:
@@ -64,16 +72,17 @@ def resolve(model: str) -> ModelVersion:
         name = os.path.basename(path)
     stored = os.path.join(version_dir, TEST_DATA)
     try:
-        schema = load_schema(os.path.join(stored, "schema.json"))
         with open(os.path.join(stored, "data.json")) as f:
             data = json.load(f)
+        with open(os.path.join(stored, "schema.json")) as f:
+            schema_doc = json.load(f)
     except FileNotFoundError:
         raise PredictError(f"{version_dir} keeps no schema of its training data ({TEST_DATA}/): it was not "
                            "exported by tfpipe export, or by a release before versions kept one") from None
-    if data.get("kind") == "images":
-        raise PredictError(f"{version_dir} is an image model: tfpipe predict scores tables (CSV, JSON Lines, "
-                           "Parquet) for now")
-    return ModelVersion(name, version, version_dir, schema, data)
+    if schema_doc.get("kind") == "images":
+        classes = tuple(str(c) for c in schema_doc["label"]["classes"])
+        return ModelVersion(name, version, version_dir, None, data, classes)
+    return ModelVersion(name, version, version_dir, load_schema(os.path.join(stored, "schema.json")), data)
 
 
 @dataclass
@@ -103,10 +112,13 @@ class Scored:
     logs: list[bytes] | None = None  # with --prediction-log: a PredictionLog per row taken
 
 
-def model_inputs(rows: Rows, schema: Schema, dtypes: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[int, str]]:
+def model_inputs(rows: Rows, schema: Schema | None, dtypes: dict[str, Any]) -> tuple[dict[str, np.ndarray],
+                                                                                     dict[int, str]]:
     """The signature's inputs for `rows` (missing values as the model takes them: NaN for a number,
     "" for a text) and the rows that cannot be one: a missing value for an input the model takes
-    only as whole numbers (int64)."""
+    only as whole numbers (int64). An image model (`schema` None) takes the files' bytes."""
+    if schema is None:
+        return {IMAGE_INPUT: rows.columns[IMAGE_INPUT].values}, {}
     inputs, refused = {}, {}
     for f in schema.features:
         col = rows.columns[f.name]
@@ -142,7 +154,7 @@ class TableModelHandler(ModelHandler[Rows, PredictionResult, Any]):
         from tfpipe.serve.core.servable import Servable
 
         servable = Servable(self.name, self.version, self.version_dir)
-        servable.schema = Schema.from_json(self.schema_json)
+        servable.schema = Schema.from_json(self.schema_json) if self.schema_json is not None else None
         return servable
 
     def batch_elements_kwargs(self) -> dict:

@@ -572,13 +572,21 @@ def test_the_month_of_a_day_is_the_same_in_the_data_stage_the_graph_and_the_cale
 
 # ---- a few whole numbers read as categories too ------------------------------------------------------
 
+def _even(low: float, high: float) -> dict[str, float]:
+    """The quantiles stats.json holds for numbers evenly spread over [low, high]."""
+    return {f"{q:g}": round(low + q * (high - low)) for q in (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)}
+
+
 @pytest.mark.parametrize("stats, expected", [
-    ({"min": 1.0, "max": 366.0, "count": 5_810}, (1, 366)),      # births' day of the year: 15.9 rows a day
-    ({"min": 1.0, "max": 366.0, "count": 2_000}, None),          # 5.5 rows a day: too few to learn each
-    ({"min": 1.0, "max": 7.0, "count": 56}, (1, 7)),
-    ({"min": 0.0, "max": 1.0, "count": 10_000}, None),           # two values: the number says it all
-    ({"min": 1.0, "max": 401.0, "count": 100_000}, None),        # more than 400 numbers: a quantity
-    ({"min": 2.0**24, "max": 2.0**24 + 5, "count": 100}, None),  # beyond float32's whole numbers
+    ({"min": 1.0, "max": 366.0, "count": 5_810, "quantiles": _even(1, 366)}, (1, 366)),  # births' days: 15.9 rows each
+    ({"min": 1.0, "max": 366.0, "count": 2_000, "quantiles": _even(1, 366)}, None),  # 5.5 rows a day: too few
+    ({"min": 1.0, "max": 7.0, "count": 56, "quantiles": {"0.1": 1.0, "0.5": 4.0, "0.9": 7.0}}, (1, 7)),
+    ({"min": 2007.0, "max": 2009.0, "count": 270, "quantiles": {"0.25": 2007.0, "0.75": 2009.0}}, (2007, 2009)),
+    ({"min": 0.0, "max": 64.0, "count": 3_000, "quantiles": {"0.5": 0.0, "0.99": 12.0}}, None),  # a count
+    ({"min": 0.0, "max": 1.0, "count": 10_000, "quantiles": _even(0, 1)}, None),  # two values: the number says all
+    ({"min": 1.0, "max": 401.0, "count": 100_000, "quantiles": _even(1, 401)}, None),  # over 400: a quantity
+    ({"min": 2.0**24, "max": 2.0**24 + 5, "count": 100, "quantiles": _even(2**24, 2**24 + 5)}, None),  # beyond float32
+    ({"min": 1.0, "max": 7.0, "count": 56}, None),  # no quantiles: no way to tell
     ({"min": None, "max": None, "count": 0}, None),
 ])
 def test_which_integer_columns_are_read_as_levels_too(stats, expected):
