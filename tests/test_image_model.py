@@ -380,3 +380,37 @@ def test_the_inference_model_leaves_out_exactly_the_augmentation_layers():
     assert sorted(set(trained) - set(kept)) == sorted(layer.name for layer in model.layers
                                                       if isinstance(layer, randoms))
     assert len(set(trained) - set(kept)) == 3 and not any(is_augmentation(model.get_layer(n)) for n in kept)
+
+
+@pytest.mark.long
+@DIGITS
+def test_predict_scores_an_image_folder_as_the_served_model_does(digits, tmp_path):
+    """tfpipe predict on a folder of class folders of images (with a truncated PNG and a text file
+    among them, which are dead-lettered with their reasons): every file is predicted or
+    dead-lettered, and the classes and probabilities are the SavedModel's serving_default's."""
+    import pandas as pd
+    import tensorflow as tf
+
+    encoded, labels = _test_images(digits["data"])
+    folder = tmp_path / "new"
+    for i, (png, label) in enumerate(zip(encoded[:40], labels[:40])):
+        (folder / str(label)).mkdir(parents=True, exist_ok=True)
+        (folder / str(label) / f"{i:03d}.png").write_bytes(png)
+    (folder / "cut.png").write_bytes(encoded[0][: len(encoded[0]) // 2])
+    (folder / "notes.txt").write_text("not an image")
+    res = run_cli("predict", "--workdir", digits["workdir"], "--input", str(folder), "--out", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "42 images read -> 40 predicted, 2 dead-lettered" in res.stdout, res.stdout
+    dead = [json.loads(line) for line in (tmp_path / "o" / "deadletter").glob("*.jsonl")
+            for line in line.read_text().splitlines()]
+    assert sorted(d["source"] for d in dead) == ["cut.png", "notes.txt"]
+    assert any("truncated png" in d["reason"] for d in dead) and any("unsupported format" in d["reason"] for d in dead)
+    got = pd.read_parquet(tmp_path / "o" / "predictions").sort_values("path")
+    assert list(got.columns[:2]) == ["path", "label"]
+    model = tf.saved_model.load(os.path.join(digits["base"], "digits", "1"))
+    images = [(folder / p).read_bytes() for p in got["path"]]
+    local = model.signatures["serving_default"](image_bytes=tf.constant(images))
+    assert got["prediction"].tolist() == [c.decode() for c in local["classes"].numpy()]
+    probabilities = got[[f"probability_{c}" for c in range(10)]].to_numpy()
+    np.testing.assert_allclose(probabilities, local["probabilities"].numpy(), rtol=0, atol=1e-6)
+    assert (got["label"] == got["path"].str.split("/").str[0]).all()
