@@ -25,7 +25,8 @@ class PredictConfig(BaseModel):
     input: list[str] = Field(
         default_factory=list,
         description="file(s) or glob(s) to score, read as tfpipe data reads them: .csv (any delimiter), "
-                    ".jsonl/.json, .parquet; .gz for compressed text")
+                    ".jsonl/.json, .parquet; .gz for compressed text. An image model: a folder of image files "
+                    "(or of class folders of them), or a glob")
     out: str | None = Field(None, description="output directory (written atomically; default WORKDIR/predict with "
                                               "--workdir)")
     format: Literal["auto", "csv", "jsonl", "parquet"] = Field(

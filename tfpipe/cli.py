@@ -403,7 +403,8 @@ _STAGE_COMMANDS = (
             "model's name and version, and predict.json, into --out atomically. A retried work unit rewrites "
             "its own files whole. Any other option is passed to Beam unchanged (--runner, --direct_num_workers, "
             "--direct_running_mode, ...); the default runner is FnApiRunner, with one worker per core on "
-            "inputs over 16 MB."),
+            "inputs over 16 MB. An image model scores a folder of image files (or of class folders of them): "
+            "each file decoded in full first, a broken one dead-lettered."),
         epilog=("examples: tfpipe predict --model runs/taxi/export/models/taxi --input 'new/*.csv' --out scored; "
                 "tfpipe predict --model runs/taxi/export/models/taxi/3 --input trips.parquet --key trip_id "
                 "--output-format csv --out scored"),
