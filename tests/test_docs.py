@@ -140,3 +140,62 @@ def test_the_configuration_page_holds_a_valid_config():
     assert blocks
     config = validate(Config, tomllib.loads(blocks[0]), source="docs/configuration.md")
     assert config.rollout.serving_gate and config.export.thresholds
+
+
+# ---- docs/architecture.md names code that exists ---------------------------------------------------
+
+ARCHITECTURE = os.path.join(ROOT, "docs", "architecture.md")
+SOURCE_DIRS = ("tfpipe", "pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout", "predict",
+               "examples", "benchmarks", "tests", "engines", "tests_engines")
+
+
+def _sources() -> dict[str, str]:
+    """Repository-relative path -> text of every Python file of the code the docs describe."""
+    found = {}
+    for top in SOURCE_DIRS:
+        for path in glob.glob(os.path.join(ROOT, top, "**", "*.py"), recursive=True):
+            found[_rel(path)] = open(path).read()
+    return found
+
+
+def _named_in_architecture() -> tuple[list[str], list[str], list[str]]:
+    """The files (`dir/file.py`), the methods (`Class.method`) and the module functions
+    (`module.function`) docs/architecture.md names in code spans."""
+    spans = re.findall(r"`([^`\n]+)`", FENCE.sub("", open(ARCHITECTURE).read()))
+    files = sorted({s for s in spans if re.fullmatch(r"[a-z_]+(/[a-z_]+)*/[a-z_0-9]+\.py", s)})
+    methods = sorted({s for s in spans if re.fullmatch(r"[A-Z]\w+\.[a-z_]\w*", s)})
+    functions = sorted({s for s in spans if re.fullmatch(r"[a-z_]+\.[a-z_]\w*", s)
+                        and s.split(".")[1] not in FILE_SUFFIXES and s.split(".")[0] not in NOT_OURS})
+    return files, methods, functions
+
+
+# what `a.b` in a code span is when it is not a module's function: a file name, or another library's
+FILE_SUFFIXES = {"py", "json", "jsonl", "keras", "xml", "toml", "txt", "csv", "sh", "html", "config", "extra"}
+NOT_OURS = {"asyncio", "keras", "tf", "np"}
+
+
+def test_architecture_names_only_code_that_exists():
+    """Every file, `Class.method` and `module.function` docs/architecture.md names is in the code: a
+    renamed function fails this test until the page says the new name."""
+    files, methods, functions = _named_in_architecture()
+    assert len(files) >= 5 and len(methods) >= 10, (files, methods)  # the page still names code this way
+    sources = _sources()
+    missing = [f for f in files if f not in sources]
+    for name in methods:
+        cls, method = name.split(".")
+        if not any(re.search(rf"^class {cls}\b(.(?!^class ))*?^\s+(async )?def {method}\b|"
+                             rf"^class {cls}\b(.(?!^class ))*?^\s+{method}\s*[:=]", text, re.S | re.M)
+                   for text in sources.values()):
+            missing.append(name)
+    for name in functions:
+        module, function = name.split(".")
+        if module == "tfpipe":  # a module or a stage's package
+            if not (os.path.exists(os.path.join(ROOT, "tfpipe", f"{function}.py"))
+                    or (function in SOURCE_DIRS and os.path.exists(os.path.join(ROOT, function, "__init__.py")))):
+                missing.append(name)
+            continue
+        texts = [t for p, t in sources.items() if os.path.basename(p) == f"{module}.py"]
+        if not any(re.search(rf"^(async )?def {function}\b|^{function}\s*=|^class {function}\b", t, re.M)
+                   for t in texts):
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names code that does not exist: {missing}"
