@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -1097,6 +1098,59 @@ def test_a_listener_told_to_refuse_completes_no_new_connection_and_keeps_the_que
     assert accepted.recv(4) == b"ping"
     for s in (late, queued, accepted, listener):
         s.close()
+
+
+def _segment(src: int, dst: int, flags: int) -> bytes:
+    """A TCP header (no options, no data) from 127.0.0.1:src to 127.0.0.1:dst, its checksum set."""
+    header = struct.pack("!HHIIBBHHH", src, dst, 1000, 0, 5 << 4, flags, 65535, 0, 0)
+    pseudo = socket.inet_aton("127.0.0.1") * 2 + struct.pack("!BBH", 0, socket.IPPROTO_TCP, len(header))
+    data = pseudo + header
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return header[:16] + struct.pack("!H", ~total & 0xFFFF) + header[18:]
+
+
+def _answer(raw: socket.socket, src: int, dst: int, seconds: float) -> int | None:
+    """The flags of the first segment from 127.0.0.1:src to port dst seen within `seconds`, or None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        raw.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            packet = raw.recv(65535)
+        except TimeoutError:
+            return None
+        tcp = packet[(packet[0] & 0x0F) * 4:]
+        if struct.unpack("!HH", tcp[:4]) == (src, dst):
+            return tcp[13]
+    return None
+
+
+def test_a_refusing_listener_drops_only_syns_so_a_handshake_under_way_completes():
+    """The drain's filter drops SYNs (no new connection starts) and lets every other segment
+    through: the ACK that completes a handshake the kernel answered just before the filter still
+    reaches TCP (here, a bare ACK for no handshake is answered with a reset, which TCP sends only
+    if the segment got to it). Sent and watched with raw sockets, which need root."""
+    from tfpipe.serve.server import refuse_new_connections
+
+    try:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+    except PermissionError:
+        pytest.skip("raw sockets need root (CAP_NET_RAW)")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with raw, listener:
+        probe = socket.socket()  # a port of ours that no connection uses, for the raw segments
+        probe.bind(("127.0.0.1", 0))
+        src = probe.getsockname()[1]
+        raw.sendto(_segment(src, port, 0x02), ("127.0.0.1", 0))  # SYN, before the filter: SYN-ACK
+        assert _answer(raw, port, src, 2.0) == 0x12
+        refuse_new_connections(listener)
+        raw.sendto(_segment(src + 1 if src < 65535 else src - 1, port, 0x02), ("127.0.0.1", 0))
+        assert _answer(raw, port, src + 1 if src < 65535 else src - 1, 0.5) is None  # a SYN now: dropped
+        raw.sendto(_segment(src, port, 0x10), ("127.0.0.1", 0))  # an ACK: through to TCP, which resets it
+        assert (_answer(raw, port, src, 2.0) or 0) & 0x04, "the ACK never reached TCP: the filter dropped it"
+        probe.close()
 
 
 def test_a_body_never_sent_after_100_continue_does_not_hold_the_drain(tmp_path):
