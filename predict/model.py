@@ -180,6 +180,8 @@ def _scored(model, sig, pieces: list[tuple[Rows, dict, dict]]) -> list[Scored]:
     """One call for every piece's rows; when the model refuses the call (a value it does not
     take), each piece alone, and a refused piece row by row, so that only the rows it refuses go
     to the dead-letter, each with the model's reason."""
+    import grpc
+
     from tfpipe.serve.errors import ServingError
 
     takes = [np.array([i for i in range(len(rows)) if i not in refused], dtype=np.int64)
@@ -190,7 +192,9 @@ def _scored(model, sig, pieces: list[tuple[Rows, dict, dict]]) -> list[Scored]:
               for k in pieces[0][1]}
     try:
         out = _call(model, sig, joined)
-    except ServingError:
+    except ServingError as e:
+        if e.code != grpc.StatusCode.INVALID_ARGUMENT:  # not the rows' fault: the job fails, as a server's 5xx
+            raise
         if len(pieces) > 1:
             return [s for piece in pieces for s in _scored(model, sig, [piece])]
         out = None
@@ -208,6 +212,8 @@ def _scored(model, sig, pieces: list[tuple[Rows, dict, dict]]) -> list[Scored]:
             answers.append(_call(model, sig, {k: v[i:i + 1] for k, v in inputs.items()}))
             kept.append(i)
         except ServingError as e:
+            if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
             refused[int(i)] = f"the model refused it: {e.message}"
     outputs = ({k: np.concatenate([a[k] for a in answers]) for k in answers[0]} if answers else {})
     return [Scored(outputs, np.array(kept, dtype=np.int64), refused)]

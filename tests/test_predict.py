@@ -233,3 +233,49 @@ def test_the_prediction_log_is_the_request_logs_format_which_skew_reads(scored, 
     assert res.returncode in (0, 1), res.stderr[-2000:]
     report = json.load(open(tmp_path / "skew" / "skew.json"))
     assert report["traffic"]["rows"] == report["traffic"]["requests"] == len(good), report["traffic"]
+
+
+def test_only_the_rows_a_model_refuses_are_dead_lettered_with_its_reason(tmp_path):
+    """A call the model refuses (INVALID_ARGUMENT, as a server answers 400) is split: the pieces
+    alone, then the refused piece row by row, so that the other rows are answered and each refused
+    one carries the model's message; an error that is not the rows' (here a file the model reads
+    is gone, NOT_FOUND) fails the job instead."""
+    import tensorflow as tf
+
+    from tfpipe.pipeline.readers import Column
+    from tfpipe.predict.model import Rows, _scored
+    from tfpipe.serve.core.servable import Servable
+    from tfpipe.serve.errors import ServingError
+
+    class NonNegative(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x):
+            check = tf.debugging.assert_non_negative(x, message="x must not be negative")
+            with tf.control_dependencies([check]):
+                return {"y": x * 2.0}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def broken(self, x):  # a file it needs is gone: NOT_FOUND, which is no row's fault
+            return {"y": x * tf.strings.to_number(tf.io.read_file(str(tmp_path / "gone")))}
+
+    module = NonNegative()
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": module.serve,
+                                                                 "broken": module.broken})
+    servable = Servable("nn", 1, str(tmp_path / "1"))
+    sig = servable.signature("serving_default")
+
+    def piece(seq, values):
+        x = np.array(values, np.float32)
+        rows = Rows(0, seq, "f.csv", np.arange(len(x)) + 2, [str(v) for v in values],
+                    {"x": Column(x, np.ones(len(x), bool))})
+        return rows, {"x": x}, {}
+
+    pieces = [piece(0, [1.0, 2.0]), piece(1, [3.0, -1.0, 4.0]), piece(2, [5.0])]
+    first, second, third = _scored(servable, sig, pieces)
+    assert first.outputs["y"].tolist() == [2.0, 4.0] and not first.refused
+    assert second.taken.tolist() == [0, 2] and second.outputs["y"].tolist() == [6.0, 8.0]
+    assert list(second.refused) == [1] and "x must not be negative" in second.refused[1]
+    assert third.outputs["y"].tolist() == [10.0]
+    with pytest.raises(ServingError) as e:
+        _scored(servable, servable.signature("broken"), pieces)
+    assert e.value.code.name == "NOT_FOUND"
