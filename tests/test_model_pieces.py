@@ -583,6 +583,7 @@ def _even(low: float, high: float) -> dict[str, float]:
     ({"min": 1.0, "max": 7.0, "count": 56, "quantiles": {"0.1": 1.0, "0.5": 4.0, "0.9": 7.0}}, (1, 7)),
     ({"min": 2007.0, "max": 2009.0, "count": 270, "quantiles": {"0.25": 2007.0, "0.75": 2009.0}}, (2007, 2009)),
     ({"min": 0.0, "max": 64.0, "count": 3_000, "quantiles": {"0.5": 0.0, "0.99": 12.0}}, None),  # a count
+    ({"min": 0.0, "max": 2.0, "count": 2_344, "quantiles": {"0.25": 0.0, "0.5": 0.0, "0.99": 1.0}}, None),  # half baths
     ({"min": 0.0, "max": 1.0, "count": 10_000, "quantiles": _even(0, 1)}, None),  # two values: the number says all
     ({"min": 1.0, "max": 401.0, "count": 100_000, "quantiles": _even(1, 401)}, None),  # over 400: a quantity
     ({"min": 2.0**24, "max": 2.0**24 + 5, "count": 100, "quantiles": _even(2**24, 2**24 + 5)}, None),  # beyond float32

@@ -189,7 +189,7 @@ def int_levels(stats: dict[str, Any]) -> tuple[int, int] | None:
     """(low, high) when an int column's training values are few enough consecutive whole numbers,
     each seen often enough, to be read as categories too (see LEVELS_SPAN); else None. Each number
     is seen often enough when they are about evenly spread: every quantile within a tenth of the
-    range (or one number) of where an even spread puts it. A count (mostly 0, a few large) is not."""
+    range (or half a number) of where an even spread puts it. A count (mostly 0, a few large) is not."""
     low, high, count = stats.get("min"), stats.get("max"), stats.get("count") or 0
     if low is None or high is None or abs(low) >= 2**24 or abs(high) >= 2**24:
         return None
@@ -199,7 +199,7 @@ def int_levels(stats: dict[str, Any]) -> tuple[int, int] | None:
     quantiles = stats.get("quantiles") or {}
     if not quantiles:
         return None
-    slack = max(1.0, 0.1 * (high - low))
+    slack = max(0.5, 0.1 * (high - low))
     if any(v is None or abs(v - (low + float(q) * (high - low))) > slack for q, v in quantiles.items()):
         return None
     return int(low), int(high)
