@@ -85,10 +85,13 @@ class Validator:
         rows: list[list[str]] = []
         line_idx: list[int] = []
         bad: list[dict[str, Any]] = []
-        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
         spans: dict[int, int] = {}  # row -> physical lines, for records spanning several lines
+        fast = _split_plain(lines, delimiter, ncols) if _plain_text(text) else None
+        if fast is not None:  # no quote anywhere: a record is a line, its fields split at the delimiter
+            rows, line_idx = fast
+        reader = csv.reader(io.StringIO(text if fast is None else ""), delimiter=delimiter)
         prev = 0
-        while True:
+        while fast is None:
             try:
                 for row in reader:
                     cur = reader.line_num
@@ -235,6 +238,27 @@ def _date_problems(values: np.ndarray, present: np.ndarray) -> dict[int, str]:
             for i in np.flatnonzero(present) if parse_seconds(str(values[i])) is None}
 
 
+def _plain_text(text: str) -> bool:
+    """Whether csv.reader would read `text` as lines split at the delimiter: no quote character, and
+    no NUL, no carriage return but those of CRLF line ends (a lone one ends a record for csv.reader)."""
+    return ('"' not in text and "\0" not in text  # csv.reader refuses a NUL ("line contains NUL")
+            and ("\r" not in text or text.count("\r") == text.count("\r\n")))
+
+
+def _split_plain(lines: list[str], delimiter: str, ncols: int) -> tuple[list[list[str]], list[int]] | None:
+    """csv.reader's rows and their line indexes for a block of plain lines (see _plain_text), at
+    str.split's speed; None when a line does not hold `ncols` fields (or is blank), whose reasons
+    csv.reader's loop words."""
+    if ncols < 2:  # one column: a blank line is no row for csv.reader, and one empty field here
+        return None
+    rows = [(line[:-1] if line.endswith("\r") else line).split(delimiter) for line in lines]
+    if rows and rows[-1] == [""]:  # the block's last newline
+        rows.pop()
+    if any(len(r) != ncols for r in rows):
+        return None
+    return rows, list(range(len(rows)))
+
+
 def _dead(source: str, line: int, raw: str, reason: str) -> dict[str, Any]:
     return {"source": source, "line": int(line), "reason": reason, "raw": raw}
 
@@ -288,13 +312,15 @@ def _convert_text(col: tuple[str, ...], type_: str, na: frozenset[str], decimal_
         return _finish_numeric(np.fromiter(map(parse, col), dtype, n), np.ones(n, dtype=bool), {})
     except (ValueError, OverflowError):
         pass
-    if type_ == "int":  # an int written as a whole float (2.0, as pandas writes an int column with gaps) is that int
-        parse = _int_text
-    try:
-        values = np.fromiter(map(parse, [("0" if v in na else v) for v in col]), dtype, n)
-        return _finish_numeric(values, np.fromiter((v not in na for v in col), bool, n), {})
-    except (ValueError, OverflowError):
-        pass
+    filled = [("0" if v in na else v) for v in col]
+    # an int written as a whole float (2.0, as pandas writes an int column with gaps) is that int:
+    # _int_text reads it, once the plain parse has failed (a function call a value costs)
+    for parse in (parse, _int_text) if type_ == "int" else (parse,):
+        try:
+            values = np.fromiter(map(parse, filled), dtype, n)
+            return _finish_numeric(values, np.fromiter((v not in na for v in col), bool, n), {})
+        except (ValueError, OverflowError):
+            pass
     # Slow path, only for a batch holding a bad value: find which ones.
     values = np.zeros(n, dtype=dtype)
     present = np.zeros(n, dtype=bool)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import apache_beam as beam
 import numpy as np
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+from apache_beam.ml.inference.base import ModelHandler
 
 from tfpipe.pipeline.readers import Column
 from tfpipe.pipeline.schema import Schema, load_schema
@@ -100,6 +102,32 @@ class Rows:
     def __len__(self) -> int:
         return len(self.lines)
 
+    def split(self, rows: int) -> list["Rows"]:
+        """These rows in pieces of at most `rows` (views, not copies)."""
+        if len(self) <= rows:
+            return [self]
+        return [Rows(self.unit, self.seq, self.source, self.lines[i:i + rows], self.raws[i:i + rows],
+                     {k: type(c)(c.values[i:i + rows], c.present[i:i + rows]) for k, c in self.columns.items()})
+                for i in range(0, len(self), rows)]
+
+
+def _columns_bytes(columns: dict) -> int:
+    return sum(c.values.nbytes + c.present.nbytes for c in columns.values())
+
+
+@dataclass
+class UnitRows:
+    """A work unit read: its good rows (a Rows per batch read, each of one source file), the rows
+    dead-lettered on the way, and how many it read. RunInference's element."""
+
+    unit: int
+    pieces: list[Rows]
+    bad: list[dict]
+    read: int
+
+    def nbytes(self) -> int:
+        return sum(_columns_bytes(rows.columns) for rows in self.pieces)
+
 
 @dataclass
 class Scored:
@@ -139,12 +167,47 @@ def model_inputs(rows: Rows, schema: Schema | None, dtypes: dict[str, Any]) -> t
     return inputs, refused
 
 
-class TableModelHandler(ModelHandler[Rows, PredictionResult, Any]):
-    """RunInference's handler for a tfpipe table model: each element is a Rows piece; a batch of
-    them is one model call (BatchElements sizes batches in rows, up to `batch_rows`). The model
-    is loaded once per worker process and shared by its threads (RunInference's default)."""
+@dataclass
+class Answered:
+    """A work unit and what the model answered for it: a Scored per piece of `unit.pieces`.
+    RunInference's output."""
 
-    def __init__(self, version_dir: str, name: str, version: int, schema_json: dict, batch_rows: int,
+    unit: UnitRows
+    scored: list[Scored]
+
+    def nbytes(self) -> int:
+        return self.unit.nbytes() + sum(v.nbytes for s in self.scored for v in s.outputs.values())
+
+
+class SizedCoder(beam.coders.Coder):
+    """Pickle, with a size estimate that encodes nothing: Beam estimates the size of sampled
+    elements (every one of the first ten of each step) by encoding them, a fifth of a job's time
+    on these large elements."""
+
+    def encode(self, value) -> bytes:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, encoded: bytes):
+        return pickle.loads(encoded)
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def estimate_size(self, value) -> int:
+        return value.nbytes()
+
+
+beam.coders.registry.register_coder(UnitRows, SizedCoder)
+beam.coders.registry.register_coder(Answered, SizedCoder)
+
+
+class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
+    """RunInference's handler for a tfpipe model: each element is a work unit's rows (the job's
+    UnitRows: a Rows per batch read), answered in model calls of `batch_rows` rows, consecutive
+    pieces joined up to that size; the inference is a Scored per piece. The model is loaded once
+    per worker process and shared by its threads (RunInference's default)."""
+
+    def __init__(self, version_dir: str, name: str, version: int, schema_json: dict | None, batch_rows: int,
                  prediction_log: bool = False):
         super().__init__()
         self.version_dir, self.name, self.version = version_dir, name, version
@@ -158,19 +221,32 @@ class TableModelHandler(ModelHandler[Rows, PredictionResult, Any]):
         return servable
 
     def batch_elements_kwargs(self) -> dict:
-        return {"min_batch_size": self.batch_rows, "max_batch_size": self.batch_rows, "element_size_fn": len}
+        return {"min_batch_size": 1, "max_batch_size": 1}  # a unit a batch: the handler makes the calls
 
-    def run_inference(self, batch: Sequence[Rows], model, inference_args=None) -> Iterable[PredictionResult]:
+    def run_inference(self, batch: Sequence[UnitRows], model, inference_args=None) -> Iterable[Answered]:
         sig = model.signature(SIGNATURE)
-        pieces = []
-        for rows in batch:
-            inputs, refused = model_inputs(rows, model.schema, sig.numpy_dtypes)
-            pieces.append((rows, inputs, refused))
-        for (rows, inputs, _), scored in zip(pieces, _scored(model, sig, pieces)):
-            if self.prediction_log and len(scored.taken):
-                scored.logs = prediction_logs(self.name, self.version, sig,
-                                              {k: v[scored.taken] for k, v in inputs.items()}, scored.outputs)
-            yield PredictionResult(rows, scored, model_id=f"{self.name}/{self.version}")
+        for unit in batch:
+            unit.pieces = [part for rows in unit.pieces for part in rows.split(self.batch_rows)]
+            scored: list[Scored] = []
+            call: list = []
+            for rows in unit.pieces + [None]:
+                if call and (rows is None or sum(len(r) for r, _, _ in call) + len(rows) > self.batch_rows):
+                    scored += _scored(model, sig, call)
+                    call = []
+                if rows is not None:
+                    call.append((rows, *model_inputs(rows, model.schema, sig.numpy_dtypes)))
+            if self.prediction_log:
+                for rows, answer in zip(unit.pieces, scored):
+                    if len(answer.taken):
+                        inputs, _ = model_inputs(rows, model.schema, sig.numpy_dtypes)
+                        answer.logs = prediction_logs(self.name, self.version, sig,
+                                                      {k: v[answer.taken] for k, v in inputs.items()}, answer.outputs)
+            yield Answered(unit, scored)
+
+    def get_num_bytes(self, batch: Sequence[UnitRows]) -> int:
+        """For RunInference's byte metrics: the columns' array bytes (Beam's default pickles the whole
+        batch to measure it, a tenth of the job's time)."""
+        return sum(unit.nbytes() for unit in batch)
 
     def get_metrics_namespace(self) -> str:
         return "tfpipe_predict"

@@ -408,3 +408,39 @@ def test_the_cores_a_process_may_use_are_its_affinity_within_its_quota(tmp_path)
     assert cores(str(tmp_path)) == 1  # cgroups v1
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert cores(str(tmp_path)) == affinity
+
+
+@pytest.mark.parametrize("text", [
+    "1,a,2.5\n3,b,4\n",
+    "1,a,2.5\r\n3,b,4\r\n",
+    "1,a,2.5\n3,b,4",                 # no newline at the end (a file's last block)
+    "1,a,2.5\n\n3,b,4\n",             # a blank line: csv.reader skips it
+    "1,a\n3,b,4\n",                   # a short record: dead-lettered
+    "1,a,2.5,9\n3,b,4\n",             # a long one
+    '1,"a,b",2\n3,b,4\n',             # a quoted field: csv.reader's own loop
+    "1,a,2\r3,b,4\n",                 # a lone carriage return ends a record for csv.reader
+    "1,a\x00b,2\n",                   # a NUL: csv.reader refuses the line
+    " 1 , a ,2\n",                    # spaces are kept, as csv.reader keeps them
+])
+def test_the_plain_csv_split_reads_what_csv_reader_reads(text):
+    """The reader's fast path (a block with no quote: split each line at the delimiter) gives the
+    same rows, lines and dead-letter entries as csv.reader's loop, or leaves the block to it."""
+    from tfpipe.pipeline import readers
+    from tfpipe.pipeline.schema import Feature, Label, Schema
+
+    schema = Schema([Feature("x", "int"), Feature("s", "string")], Label("y", "float", "regression"))
+    header = ("x", "s", "y")
+
+    def read():
+        b = readers.Validator(schema).csv_batch("f.csv", header, text, 2)
+        return (b.lines.tolist(), b.raws, {k: (c.values.tolist(), c.present.tolist()) for k, c in b.columns.items()},
+                b.bad)
+
+    fast = read()
+    plain = readers._plain_text
+    readers._plain_text = lambda _: False  # csv.reader's loop for every block
+    try:
+        slow = read()
+    finally:
+        readers._plain_text = plain
+    assert fast == slow
