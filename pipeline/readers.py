@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import zlib
@@ -86,9 +87,10 @@ class Validator:
         line_idx: list[int] = []
         bad: list[dict[str, Any]] = []
         spans: dict[int, int] = {}  # row -> physical lines, for records spanning several lines
-        fast = _split_plain(lines, delimiter, ncols) if _plain_text(text) else None
+        fast = _split_plain(text, lines, delimiter, ncols) if _plain_text(text) else None
         if fast is not None:  # no quote anywhere: a record is a line, its fields split at the delimiter
-            rows, line_idx = fast
+            cols, nrows = fast
+            line_idx = list(range(nrows))
         reader = csv.reader(io.StringIO(text if fast is None else ""), delimiter=delimiter)
         prev = 0
         while fast is None:
@@ -114,13 +116,14 @@ class Validator:
             raws = [r[:-1] if r.endswith("\r") else r for r in raws]
         for i, n_lines in spans.items():
             raws[i] = _raw(lines, line_idx[i], line_idx[i] + n_lines)
-        cols = list(zip(*rows)) if rows else [()] * ncols
+        if fast is None:
+            cols, nrows = (list(zip(*rows)) if rows else [()] * ncols), len(rows)
         index = {name: i for i, name in enumerate(header)}
         converted: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
         for c in self.columns:
             i = index.get(c.name)
             if i is None:  # column absent from this file: every value missing
-                converted[c.name] = _all_missing(c.type, len(rows))
+                converted[c.name] = _all_missing(c.type, nrows)
             else:
                 converted[c.name] = _convert_text(cols[i], c.type, self.na, decimal_comma=delimiter == ";")
         key_i = index.get(self.schema.key) if self.schema.key else None
@@ -245,18 +248,24 @@ def _plain_text(text: str) -> bool:
             and ("\r" not in text or text.count("\r") == text.count("\r\n")))
 
 
-def _split_plain(lines: list[str], delimiter: str, ncols: int) -> tuple[list[list[str]], list[int]] | None:
-    """csv.reader's rows and their line indexes for a block of plain lines (see _plain_text), at
-    str.split's speed; None when a line does not hold `ncols` fields (or is blank), whose reasons
-    csv.reader's loop words."""
+def _split_plain(text: str, lines: list[str], delimiter: str, ncols: int) -> tuple[list[list[str]], int] | None:
+    """csv.reader's columns and row count for a block of plain lines (see _plain_text), at str's
+    speed: the block split at every delimiter and newline at once, each column a slice of that;
+    None when a line does not hold `ncols` fields (or is blank), whose reasons csv.reader's loop
+    words."""
     if ncols < 2:  # one column: a blank line is no row for csv.reader, and one empty field here
         return None
-    rows = [(line[:-1] if line.endswith("\r") else line).split(delimiter) for line in lines]
-    if rows and rows[-1] == [""]:  # the block's last newline
-        rows.pop()
-    if any(len(r) != ncols for r in rows):
+    if text.endswith("\n"):  # the block's last newline ends its last record
+        text, lines = text[:-1], lines[:-1]
+    if not lines or set(map(_DELIMITERS_IN, lines, itertools.repeat(delimiter))) != {ncols - 1}:
         return None
-    return rows, list(range(len(rows)))
+    if "\r" in text:  # CRLF line ends (_plain_text allows no other carriage return)
+        text = text.replace("\r\n", "\n")
+    flat = text.replace("\n", delimiter).split(delimiter)
+    return [flat[i::ncols] for i in range(ncols)], len(lines)
+
+
+_DELIMITERS_IN = str.count
 
 
 def _dead(source: str, line: int, raw: str, reason: str) -> dict[str, Any]:
