@@ -256,7 +256,7 @@ def _split_plain(text: str, lines: list[str], delimiter: str, ncols: int) -> tup
     if ncols < 2:  # one column: a blank line is no row for csv.reader, and one empty field here
         return None
     if text.endswith("\n"):  # the block's last newline ends its last record
-        text, lines = text[:-1], lines[:-1]
+        text, lines = text[:-2] if text.endswith("\r\n") else text[:-1], lines[:-1]
     if not lines or set(map(_DELIMITERS_IN, lines, itertools.repeat(delimiter))) != {ncols - 1}:
         return None
     if "\r" in text:  # CRLF line ends (_plain_text allows no other carriage return)

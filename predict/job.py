@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
 from tfpipe import __version__
+from tfpipe.versions import served
 from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, publish, read_unit_summaries, \
@@ -321,8 +322,8 @@ def check_inputs(config: PredictConfig) -> ModelVersion:
 def workdir_model(workdir: str) -> str:
     """The model base path a `tfpipe run` workdir serves: WORKDIR/export/models/NAME (its only one)."""
     models = os.path.join(workdir, "export", "models")
-    names = sorted(d for d in os.listdir(models) if os.path.isdir(os.path.join(models, d))) \
-        if os.path.isdir(models) else []
+    names = sorted(d for d in os.listdir(models) if served(os.path.join(models, d)) is not None) \
+        if os.path.isdir(models) else []  # a base path serves a version; another folder there is not one
     if len(names) != 1:
         found = f"it holds {', '.join(names)}" if names else "it holds no exported model"
         raise PredictError(f"--workdir {workdir}: {models} should hold one model ({found}); pass --model BASE/NAME")

@@ -164,7 +164,7 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
         config = PredictConfig(model=keyword_model, input=[str(source)], out=str(tmp_path / "o"), output_format=fmt,
                                batch_rows=32, prediction_log=True)
     else:  # a run's workdir names the model it serves and where the predictions go
-        os.makedirs(tmp_path / "run" / "export" / "models")
+        os.makedirs(tmp_path / "run" / "export" / "models" / "load-results")  # not a model: no version in it
         os.symlink(keyword_model, tmp_path / "run" / "export" / "models" / "kw")
         config = PredictConfig(workdir=str(tmp_path / "run"), input=[str(source)], output_format=fmt, key="from")
     got_dir = run(config, log=lambda _: None)

@@ -255,20 +255,23 @@ class ModelManager:
         for the new ones, then apply the version labels (checked against what is AVAILABLE)."""
         if self.on_config is not None:
             self.on_config(config)
-        new, removed = self._install(config)
+        with self._lock:  # the poller sees the new models and their labels together, or neither
+            new, removed = self._install(config)
+            try:  # labels whose versions are AVAILABLE now move before a version they left is retired
+                self._set_labels(config)
+                moved = True
+            except ServingError:  # one names a version still to load: after the loads, as before
+                moved = False
         for m in removed:
             for s in list(m.versions.values()):
                 self._retire(m, s)
-        try:  # labels whose versions are AVAILABLE now move before a version they left is retired
-            self._set_labels(config)
-            moved = True
-        except ServingError:  # one names a version still to load: after the loads, as before
-            moved = False
         if self._polled:
             self.poll()
             self.wait_for(new)
         if not moved:
             self._set_labels(config)
+        for model in self.models():  # a version the labels held, now free to go (see _settle)
+            self._settle(model)
 
     def models(self) -> list[Model]:
         with self._lock:
@@ -444,13 +447,18 @@ class ModelManager:
         return wanted_versions(model.policy, on_disk, failed)
 
     def _settle(self, model: Model, wanted: set[int] | None = None) -> None:
-        """Unload versions no longer wanted, keeping one serving until a wanted one is."""
+        """Unload versions no longer wanted, keeping one serving until a wanted one is, and any a
+        label still names: a config that moves a label to a version this server has yet to load
+        leaves the label on the old one until the move is taken (it is refused until then, and sent
+        again), and the old version answers the label's requests until that moment."""
         with self._lock:
             if wanted is None:
                 wanted = set(self._wanted(model, versions_on_disk(model.config.base_path)))
             if not self._current(model):
                 return
-            stale = sorted((s for v, s in model.versions.items() if s.state == AVAILABLE and v not in wanted),
+            labelled = set(self._labels.get(model.name, {}).values()) if not model.candidate else set()
+            stale = sorted((s for v, s in model.versions.items()
+                            if s.state == AVAILABLE and v not in wanted and v not in labelled),
                            key=lambda s: s.version)
             wanted_up = any(model.versions.get(v) and model.versions[v].state == AVAILABLE for v in wanted)
             if wanted and not wanted_up:  # keep the newest stale one serving until a wanted one is
