@@ -17,14 +17,13 @@ publishes the output directory atomically with predict.json.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
@@ -33,7 +32,6 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
 from tfpipe import __version__
-from tfpipe.versions import served
 from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, publish, read_unit_summaries, \
@@ -46,6 +44,7 @@ from tfpipe.predict.config import PredictConfig
 from tfpipe.predict.errors import PredictError
 from tfpipe.predict.model import (IMAGE_INPUT, Answered, ModelVersion, Rows, Scored, TableModelHandler, UnitRows,
                                   resolve)
+from tfpipe.versions import served
 
 IMAGE_UNIT = 256  # images per work unit
 UNIT_BYTES = 16 << 20  # input bytes per work unit
@@ -58,8 +57,6 @@ PREDICTIONS = "predictions"  # the folder of prediction files (a reader of the f
 # `tfpipe skew --logs OUT/prediction_logs/log` reads
 PREDICTION_LOGS, LOG_PREFIX = "prediction_logs", "log"
 
-
-# ---- what flows between the steps --------------------------------------------------------------
 
 # ---- the steps -----------------------------------------------------------------------------------
 
