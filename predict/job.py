@@ -21,7 +21,6 @@ import io
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -34,8 +33,8 @@ from apache_beam.ml.inference.base import RunInference
 from tfpipe import __version__
 from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
-from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, publish, read_unit_summaries, \
-    run_to_temp, write_outputs
+from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, progress, publish, \
+    read_unit_summaries, run_to_temp, write_outputs
 from tfpipe.pipeline.readers import Validator, read_segment
 from tfpipe.pipeline.schema import Schema
 from tfpipe.pipeline.tfexample import tfrecord_frames
@@ -464,19 +463,13 @@ def _where(bad: dict) -> str:
     return f"{bad['source']}:{bad['line']}" if "line" in bad else bad["source"]
 
 
-class RowProgress:
-    """Prints rows done, rows/s and the time left as work units finish (from their summaries)."""
+class RowProgress(progress):
+    """The data stage's progress lines, with rows done, rows/s and the time left, from the work
+    units' summaries as they appear."""
 
     def __init__(self, tmp: str, total: int, log):
-        self.tmp, self.total, self.log = tmp, total, log
-        self._stop = threading.Event()
+        super().__init__(tmp, total, log)
         self._seen: dict[str, int] = {}
-
-    def __enter__(self):
-        self.started = time.time()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
 
     def _watch(self) -> None:
         while not self._stop.wait(2.0):
@@ -496,11 +489,6 @@ class RowProgress:
                 left = elapsed / done * (self.total - done)
                 self.log(f"  {done}/{self.total} work units, {rows:,} rows ({rows / elapsed:,.0f} rows/s), "
                          f"about {left:.0f} s left")
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        return False
 
 
 def measured_batch_rows(model: ModelVersion, log: Callable[[str], None]) -> int:
