@@ -373,9 +373,10 @@ def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:
 
 
 def _carried(schema: Schema, files: list[InputFile], key: str | None) -> tuple[str, ...]:
-    """The input columns carried beside the features: --key, or the label and the columns the data
-    stage left out (row IDs, --exclude), where the input has them. A CSV or Parquet input that lacks
-    one of the model's feature columns is refused: every row would be scored without it."""
+    """The input columns carried beside the features: --key, or every other column of a CSV or
+    Parquet input (row IDs, the label, any column the model does not take), or of JSON Lines the
+    label and the columns the data stage left out. A CSV or Parquet input that lacks one of the
+    model's feature columns is refused: every row would be scored without it."""
     features = [f.name for f in schema.features]
     for f in files:
         if f.columns is None:
@@ -389,10 +390,11 @@ def _carried(schema: Schema, files: list[InputFile], key: str | None) -> tuple[s
             raise PredictError(f"--key: column '{key}' not found in {f.path}")
     if key:
         return (key,)
-    wanted = [schema.label.name] + list(schema.excluded) + ([schema.key] if schema.key else [])
-    header = {c for f in files for c in (f.columns or ())}
+    # the input's other columns, in its order (a JSON Lines input's: those the data stage knew of)
+    header = [c for f in files for c in (f.columns or ())]
     known = bool(header) and all(f.columns is not None for f in files)
-    return tuple(dict.fromkeys(c for c in wanted if c not in features and (not known or c in header)))
+    wanted = header if known else [schema.label.name] + list(schema.excluded) + ([schema.key] if schema.key else [])
+    return tuple(dict.fromkeys(c for c in wanted if c not in features))
 
 
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:

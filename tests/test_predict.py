@@ -155,11 +155,11 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
     out, good, _ = scored
     want = _read_csv(out)
     source = tmp_path / "no-label.csv"
-    with open(source, "w", newline="") as f:
+    with open(source, "w", newline="") as f:  # no label; a row number training never saw, carried along
         w = csv.writer(f)
-        w.writerow(FEATURES)
-        for g in good.values():
-            w.writerow([g[k] for k in FEATURES])
+        w.writerow(["Sample Number", *FEATURES])
+        for line, g in good.items():
+            w.writerow([line, *(g[k] for k in FEATURES)])
     if fmt == "parquet":
         config = PredictConfig(model=keyword_model, input=[str(source)], out=str(tmp_path / "o"), output_format=fmt,
                                batch_rows=32, prediction_log=True)
@@ -172,8 +172,9 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
     folder = os.path.join(got_dir, "predictions")
     if fmt == "parquet":
         got = pd.read_parquet(folder)
-        assert list(got.columns) == FEATURES + ["prediction", "probability", "probability_hi", "probability_lo",
-                                                "model", "model_version"]
+        assert list(got.columns) == ["Sample Number", *FEATURES, "prediction", "probability", "probability_hi",
+                                     "probability_lo", "model", "model_version"]
+        assert got["Sample Number"].tolist() == [str(line) for line in good]
         assert got["lambda"].dtype == np.int64 and got["wind speed"].dtype == np.float64
     else:
         got = pd.concat(pd.read_json(os.path.join(folder, n), lines=True) for n in sorted(os.listdir(folder)))
