@@ -181,8 +181,8 @@ class Answered:
 
 class SizedCoder(beam.coders.Coder):
     """Pickle, with a size estimate that encodes nothing: Beam estimates the size of sampled
-    elements (every one of the first ten of each step) by encoding them, a fifth of a job's time
-    on these large elements."""
+    elements (every one of the first ten of each step) by encoding them, which for an element of a
+    whole work unit is a large share of the job (docs/benchmarks.md, batch inference)."""
 
     def encode(self, value) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -245,7 +245,7 @@ class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
 
     def get_num_bytes(self, batch: Sequence[UnitRows]) -> int:
         """For RunInference's byte metrics: the columns' array bytes (Beam's default pickles the whole
-        batch to measure it, a tenth of the job's time)."""
+        batch to measure it)."""
         return sum(unit.nbytes() for unit in batch)
 
     def get_metrics_namespace(self) -> str:
