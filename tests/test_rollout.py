@@ -260,3 +260,44 @@ def test_a_promotion_moves_the_label_it_is_told_to_in_a_models_config(tmp_path, 
     res = run_cli("rollback", str(model), "--label", "prod")
     assert res.returncode != 0 and "--label prod needs --models-config" in res.stderr, res.stderr
     assert versions.served(str(model)) == 2
+
+
+def test_a_labelled_version_is_kept_until_its_label_moves(tmp_path):
+    """A config that moves a label to a version this server has yet to load is refused until it has
+    loaded it (FAILED_PRECONDITION, and the promotion sends it again); meanwhile the version the
+    label still names keeps answering the label, though the config no longer lists it: it is not
+    unloaded until the label has moved (it was, and the label's requests got 404)."""
+    from google.protobuf import text_format
+    from serving_models import save_half
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    path, model = _labelled_models(tmp_path)
+    save_half(str(model / "2"), b=3.0)  # on disk, not yet in the config
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_config_file=str(path),
+                        file_system_poll_wait_seconds=0, num_load_threads=1)
+    final = text_format.Parse(
+        'model_config_list { config { name: "half" base_path: "%s" model_platform: "tensorflow" '
+        'model_version_policy { specific { versions: 2 } } version_labels { key: "stable" value: 2 } } }' % model,
+        model_server_config_pb2.ModelServerConfig())
+    with ServerThread(opts) as server:
+        manager = server.manager
+        assert manager.resolve("half", label="stable").version == 1
+        with pytest.raises(ServingError) as refused:  # 2 loads on its own thread, after the labels are tried
+            manager.set_config(final)
+        assert refused.value.code.name == "FAILED_PRECONDITION"
+        deadline = time.monotonic() + 60
+        while 2 not in {s.version for s in manager.status("half") if s.state == "AVAILABLE"}:
+            assert time.monotonic() < deadline, manager.status("half")
+            time.sleep(0.05)
+        manager.poll()  # what the poller does next: 1 is no longer wanted
+        assert manager.resolve("half", label="stable").version == 1  # still there for its label
+        manager.set_config(final)  # sent again: taken now
+        assert manager.resolve("half", label="stable").version == 2
+        deadline = time.monotonic() + 60
+        while 1 in {s.version for s in manager.status("half") if s.state == "AVAILABLE"}:
+            assert time.monotonic() < deadline, manager.status("half")  # and 1 goes once the label has moved
+            time.sleep(0.05)
