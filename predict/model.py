@@ -229,16 +229,16 @@ class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
             unit.pieces = [part for rows in unit.pieces for part in rows.split(self.batch_rows)]
             scored: list[Scored] = []
             call: list = []
-            for rows in unit.pieces + [None]:
-                if call and (rows is None or sum(len(r) for r, _, _ in call) + len(rows) > self.batch_rows):
+            pieces = [(rows, *model_inputs(rows, model.schema, sig.numpy_dtypes)) for rows in unit.pieces]
+            for piece in pieces + [None]:
+                if call and (piece is None or sum(len(r) for r, _, _ in call) + len(piece[0]) > self.batch_rows):
                     scored += _scored(model, sig, call)
                     call = []
-                if rows is not None:
-                    call.append((rows, *model_inputs(rows, model.schema, sig.numpy_dtypes)))
+                if piece is not None:
+                    call.append(piece)
             if self.prediction_log:
-                for rows, answer in zip(unit.pieces, scored):
+                for (_, inputs, _), answer in zip(pieces, scored):
                     if len(answer.taken):
-                        inputs, _ = model_inputs(rows, model.schema, sig.numpy_dtypes)
                         answer.logs = prediction_logs(self.name, self.version, sig,
                                                       {k: v[answer.taken] for k, v in inputs.items()}, answer.outputs)
             yield Answered(unit, scored)
