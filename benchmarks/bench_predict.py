@@ -1,6 +1,7 @@
 """Batch inference (`tfpipe predict`) against the other ways to score a file, on the Chicago taxi model.
 
     python benchmarks/bench_predict.py [--rows 100000,1000000] [--server-seconds 5]
+    python benchmarks/bench_predict.py --engines .venv-predict [--rows 1000000]
 
 The model is bench_serve.py's (.bench/export/models/taxi, made by bench_export.py when missing);
 the input, the shipped taxi sample's 15,002 rows repeated to each --rows count as a CSV (cached in
@@ -18,6 +19,13 @@ and 64 connections: its best rows/s and its CPU seconds per row. Printed: predic
 CPU second against the server's and against the loop's (goals, issue #46: at least 5x the server,
 at least 0.8x the loop, memory flat from the small input to the large one). Beam's own
 TFModelHandlerTensor is tried on the same SavedModel and what it says is printed.
+
+With --engines ENV (the environment `bash engines/setup.sh --predict` makes: Beam 2.62,
+TensorFlow 2.20), instead: `tfpipe predict` run with that environment's Python on FnApiRunner,
+Flink ([local], parallelism 2) and Spark (local[2]), each in a network namespace of its own with
+only loopback up (the job servers listen on every interface): start-up, the wall seconds of a
+1,000-row file (the job server, the workers and the model load, with almost nothing to score),
+and the rows/s of each --rows size.
 """
 
 from __future__ import annotations
@@ -153,16 +161,48 @@ def beam_handler_says(version: str) -> str:
     return f"fails: {last[:300]}"
 
 
+ENGINES = {"FnApiRunner": [],
+           "Flink": ["--runner", "FlinkRunner", "--flink_master=[local]", "--parallelism=2"],
+           "Spark": ["--runner", "SparkRunner", "--spark_master_url=local[2]"]}
+
+
+def engines(env: str, base: str, sizes: list[int]) -> None:
+    """tfpipe predict in the predict environment `env` on each engine (see the module's doc)."""
+    python = os.path.join(os.path.abspath(env), "bin", "python")
+    tf_version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('tensorflow'), "
+                                 "m.version('apache-beam'))"], capture_output=True, text=True, check=True).stdout
+    print(f"predict environment {env}: TensorFlow {tf_version.split()[0]}, Beam {tf_version.split()[1]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine, options in ENGINES.items():
+            for rows in [1000, *sizes]:
+                out = os.path.join(tmp, f"{engine}-{rows}")
+                cmd = [python, "-m", "tfpipe.cli", "predict", "--model", base, "--input", input_csv(rows),
+                       "--out", out, *options]
+                f = measured_run(["unshare", "--net", "--map-root-user", "bash", "-c",
+                                  'ip link set lo up && exec "$@"', "_", *cmd])
+                manifest = json.load(open(os.path.join(out, "predict.json")))
+                assert manifest["counts"]["read"] == rows, manifest["counts"]
+                what = "start-up" if rows == 1000 else f"{rows / f['wall_s']:9,.0f} rows/s"
+                print(f"  {engine:<11} {rows:>9,} rows: {f['wall_s']:6.1f} s ({what}), {f['cpu_s']:6.1f} CPU s, "
+                      f"{manifest['beam']['workers']} worker(s), {manifest['beam']['units']} work unit(s), "
+                      f"peak RSS {f['peak_rss_mb']:7,.0f} MB", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="100000,1000000")
     ap.add_argument("--server-seconds", type=float, default=5.0)
+    ap.add_argument("--engines", metavar="ENV", help="measure FnApiRunner, Flink and Spark in this predict "
+                                                     "environment (engines/setup.sh --predict) instead")
     args = ap.parse_args()
     from bench_serve import model_dir
 
     version = model_dir()
     base = os.path.dirname(version)
     print(f"model: {version}")
+    if args.engines:
+        engines(args.engines, base, [int(r) for r in args.rows.split(",")])
+        return
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rows in [int(r) for r in args.rows.split(",")]:

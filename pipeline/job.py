@@ -29,7 +29,7 @@ from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, p
 from tfpipe.pipeline.readers import Validator, read_segment, sample_records
 from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
 from tfpipe.pipeline.stats import QUANTILES
-from tfpipe.pipeline.launch import (ENVIRONMENT_ERROR, beam_options, check_counts, data_manifest, human_bytes,
+from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, environment_main, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,
                                     read_split_stats, read_unit_summaries, run_in_environment, run_to_temp, tally,
                                     write_outputs)
@@ -320,34 +320,5 @@ def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:
     return old == [(f.path, f.size, f.mtime) for f in found]
 
 
-
-
-def _main() -> int:
-    """The data stage run for another process (`run_in_environment`): its config as JSON on stdin,
-    its lines on stdout, a user error as one line on stderr and exit code 2."""
-    import json
-    import logging
-    import signal
-    import sys
-
-    from tfpipe import UserError
-
-    config = DataConfig.model_validate(json.loads(sys.stdin.read()))
-    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # errors come back as the line below
-
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
-        run(config, log=lambda line: print(line, flush=True))
-    except UserError as e:
-        print(f"{ENVIRONMENT_ERROR}{e}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    raise SystemExit(environment_main("data", DataConfig, run))

@@ -151,15 +151,17 @@ def in_environment(environment: str) -> bool:
     return os.path.realpath(sys.prefix) == os.path.realpath(environment)
 
 
-def run_in_environment(config, log: Callable[[str], None]) -> str:
-    """Run the data stage in the Python environment `config.environment` names (its own process:
-    `python -m tfpipe.pipeline.job`, the config as JSON on its stdin), its lines passed on to `log`;
-    its user error comes back as the same one line. Returns the output directory."""
+def run_in_environment(config, log: Callable[[str], None], stage: str = "data",
+                       error: type[Exception] = DataError) -> str:
+    """Run a Beam stage (`tfpipe data`, `tfpipe predict`) in the Python environment
+    `config.environment` names, as a process of its own (`python -m tfpipe.STAGE_MODULE`, the
+    config as JSON on its stdin), its lines passed on to `log`; its user error comes back as the
+    same one line, raised as `error`. Returns the output directory."""
     python = os.path.join(config.environment, "bin", "python")
     if not os.path.exists(python):
-        raise DataError(f"environment {config.environment}: no {python} (engines/setup.sh makes one)")
+        raise error(f"environment {config.environment}: no {python} (engines/setup.sh makes one)")
     payload = config.model_copy(update={"environment": None}).model_dump_json(by_alias=True)
-    proc = subprocess.Popen([python, "-m", "tfpipe.pipeline.job"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([python, "-m", STAGE_MODULES[stage]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         errors: list[str] = []
@@ -176,14 +178,45 @@ def run_in_environment(config, log: Callable[[str], None]) -> str:
             proc.terminate()
             proc.wait()
     said = [e.rstrip("\n") for e in errors if e.strip()]
-    if code == 2 and said and said[-1].startswith(ENVIRONMENT_ERROR):
-        raise DataError(said[-1][len(ENVIRONMENT_ERROR):])
+    prefix = environment_error(stage)
+    if code == 2 and said and said[-1].startswith(prefix):
+        raise error(said[-1][len(prefix):])
     if code != 0:
-        raise RuntimeError(f"the data stage in {config.environment} exited with {code}: " + "\n".join(said[-20:]))
+        raise RuntimeError(f"the {stage} stage in {config.environment} exited with {code}: " + "\n".join(said[-20:]))
     return config.out if is_remote(config.out) else os.path.abspath(config.out)
 
 
-ENVIRONMENT_ERROR = "tfpipe data: error: "
+# the module each Beam stage runs as in another environment (its `environment_main`)
+STAGE_MODULES = {"data": "tfpipe.pipeline.job", "predict": "tfpipe.predict.job"}
+
+
+def environment_error(stage: str) -> str:
+    return f"tfpipe {stage}: error: "
+
+
+def environment_main(stage: str, config_type, run: Callable) -> int:
+    """A Beam stage run for another process (`run_in_environment`): its config as JSON on stdin,
+    its lines on stdout, a user error as one line on stderr and exit code 2."""
+    import json
+    import signal
+
+    from tfpipe import UserError
+
+    config = config_type.model_validate(json.loads(sys.stdin.read()))
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)  # errors come back as the line below
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        run(config, log=lambda line: print(line, flush=True))
+    except UserError as e:
+        print(f"{environment_error(stage)}{e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def run_to_temp(out: str, options: PipelineOptions, units: int, build: Callable[[beam.Pipeline, str], None],

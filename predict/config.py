@@ -53,6 +53,10 @@ class PredictConfig(BaseModel):
                                          "reason)")
     runner: str | None = Field(
         None, description="Beam runner (default FnApiRunner; FlinkRunner, SparkRunner as the data stage runs them)")
+    environment: str | None = Field(
+        None, description="a Python environment (a virtualenv folder, such as the .venv-predict that engines/setup.sh "
+                          "--predict makes) to run the job in: Beam's Flink and Spark runners are served for a Beam "
+                          "release that installs beside TensorFlow 2.20, not 2.21 (docs/predict.md)")
     beam_args: list[str] = Field(default_factory=list, description="extra Beam pipeline options")
     force: bool = Field(False, description="replace --out if it exists")
 

@@ -17,6 +17,7 @@ publishes the output directory atomically with predict.json.
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import math
@@ -33,11 +34,12 @@ from apache_beam.ml.inference.base import RunInference
 from tfpipe import __version__
 from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
-from tfpipe.pipeline.launch import beam_options, deadletter_files, human_bytes, match, progress, publish, \
-    read_unit_summaries, run_to_temp, write_outputs
+from tfpipe.pipeline.launch import beam_options, deadletter_files, environment_main, human_bytes, in_environment, \
+    match, progress, publish, read_unit_summaries, run_in_environment, run_to_temp, write_outputs
 from tfpipe.pipeline.readers import Validator, read_segment
 from tfpipe.pipeline.schema import Schema
 from tfpipe.pipeline.tfexample import tfrecord_frames
+from tfpipe.pipeline.transforms import fail_once
 from tfpipe.prediction_logs import SUFFIX as LOG_SUFFIX
 from tfpipe.predict.config import PredictConfig
 from tfpipe.predict.errors import PredictError
@@ -172,6 +174,7 @@ class WriteUnit(beam.DoFn):
         if predicted:
             with FileSystems.create(FileSystems.join(self.out_dir, name)) as f:
                 f.write(self.layout.encode(self.layout.table(unit.pieces, scored)))
+        fail_once(unit.unit)  # a test hook: a unit lost after writing part of its files
         if self.layout.prediction_log and predicted:
             logs = [record for answer in scored for record in (answer.logs or [])]
             with FileSystems.create(FileSystems.join(self.out_dir, PREDICTION_LOGS,
@@ -327,6 +330,8 @@ def workdir_model(workdir: str) -> str:
 
 
 def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:
+    if config.environment and not in_environment(config.environment):
+        return run_in_environment(config, log, "predict", PredictError)
     started = time.time()
     model = check_inputs(config)
     if model.images:
@@ -440,7 +445,8 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
         "config": plan.config.model_dump(),
         "model": {"name": plan.model.name, "version": plan.model.version, "path": plan.model.path},
         "inputs": plan.inputs,
-        "beam": {"runner": plan.runner, "workers": plan.workers, "units": len(plan.units)},
+        "beam": {"runner": plan.runner, "workers": plan.workers, "units": len(plan.units), "version": beam.__version__},
+        "tensorflow_version": _installed("tensorflow"),  # the launcher's
         "batch_rows": plan.batch_rows,
         "counts": {"read": read, "predicted": predicted, "bad": bad},
         "columns": plan.layout.columns,
@@ -458,6 +464,13 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
         + f"; {len(files)} {plan.config.output_format} file(s) in {out} ({elapsed:.1f} s, "
           f"{read / max(elapsed, 1e-9):,.0f} {noun}/s)")
     return out
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _where(bad: dict) -> str:
@@ -570,3 +583,7 @@ def result(out: str):
     c = m["counts"]
     return StageResult(os.path.join(out, "predict.json"),
                        f"{c['read']:,} rows -> {c['predicted']:,} predicted, {c['bad']:,} dead-lettered", None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(environment_main("predict", PredictConfig, run))

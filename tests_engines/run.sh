@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The engine tests, after the main suite (which made .venv):  bash tests_engines/run.sh
 #
-# 1. engines/setup.sh: the engine environment (.venv-engines: Beam 2.62, no TensorFlow) and
-#    Beam's Flink and Spark job server jars, from the package registries.
-# 2. The inputs, and the reference outputs: FnApiRunner in the main environment (.venv).
+# 1. engines/setup.sh: the engine environments (.venv-engines: Beam 2.62, no TensorFlow;
+#    .venv-predict: Beam 2.62 and TensorFlow 2.20) and Beam's Flink and Spark job server jars,
+#    from the package registries.
+# 2. The inputs, and the reference outputs: FnApiRunner in the main environment (.venv), where a
+#    small taxi model is trained and exported (TensorFlow 2.21) for the predict tests.
 # 3. pytest in the engine environment, in a network namespace of its own with only loopback up:
 #    Beam's Java job servers and Python worker pools listen on every interface, and nothing they
 #    start is reachable from beyond this machine there.
@@ -13,6 +15,7 @@ started=$(date +%s)
 command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"  # Go's own install puts it there
 [ -x .venv/bin/tfpipe ] || { echo "no main environment (.venv): run the main suite first"; exit 1; }
 bash engines/setup.sh .venv-engines || { echo "engines/setup.sh failed"; exit 1; }
+bash engines/setup.sh --predict .venv-predict || { echo "engines/setup.sh --predict failed"; exit 1; }
 .venv-engines/bin/pip install -q "pytest>=8,<9.2" "pytest-timeout>=2.3" || exit 1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -24,6 +27,12 @@ export TFPIPE_ENGINE_IMAGE_ARGS="--shards 4 --max-bad-fraction 0.2"
   --out "$work/reference/taxi" >/dev/null || { echo "the reference run (taxi) failed"; exit 1; }
 .venv/bin/tfpipe data --input "$work/inputs/images" $TFPIPE_ENGINE_IMAGE_ARGS \
   --out "$work/reference/images" >/dev/null || { echo "the reference run (images) failed"; exit 1; }
+export TFPIPE_ENGINE_PREDICT_ARGS="--batch-rows 1024"
+.venv/bin/tfpipe train --data "$work/reference/taxi" --out "$work/taxi-train" --epochs 2 >/dev/null \
+  && .venv/bin/tfpipe export --model "$work/taxi-train" --data "$work/reference/taxi" --base "$work/models" \
+    --name taxi --tflite '' >/dev/null \
+  && .venv/bin/tfpipe predict --model "$work/models/taxi" --input "$work/inputs/taxi.csv" $TFPIPE_ENGINE_PREDICT_ARGS \
+    --out "$work/reference/predict" >/dev/null || { echo "the reference run (predict) failed"; exit 1; }
 # PROCESS workers: Beam's boot program, built from its Go module at the SDK's version (Beam ships
 # it only inside its container images; the checksum database is not reachable from here, so the
 # module is taken from the proxy unverified), a worker environment with Beam and no tfpipe, and
@@ -37,7 +46,8 @@ export TFPIPE_ENGINE_BOOT="$work/boot/container" TFPIPE_ENGINE_WORKER_ENV="$work
   TFPIPE_ENGINE_WORKER_WHEEL="$(ls "$work"/wheel/tfpipe_data-*.whl)"
 echo "setup and reference outputs: $(( $(date +%s) - started )) s"
 export TFPIPE_ENGINE_INPUTS="$work/inputs" TFPIPE_ENGINE_REFERENCE="$work/reference" \
-  TFPIPE_MAIN_TFPIPE="$PWD/.venv/bin/tfpipe"
+  TFPIPE_MAIN_TFPIPE="$PWD/.venv/bin/tfpipe" TFPIPE_ENGINE_MODEL="$work/models/taxi" \
+  TFPIPE_ENGINE_PREDICT_ENV="$PWD/.venv-predict"
 unshare --net --map-root-user bash -c 'ip link set lo up && exec .venv-engines/bin/python -m pytest -q -p no:cacheprovider tests_engines "$@"' _ "$@"
 rc=$?
 echo "engine tests: $(( $(date +%s) - started )) s in all"
