@@ -1,6 +1,6 @@
 """Batch inference (`tfpipe predict`) against the other ways to score a file, on the Chicago taxi model.
 
-    python benchmarks/bench_predict.py [--rows 100000,1000000] [--server-seconds 5]
+    python benchmarks/bench_predict.py [--rows 100000,1000000,3000000] [--server-seconds 5]
     python benchmarks/bench_predict.py --engines .venv-predict [--rows 1000000]
 
 The model is bench_serve.py's (.bench/export/models/taxi, made by bench_export.py when missing);
@@ -86,15 +86,17 @@ def input_csv(rows: int) -> str:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and its descendants."""
+    """Resident bytes of a process and its descendants (the children of each of its threads:
+    Beam's runner starts its worker processes from a thread of its own)."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/statm") as f:
                 total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo += [int(c) for c in f.read().split()]
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
         except OSError:
             pass
     return total
@@ -190,7 +192,8 @@ def engines(env: str, base: str, sizes: list[int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="100000,1000000")
+    ap.add_argument("--rows", default="100000,1000000,3000000",
+                    help="input sizes; the goals are judged at 1,000,000 rows (or the largest), memory over all")
     ap.add_argument("--server-seconds", type=float, default=5.0)
     ap.add_argument("--engines", metavar="ENV", help="measure FnApiRunner, Flink and Spark in this predict "
                                                      "environment (engines/setup.sh --predict) instead")
@@ -222,20 +225,19 @@ def main() -> None:
                       f"peak RSS {f['peak_rss_mb']:7,.0f} MB", flush=True)
         server = server_rows_per_s(version, args.server_seconds, tmp)
     print(f"  Beam's TFModelHandlerTensor on this SavedModel: {beam_handler_says(version)}")
-    largest = max(figures)
-    p, loop = figures[largest]["predict"], figures[largest]["loop"]
-    per_cpu = largest / p["cpu_s"]
+    judged = 1_000_000 if 1_000_000 in figures else max(figures)
+    p, loop = figures[judged]["predict"], figures[judged]["loop"]
+    per_cpu = judged / p["cpu_s"]
     server_per_cpu = 1 / server["cpu_s_per_row"]
-    print(f"\n{largest:,} rows: tfpipe predict {largest / p['wall_s']:,.0f} rows/s on {figures[largest]['workers']} "
-          f"worker(s), model calls of {figures[largest]['batch_rows']:,} rows")
+    print(f"\n{judged:,} rows: tfpipe predict {judged / p['wall_s']:,.0f} rows/s on {figures[judged]['workers']} "
+          f"worker(s), model calls of {' and '.join(f'{b:,}' for b in figures[judged]['batch_rows'])} rows")
     print(f"  rows per CPU second: predict {per_cpu:,.0f}, server (batching on, best of 32/64 connections: "
           f"{server['rows_per_s']:,.0f} rows/s) {server_per_cpu:,.0f}: {per_cpu / server_per_cpu:.1f}x (goal >= 5x)")
-    print(f"  against the plain loop: {(largest / p['wall_s']) / (largest / loop['wall_s']):.2f}x its rows/s, "
-          f"{per_cpu / (largest / loop['cpu_s']):.2f}x its rows per CPU second (goal >= 0.8x)")
-    smallest = min(figures)
-    print(f"  peak RSS: {smallest:,} rows {figures[smallest]['predict']['peak_rss_mb']:,.0f} MB, {largest:,} rows "
-          f"{p['peak_rss_mb']:,.0f} MB (goal: flat)")
-
+    print(f"  against the plain loop: {(judged / p['wall_s']) / (judged / loop['wall_s']):.2f}x its rows/s, "
+          f"{per_cpu / (judged / loop['cpu_s']):.2f}x its rows per CPU second (goal >= 0.8x)")
+    print("  peak RSS (goal: flat as the rows grow): " + ", ".join(
+        f"{rows:,} rows {f['predict']['peak_rss_mb']:,.0f} MB ({f['workers']} worker(s))"
+        for rows, f in sorted(figures.items())))
 
 if __name__ == "__main__":
     main()

@@ -50,8 +50,6 @@ from tfpipe.versions import served
 IMAGE_UNIT = 256  # images per work unit
 UNIT_BYTES = 16 << 20  # input bytes per work unit
 FIRST_BAD = 5  # dead-letter entries each unit reports to the launcher (for the summary)
-BATCH_SIZES = (256, 1024, 4096)  # tried at start-up for --batch-rows
-IMAGE_BATCH_SIZES = (4, 16, 64)  # the same for an image model
 EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 PREDICTIONS = "predictions"  # the folder of prediction files (a reader of the folder sees only them)
 # --prediction-log: the request log's files, PREDICTION_LOGS/log-UNIT.tfrecord, which
@@ -186,7 +184,8 @@ class WriteUnit(beam.DoFn):
                                                      f"part-{unit.unit:05d}.jsonl")) as f:
                 f.write("".join(json.dumps(b, ensure_ascii=False) + "\n" for b in dead).encode())
         summary = {"unit": unit.unit, "read": unit.read, "predicted": predicted, "bad": len(dead),
-                   "file": name if predicted else None, "first_bad": dead[:FIRST_BAD]}
+                   "file": name if predicted else None, "first_bad": dead[:FIRST_BAD],
+                   "batch_rows": answered.batch_rows, "measured": answered.measured}
         with FileSystems.create(FileSystems.join(self.out_dir, "_units", f"unit-{unit.unit:05d}.json")) as f:
             f.write(json.dumps(summary).encode())
 
@@ -292,7 +291,6 @@ class Plan:
     units: list  # WorkUnit (tables) or ImageUnit
     carried: tuple[str, ...]
     layout: Layout
-    batch_rows: int
     runner: str
     workers: int
     started: float
@@ -365,13 +363,13 @@ def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:
         carried = _carried(schema, scanned, config.key)
         units = plan_units(scanned, shards)
         inputs = [{"path": f.path, "format": f.format, "size": f.size, "sha256": f.sha256} for f in scanned]
-    batch_rows = config.batch_rows or measured_batch_rows(model, log)
     layout = Layout(model, carried, config.key, config.output_format, config.prediction_log)
     if layout.prefix:
         log(f"an input column is named like a prediction column: the answers are named {layout.prefix}*")
-    plan = Plan(config, model, inputs, units, carried, layout, batch_rows, runner, workers, started)
-    log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): {len(units)} work unit(s), "
-        f"model calls of up to {batch_rows:,} {'images' if model.images else 'rows'}")
+    plan = Plan(config, model, inputs, units, carried, layout, runner, workers, started)
+    calls = (f"model calls of up to {config.batch_rows:,} {'images' if model.images else 'rows'}" if config.batch_rows
+             else "model calls sized by measuring the model in each worker")
+    log(f"running Beam ({runner}, {workers} worker{'s' if workers > 1 else ''}): {len(units)} work unit(s), {calls}")
     out = config.out if is_remote(config.out) else os.path.abspath(config.out)
     return run_to_temp(out, options, len(units), lambda p, tmp: build_pipeline(p, plan, tmp),
                        lambda tmp: _finish(plan, tmp, out, log), log, watch=lambda tmp: RowProgress(tmp, len(units), log))
@@ -405,7 +403,7 @@ def _carried(schema: Schema, files: list[InputFile], key: str | None) -> tuple[s
 def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
     schema = plan.model.schema
     handler = TableModelHandler(plan.model.path, plan.model.name, plan.model.version,
-                                schema.to_json() if schema is not None else None, plan.batch_rows,
+                                schema.to_json() if schema is not None else None, plan.config.batch_rows,
                                 plan.config.prediction_log)
     reader = ReadImages() if schema is None else ReadRows(schema.to_json(), list(_na(plan)), plan.carried)
     _ = (p
@@ -447,7 +445,7 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
         "inputs": plan.inputs,
         "beam": {"runner": plan.runner, "workers": plan.workers, "units": len(plan.units), "version": beam.__version__},
         "tensorflow_version": _installed("tensorflow"),  # the launcher's
-        "batch_rows": plan.batch_rows,
+        "batch_rows": sorted({s["batch_rows"] for s in summaries}),  # each worker's (measured or given)
         "counts": {"read": read, "predicted": predicted, "bad": bad},
         "columns": plan.layout.columns,
         "outputs": {"format": plan.config.output_format, "files": files, "prediction_logs": logs,
@@ -458,12 +456,24 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
     write_outputs(tmp, {"predict.json": manifest})
     publish(tmp, out, files + logs + manifest["outputs"]["deadletter"] + ["predict.json"])
     noun = "images" if plan.model.images else "rows"
+    if not plan.config.batch_rows:
+        log(_measured(summaries, noun))
     log(f"{read:,} {noun} read -> {predicted:,} predicted, {bad:,} dead-lettered"
         + (f" (deadletter/; first: {_where(first_bad[0])}: {first_bad[0]['reason']})"
            if first_bad else "")
         + f"; {len(files)} {plan.config.output_format} file(s) in {out} ({elapsed:.1f} s, "
           f"{read / max(elapsed, 1e-9):,.0f} {noun}/s)")
     return out
+
+
+def _measured(summaries: list[dict], noun: str) -> str:
+    """What the workers measured and chose, as one line."""
+    chosen = sorted({s["batch_rows"] for s in summaries})
+    said = {json.dumps(s["measured"]): s["measured"] for s in summaries if s["measured"]}
+    speeds = "; ".join(", ".join(f"{int(size):,} -> {rate:,.0f} {noun}/s" for size, rate in m.items())
+                       for m in said.values())
+    return (f"model calls of {' and '.join(f'{c:,}' for c in chosen)} {noun}, as the workers measured "
+            f"({speeds or 'no test rows kept with the version: the default size'}; --batch-rows sets it)")
 
 
 def _installed(package: str) -> str | None:
@@ -504,74 +514,6 @@ class RowProgress(progress):
                 left = elapsed / done * (self.total - done)
                 self.log(f"  {done}/{self.total} work units, {rows:,} rows ({rows / elapsed:,.0f} rows/s), "
                          f"about {left:.0f} s left")
-
-
-def measured_batch_rows(model: ModelVersion, log: Callable[[str], None]) -> int:
-    """The rows per model call: the smallest of BATCH_SIZES whose rows/s is within 10% of the best
-    measured on this machine with the version's own test rows (a larger call holds more memory and
-    gives the workers' threads fewer turns, for little more speed)."""
-    from tfpipe.predict.model import SIGNATURE, model_inputs
-    from tfpipe.pipeline.readers import Column
-    from tfpipe.serve.core.servable import Servable
-    from tfpipe.train.datadir import load_data_dir
-
-    servable = Servable(model.name, model.version, model.path)
-    sig = servable.signature(SIGNATURE)
-    rows = _test_rows(model, load_data_dir, Column)
-    if rows is None or len(rows) == 0:
-        return IMAGE_BATCH_SIZES[1] if model.images else 1024
-    speeds = {}
-    for size in IMAGE_BATCH_SIZES if model.images else BATCH_SIZES:
-        idx = np.arange(size) % len(rows)
-        piece = Rows(0, 0, "", idx, [""] * size, {k: Column(c.values[idx], c.present[idx]) for k, c in rows.columns.items()})
-        inputs, _ = model_inputs(piece, model.schema, sig.numpy_dtypes)
-        checked = servable.check_inputs(sig, inputs)
-        servable.run(sig, checked)  # the first call of a shape traces nothing, but warms caches
-        calls, begun = 0, time.perf_counter()
-        while calls < 2 or time.perf_counter() - begun < 0.1:
-            servable.run(sig, servable.check_inputs(sig, inputs))
-            calls += 1
-        speeds[size] = size * calls / (time.perf_counter() - begun)
-    best = max(speeds.values())
-    chosen = min(s for s, v in speeds.items() if v >= 0.9 * best)
-    log("batch rows measured: " + ", ".join(f"{s:,} -> {v:,.0f} rows/s" for s, v in speeds.items())
-        + f"; model calls of {chosen:,} rows (--batch-rows sets it)")
-    return chosen
-
-
-def _test_rows(model: ModelVersion, load_data_dir, Column):
-    """The version's kept test rows as a Rows of typed columns (None when they cannot be read)."""
-    import tensorflow as tf
-
-    from tfpipe.train.data import parse_spec, raw_inputs
-
-    try:
-        data = load_data_dir(os.path.join(model.path, "assets.extra", "test_data"))
-        files = [f for split in data.manifest["outputs"]["splits"] for f in data.files(split)]
-    except Exception:  # noqa: BLE001 (no rows to measure with: the default size)
-        return None
-    records = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4096)]
-    if not records:
-        return None
-    if model.images:
-        encoded = tf.io.parse_example(records, {"image/encoded": tf.io.FixedLenFeature([], tf.string)})
-        images = encoded["image/encoded"].numpy()
-        column = Column(np.array(list(images) + [b""], dtype=object)[:-1], np.ones(len(images), bool))
-        return Rows(0, 0, "", np.arange(len(images)), [""] * len(images), {IMAGE_INPUT: column})
-    spec = {k: v for k, v in parse_spec(model.schema).items() if k != model.schema.label.name}
-    parsed = raw_inputs(tf.io.parse_example(records, spec), model.schema)
-    columns = {}
-    for f in model.schema.features:
-        values = parsed[f.name].numpy()
-        if values.dtype == object:
-            present = values != b""
-            values = np.array([v.decode("utf-8") for v in values], dtype=object)
-        else:
-            present = ~np.isnan(values)
-            values = np.nan_to_num(values).astype(np.int64) if f.type == "int" else values
-        columns[f.name] = Column(values, present)
-    n = len(records)
-    return Rows(0, 0, "", np.arange(n), [""] * n, columns)
 
 
 def result(out: str):

@@ -12,9 +12,12 @@ runs only Example signatures (docs/predict.md says what was tried).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -169,11 +172,13 @@ def model_inputs(rows: Rows, schema: Schema | None, dtypes: dict[str, Any]) -> t
 
 @dataclass
 class Answered:
-    """A work unit and what the model answered for it: a Scored per piece of `unit.pieces`.
-    RunInference's output."""
+    """A work unit and what the model answered for it: a Scored per piece of `unit.pieces`, in
+    model calls of up to `batch_rows` rows (as `measured`, or given). RunInference's output."""
 
     unit: UnitRows
     scored: list[Scored]
+    batch_rows: int
+    measured: dict[int, float] | None  # rows a call -> rows/s, when the worker measured
 
     def nbytes(self) -> int:
         return self.unit.nbytes() + sum(v.nbytes for s in self.scored for v in s.outputs.values())
@@ -201,38 +206,59 @@ beam.coders.registry.register_coder(UnitRows, SizedCoder)
 beam.coders.registry.register_coder(Answered, SizedCoder)
 
 
-class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
+BATCH_SIZES = (256, 1024, 4096)  # rows a call, tried when a worker loads a table model
+IMAGE_BATCH_SIZES = (4, 16, 64)  # the same for an image model
+
+
+@dataclass
+class Loaded:
+    """A worker's model: the version as the server loads it, the schema its rows are read with
+    (None: an image model), and the rows a call (given, or measured at load)."""
+
+    servable: Any  # serve.core.servable.Servable
+    schema: Schema | None
+    batch_rows: int
+    measured: dict[int, float] | None
+
+
+class TableModelHandler(ModelHandler[UnitRows, Answered, Loaded]):
     """RunInference's handler for a tfpipe model: each element is a work unit's rows (the job's
     UnitRows: a Rows per batch read), answered in model calls of `batch_rows` rows, consecutive
     pieces joined up to that size; the inference is a Scored per piece. The model is loaded once
-    per worker process and shared by its threads (RunInference's default)."""
+    per worker process and shared by its threads (RunInference's default); with `batch_rows` None,
+    the worker measures the size of its calls when it loads the model (`measure_batch_rows`), so
+    that the launcher never imports TensorFlow."""
 
-    def __init__(self, version_dir: str, name: str, version: int, schema_json: dict | None, batch_rows: int,
+    def __init__(self, version_dir: str, name: str, version: int, schema_json: dict | None, batch_rows: int | None,
                  prediction_log: bool = False):
         super().__init__()
         self.version_dir, self.name, self.version = version_dir, name, version
         self.schema_json, self.batch_rows, self.prediction_log = schema_json, batch_rows, prediction_log
 
-    def load_model(self):
+    def load_model(self) -> Loaded:
+        _import_tensorflow()
         from tfpipe.serve.core.servable import Servable
 
         servable = Servable(self.name, self.version, self.version_dir)
-        servable.schema = Schema.from_json(self.schema_json) if self.schema_json is not None else None
-        return servable
+        schema = Schema.from_json(self.schema_json) if self.schema_json is not None else None
+        if self.batch_rows:
+            return Loaded(servable, schema, self.batch_rows, None)
+        chosen, measured = measure_batch_rows(servable, self.version_dir, schema)
+        return Loaded(servable, schema, chosen, measured)
 
     def batch_elements_kwargs(self) -> dict:
         return {"min_batch_size": 1, "max_batch_size": 1}  # a unit a batch: the handler makes the calls
 
-    def run_inference(self, batch: Sequence[UnitRows], model, inference_args=None) -> Iterable[Answered]:
-        sig = model.signature(SIGNATURE)
+    def run_inference(self, batch: Sequence[UnitRows], model: Loaded, inference_args=None) -> Iterable[Answered]:
+        sig = model.servable.signature(SIGNATURE)
         for unit in batch:
-            unit.pieces = [part for rows in unit.pieces for part in rows.split(self.batch_rows)]
+            unit.pieces = [part for rows in unit.pieces for part in rows.split(model.batch_rows)]
             scored: list[Scored] = []
             call: list = []
             pieces = [(rows, *model_inputs(rows, model.schema, sig.numpy_dtypes)) for rows in unit.pieces]
             for piece in pieces + [None]:
-                if call and (piece is None or sum(len(r) for r, _, _ in call) + len(piece[0]) > self.batch_rows):
-                    scored += _scored(model, sig, call)
+                if call and (piece is None or sum(len(r) for r, _, _ in call) + len(piece[0]) > model.batch_rows):
+                    scored += _scored(model.servable, sig, call)
                     call = []
                 if piece is not None:
                     call.append(piece)
@@ -241,7 +267,7 @@ class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
                     if len(answer.taken):
                         answer.logs = prediction_logs(self.name, self.version, sig,
                                                       {k: v[answer.taken] for k, v in inputs.items()}, answer.outputs)
-            yield Answered(unit, scored)
+            yield Answered(unit, scored, model.batch_rows, model.measured)
 
     def get_num_bytes(self, batch: Sequence[UnitRows]) -> int:
         """For RunInference's byte metrics: the columns' array bytes (Beam's default pickles the whole
@@ -250,6 +276,83 @@ class TableModelHandler(ModelHandler[UnitRows, Answered, Any]):
 
     def get_metrics_namespace(self) -> str:
         return "tfpipe_predict"
+
+
+def _import_tensorflow() -> None:
+    """Import TensorFlow without scikit-learn, in a worker that has imported neither: TensorFlow
+    imports Keras 3 at once, and Keras' scikit-learn wrappers import scikit-learn and SciPy when
+    they are installed, a large share of a worker's start-up for wrappers it never builds. Keras
+    takes their absence; scikit-learn imports as usual afterwards."""
+    if "tensorflow" in sys.modules or "sklearn" in sys.modules:
+        return
+    sys.modules["sklearn"] = None  # an import of it raises ImportError
+    try:
+        importlib.import_module("tensorflow")
+    finally:
+        if "sklearn" in sys.modules and sys.modules["sklearn"] is None:
+            del sys.modules["sklearn"]
+
+
+def measure_batch_rows(servable, version_dir: str, schema: Schema | None) -> tuple[int, dict[int, float] | None]:
+    """The rows a model call: the smallest of BATCH_SIZES whose rows/s is within 10% of the best
+    measured in this process with the version's own test rows (a larger call holds more memory and
+    gives the workers' threads fewer turns, for little more speed); with the rows/s of each size.
+    A version without test rows gets the middle size, unmeasured (None)."""
+    sizes = IMAGE_BATCH_SIZES if schema is None else BATCH_SIZES
+    sig = servable.signature(SIGNATURE)
+    rows = _test_rows(version_dir, schema)
+    if rows is None or len(rows) == 0:
+        return sizes[1], None
+    speeds = {}
+    for size in sizes:
+        idx = np.arange(size) % len(rows)
+        piece = Rows(0, 0, "", idx, [""] * size, {k: Column(c.values[idx], c.present[idx]) for k, c in rows.columns.items()})
+        inputs, _ = model_inputs(piece, schema, sig.numpy_dtypes)
+        _call(servable, sig, inputs)  # the first call of a shape traces nothing, but warms caches
+        calls, begun = 0, time.perf_counter()
+        while calls < 2 or time.perf_counter() - begun < 0.1:
+            _call(servable, sig, inputs)
+            calls += 1
+        speeds[size] = size * calls / (time.perf_counter() - begun)
+    best = max(speeds.values())
+    return min(s for s, v in speeds.items() if v >= 0.9 * best), speeds
+
+
+def _test_rows(version_dir: str, schema: Schema | None) -> Rows | None:
+    """The version's kept test rows (up to 4,096) as a Rows of typed columns, or its images' bytes;
+    None when it keeps none that can be read."""
+    import tensorflow as tf
+
+    from tfpipe.train.data import parse_spec, raw_inputs
+    from tfpipe.train.datadir import load_data_dir
+
+    try:
+        data = load_data_dir(os.path.join(version_dir, TEST_DATA))
+        files = [f for split in data.manifest["outputs"]["splits"] for f in data.files(split)]
+    except Exception:  # noqa: BLE001 (no rows to measure with: the default size)
+        return None
+    records = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4096)]
+    if not records:
+        return None
+    if schema is None:
+        encoded = tf.io.parse_example(records, {"image/encoded": tf.io.FixedLenFeature([], tf.string)})
+        images = encoded["image/encoded"].numpy()
+        column = Column(np.array(list(images) + [b""], dtype=object)[:-1], np.ones(len(images), bool))
+        return Rows(0, 0, "", np.arange(len(images)), [""] * len(images), {IMAGE_INPUT: column})
+    spec = {k: v for k, v in parse_spec(schema).items() if k != schema.label.name}
+    parsed = raw_inputs(tf.io.parse_example(records, spec), schema)
+    columns = {}
+    for f in schema.features:
+        values = parsed[f.name].numpy()
+        if values.dtype == object:
+            present = values != b""
+            values = np.array([v.decode("utf-8") for v in values], dtype=object)
+        else:
+            present = ~np.isnan(values)
+            values = np.nan_to_num(values).astype(np.int64) if f.type == "int" else values
+        columns[f.name] = Column(values, present)
+    n = len(records)
+    return Rows(0, 0, "", np.arange(n), [""] * n, columns)
 
 
 def _scored(model, sig, pieces: list[tuple[Rows, dict, dict]]) -> list[Scored]:

@@ -102,6 +102,11 @@ def test_every_row_is_predicted_or_dead_lettered_with_its_reason(scored):
     assert set(rows[0]) == set(FEATURES) | {"label", "prediction", "probability", "probability_hi",
                                             "probability_lo", "model", "model_version"}
     assert "fields separated by semicolons" in stdout
+    # the worker measured the size of its model calls on the version's test rows, and said so
+    from tfpipe.predict.model import BATCH_SIZES
+
+    assert len(manifest["batch_rows"]) == 1 and manifest["batch_rows"][0] in BATCH_SIZES
+    assert f"model calls of {manifest['batch_rows'][0]:,} rows, as the workers measured (256 -> " in stdout, stdout
 
 
 def test_the_answers_are_the_servers_for_the_same_rows_and_version(scored, keyword_model):
