@@ -8,17 +8,21 @@ the input, the shipped taxi sample's 15,002 rows repeated to each --rows count a
 .bench/predict/). For each size, measured one after the other on this machine:
 
   * tfpipe predict (FnApiRunner, its own defaults: one worker per core on inputs over 16 MB,
-    model calls of the size it measures at start-up), Parquet output;
+    model calls of the size each worker measures as it loads the model), Parquet output;
   * a plain loop: pandas reads the CSV 1,024 rows at a time and each chunk goes to the same
     SavedModel's serving_default, loaded with tf.saved_model.load (what a user writes by hand);
+  * at 1,000,000 rows, Beam's own TFModelHandlerTensor in RunInference, as a user would build
+    it on FnApiRunner with one worker per core: it does not load the SavedModel (Keras 3's
+    load_model refuses the directory; what it says is printed), so it loads the Keras model file
+    training wrote, each CSV line parsed into a row of named values and each batch Beam makes
+    called as a dict of tensors;
 
 each as its own process: wall seconds, rows/s, CPU seconds of the process and its children, and
 peak resident memory (the sum over the process tree, sampled every 0.1 s). Then the embedded
 server with batching on (max_batch_size 32, 2 ms), wrk posting one row per REST request from 32
 and 64 connections: its best rows/s and its CPU seconds per row. Printed: predict's rows/s per
 CPU second against the server's and against the loop's (goals, issue #46: at least 5x the server,
-at least 0.8x the loop, memory flat from the small input to the large one). Beam's own
-TFModelHandlerTensor is tried on the same SavedModel and what it says is printed.
+at least 0.8x the loop, memory flat as the input grows), and against Beam's handler.
 
 With --engines ENV (the environment `bash engines/setup.sh --predict` makes: Beam 2.62,
 TensorFlow 2.20), instead: `tfpipe predict` run with that environment's Python on FnApiRunner,
@@ -152,15 +156,59 @@ def server_rows_per_s(version: str, seconds: float, tmp: str) -> dict:
         proc.wait(30)
 
 
-def beam_handler_says(version: str) -> str:
-    """What Beam's own TFModelHandlerTensor does with the SavedModel (in a process of its own)."""
+BEAM_HANDLER = r'''
+import csv, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, tensorflow as tf, keras
+import apache_beam as beam
+from apache_beam.ml.inference import utils
+from apache_beam.ml.inference.base import RunInference
+from apache_beam.ml.inference.tensorflow_inference import TFModelHandlerTensor
+from apache_beam.options.pipeline_options import PipelineOptions
+import tfpipe.train.model  # noqa: F401 (the model's own layers, registered with Keras)
+
+keras_file, path = sys.argv[1], sys.argv[2]
+with open(path) as f:
+    header = next(csv.reader(f))
+inputs = {i.name: i.dtype for i in keras.models.load_model(keras_file).inputs}
+at = {name: header.index(name) for name in inputs}
+# the model's own layers, by reference: a worker that unpickles the handler imports their module
+mine = {k: v for k, v in keras.saving.get_custom_objects().items() if k.startswith("tfpipe>")}
+
+def parse(line):
+    fields = next(csv.reader([line]))
+    return {k: (fields[i] if inputs[k] == "string" else float(fields[i]) if fields[i] else np.nan)
+            for k, i in at.items()}
+
+def columns(model, batch, inference_args, model_id=None):
+    tensors = {k: tf.constant([row[k] for row in batch], dtype=inputs[k]) for k in inputs}
+    return utils._convert_to_result(batch, model(tensors), model_id)
+
+with beam.Pipeline(options=PipelineOptions(["--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner",
+                                            "--direct_num_workers=2", "--direct_running_mode=multi_processing"])) as p:
+    (p | beam.io.ReadFromText(path, skip_header_lines=1) | beam.Map(parse)
+       | RunInference(TFModelHandlerTensor(keras_file, inference_fn=columns, load_model_args={"custom_objects": mine}))
+       | beam.combiners.Count.Globally() | beam.Map(lambda n: print("rows", n, flush=True)))
+'''
+
+
+def beam_handler(version: str) -> tuple[list[str], str]:
+    """Beam's own TFModelHandlerTensor, as a user would run it: on the SavedModel (what it says),
+    and on the Keras model file training wrote (its command, to be measured). Its module imports
+    tensorflow_hub, which under Keras 3 imports tf_keras (and pkg_resources): installed for it alone, without
+    their dependencies, into .bench/predict/beam-handler (on PYTHONPATH for its process only)."""
+    target = os.path.join(WORK, "beam-handler")
+    if not os.path.isdir(os.path.join(target, "tensorflow_hub")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+                        "tensorflow-hub==0.16.*", "tf-keras==2.21.*", "setuptools<81"], check=True)
+    env = {**os.environ, "PYTHONPATH": target}
     code = ("from apache_beam.ml.inference.tensorflow_inference import TFModelHandlerTensor\n"
             f"TFModelHandlerTensor(model_uri={version!r}).load_model()\nprint('loaded')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    if r.returncode == 0:
-        return "loads"
-    last = [line for line in r.stderr.strip().splitlines() if line.strip()][-1]
-    return f"fails: {last[:300]}"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    said = "loads" if r.returncode == 0 else \
+        "fails: " + [line for line in r.stderr.strip().splitlines() if line.strip()][-1][:300]
+    keras_file = os.path.join(ROOT, ".bench", "export", "train-256,128", "model.keras")
+    return ["env", f"PYTHONPATH={env['PYTHONPATH']}", sys.executable, "-c", BEAM_HANDLER, keras_file], said
 
 
 ENGINES = {"FnApiRunner": [],
@@ -207,8 +255,11 @@ def main() -> None:
         engines(args.engines, base, [int(r) for r in args.rows.split(",")])
         return
     figures = {}
+    sizes = [int(r) for r in args.rows.split(",")]
+    judged = 1_000_000 if 1_000_000 in sizes else max(sizes)
+    beam_cmd, beam_on_savedmodel = beam_handler(version)
     with tempfile.TemporaryDirectory() as tmp:
-        for rows in [int(r) for r in args.rows.split(",")]:
+        for rows in sizes:
             path = input_csv(rows)
             out = os.path.join(tmp, f"scored-{rows}")
             p = measured_run([sys.executable, "-m", "tfpipe.cli", "predict", "--model", base, "--input", path,
@@ -219,13 +270,18 @@ def main() -> None:
             assert f"rows {rows}" in loop["output"], loop["output"][-500:]
             figures[rows] = {"predict": p, "loop": loop, "workers": manifest["beam"]["workers"],
                              "batch_rows": manifest["batch_rows"]}
-            for name, f in (("tfpipe predict", p), ("plain loop", loop)):
+            runs = [("tfpipe predict", p), ("plain loop", loop)]
+            if rows == judged:
+                beam_run = measured_run(beam_cmd + [path])
+                assert f"rows {rows}" in beam_run["output"], beam_run["output"][-500:]
+                figures[rows]["beam"] = beam_run
+                runs.append(("Beam's handler", beam_run))
+            for name, f in runs:
                 print(f"  {rows:>9,} rows, {name:<14}: {f['wall_s']:6.1f} s, {rows / f['wall_s']:9,.0f} rows/s, "
                       f"{f['cpu_s']:6.1f} CPU s ({rows / f['cpu_s']:9,.0f} rows per CPU s), "
                       f"peak RSS {f['peak_rss_mb']:7,.0f} MB", flush=True)
         server = server_rows_per_s(version, args.server_seconds, tmp)
-    print(f"  Beam's TFModelHandlerTensor on this SavedModel: {beam_handler_says(version)}")
-    judged = 1_000_000 if 1_000_000 in figures else max(figures)
+    print(f"  Beam's TFModelHandlerTensor on the SavedModel: {beam_on_savedmodel}")
     p, loop = figures[judged]["predict"], figures[judged]["loop"]
     per_cpu = judged / p["cpu_s"]
     server_per_cpu = 1 / server["cpu_s_per_row"]
@@ -235,6 +291,9 @@ def main() -> None:
           f"{server['rows_per_s']:,.0f} rows/s) {server_per_cpu:,.0f}: {per_cpu / server_per_cpu:.1f}x (goal >= 5x)")
     print(f"  against the plain loop: {(judged / p['wall_s']) / (judged / loop['wall_s']):.2f}x its rows/s, "
           f"{per_cpu / (judged / loop['cpu_s']):.2f}x its rows per CPU second (goal >= 0.8x)")
+    beam_run = figures[judged]["beam"]
+    print(f"  against Beam's TFModelHandlerTensor on the Keras model: {beam_run['wall_s'] / p['wall_s']:.2f}x its rows/s, "
+          f"{beam_run['cpu_s'] / p['cpu_s']:.2f}x its rows per CPU second")
     print("  peak RSS (goal: flat as the rows grow): " + ", ".join(
         f"{rows:,} rows {f['predict']['peak_rss_mb']:,.0f} MB ({f['workers']} worker(s))"
         for rows, f in sorted(figures.items())))

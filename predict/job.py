@@ -4,7 +4,7 @@
       -> Read: read and validate a unit with the data stage's readers against the schema the model
          was trained on (an image decoded in full); bad rows, with their reason, kept aside
       -> RunInference(TableModelHandler): one element a unit; the handler cuts its rows into
-         model calls of --batch-rows (measured at start-up), the version's serving_default
+         model calls of --batch-rows (or as each worker measured), the version's serving_default
          called as the server calls it
       -> WriteUnit: the unit's predictions (predictions/part-UNIT.parquet|csv|jsonl), its
          dead-letter rows (deadletter/part-UNIT.jsonl) and its summary (_units/), each file
