@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfpipe.files import write_json
 from tfpipe.export.errors import ExportError
 from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.train.images import decode_batch, inference_model
@@ -123,7 +124,6 @@ def write_samples(tmp: str, loaded, data, split: str, encoded: list[bytes], labe
     the SavedModel gives them; the misclassified ones first (up to a third), then images spread
     evenly over the split."""
     import base64
-    import json
 
     if not encoded:
         return
@@ -137,8 +137,7 @@ def write_samples(tmp: str, loaded, data, split: str, encoded: list[bytes], labe
         images.append({"index": i, "format": formats[i],
                        "b64": base64.b64encode(encoded[i]).decode(), "label": classes[int(labels[i])],
                        "predicted": classes[int(predicted[i])], "probability": round(float(probabilities[i].max()), 4)})
-    with open(os.path.join(tmp, "assets.extra", "samples.json"), "w") as f:
-        json.dump({"split": split, "images": images}, f)
+    write_json(os.path.join(tmp, "assets.extra", "samples.json"), {"split": split, "images": images})
 
 
 def write_warmup(tmp: str, config, data) -> int:

@@ -256,8 +256,8 @@ def _tflite_variants(tmp: str, loaded, model: keras.Model, data, split: str, raw
     table = [{"variant": "savedmodel", "bytes": size_saved, **saved, "drop": 0.0}]
     folder = os.path.join(tmp, "assets.extra", "tflite")
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "vocabularies.json"), "w") as f:
-        json.dump({"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies}, f)
+    write_json(os.path.join(folder, "vocabularies.json"),
+               {"index": "position in the list + 1; 0 for any other value", "vocabularies": vocabularies})
     converted = convert_all(lite_model, config.variants_for(task), device_inputs(train_raw, data.schema, vocabularies),
                             input_renames(data.schema))
 

@@ -15,13 +15,13 @@ name with the highest score, compared with the label by name. What is judged, an
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 from typing import Any, Callable
 
 import numpy as np
 
+from tfpipe.files import write_json
 from tfpipe.export.gate import Check, compare, parse_threshold, verdict
 from tfpipe.export.signature_diff import breaking_changes
 from tfpipe.train.datadir import DataDir, load_data_dir
@@ -54,8 +54,7 @@ def keep_test_data(version_dir: str, data: DataDir) -> dict[str, Any]:
         shutil.copyfile(os.path.join(data.path, e["file"]), target)
     manifest["outputs"] = {**manifest["outputs"], "splits": {split: entries}}
     manifest["counts"] = {**manifest["counts"], "splits": {split: data.count(split)}}
-    with open(os.path.join(out, "data.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(os.path.join(out, "data.json"), manifest)
     return {"split": split, "rows": data.count(split), "path": TEST_DATA}
 
 

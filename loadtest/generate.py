@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from tfpipe.loadtest import generator
     from tfpipe.loadtest.protocol import StepSpec
 
+    from tfpipe.files import write_json
     from tfpipe.loadtest.errors import LoadtestError
 
     try:
@@ -42,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     except LoadtestError as e:  # its last line is what the parent shows
         print(e, file=sys.stderr, flush=True)
         return 1
-    with open(args.result, "w") as f:
-        json.dump(result, f)
+    write_json(args.result, result)
     return 0
 
 

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from dataclasses import replace
 from typing import Callable
 
 from tfpipe import EXIT_INTERRUPTED
-from tfpipe.files import publish_dir, temp_dir, write_json
+from tfpipe.files import publish, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
@@ -274,18 +273,13 @@ def _publish(results: dict, steps: list[dict], out: str) -> None:
     once, as every stage publishes: a reader sees the previous results or these."""
     from tfpipe.loadtest.report import write_report
 
-    tmp = temp_dir(out)
-    try:
+    with publish(out) as tmp:
         write_report(results, os.path.join(tmp, "report.html"))
         with open(os.path.join(tmp, "results.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
             w.writeheader()
             w.writerows(steps)
         write_json(os.path.join(tmp, "results.json"), results)  # last: its presence marks a whole output
-        publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def measure_baseline(path: str, rows: list[dict], batch_size: int, signature: str, seconds: float = 2.0,
@@ -339,8 +333,7 @@ def _run_step(spec: StepSpec, timeout: float, label: str) -> tuple[dict | None, 
     generator still writes what it measured in whole seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec.to_json(), f)
+        write_json(spec_path, spec.to_json())
         proc = subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "step", spec_path, result_path],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_generator_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)

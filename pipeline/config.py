@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tfpipe.files import file_sha256
 from tfpipe.pipeline.schema import parse_size  # noqa: F401  (the data options' HxW sizes; train reads it there)
 
 DEFAULT_NA_VALUES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "#N/A")
@@ -140,6 +141,12 @@ class DataConfig(BaseModel):
         of the inputs' fingerprint instead, so `auto` and the same delimiter given by hand agree."""
         return self.model_dump(exclude={"out", "force", "runner", "environment", "beam_args", "input", "schema_path",
                                         "delimiter"})
+
+    def settings(self) -> dict:
+        """What decides the stage's output, for its cache key (`tfpipe.files.cache_key`) and the
+        run's step: the fields above and the content of the schema file given."""
+        return {**self.fingerprint_fields(),
+                "schema_file_sha256": file_sha256(self.schema_path) if self.schema_path else None}
 
 
 def parse_split(text: str) -> dict[str, int]:

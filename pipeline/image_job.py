@@ -33,7 +33,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from tfpipe.files import digest
+from tfpipe.files import cache_key
 from tfpipe.pipeline.autodetect import SAMPLE_BYTES, detect_delimiter
 from tfpipe.pipeline.config import DataConfig, parse_size
 from tfpipe.pipeline.errors import DataError
@@ -338,7 +338,7 @@ def _finish(config: DataConfig, units: list[ImageUnit], classes: list[str], sour
                         "classes": classes},
               "image": {"resize": list(parse_size(config.resize)) if config.resize else None, "channels": 3}}
     settings = config.fingerprint_fields()
-    fingerprint = digest({"settings": settings, "items": [[u.index, [i.name for i in u.items]] for u in units]})
+    fingerprint = cache_key(settings, [[u.index, [[i.name, i.size] for i in u.items]] for u in units])
     manifest = data_manifest(config, summaries, counts, tmp, started, fingerprint=fingerprint, settings=settings,
                              inputs=sources, runner=runner, workers=workers, shards=shards, kind="images",
                              split_by="hash" if config.stratify == "off" else "class")

@@ -8,7 +8,6 @@ unit's counts and publishes the output directory atomically.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -20,7 +19,7 @@ import apache_beam as beam
 import numpy as np
 
 from tfpipe import __version__
-from tfpipe.files import digest
+from tfpipe.files import cache_key
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, found_format, shown_delimiter
@@ -99,13 +98,9 @@ def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
         if f.source:
             notice(f"{os.path.basename(f.source)}: an Excel workbook; its first sheet is read, as the CSV {f.path}")
 
-    schema_text = None
     if config.schema_path:
         schema = load_schema(config.schema_path)
-        with open(config.schema_path, "rb") as f:
-            schema_text = f.read()
-    settings = config.fingerprint_fields()
-    settings["schema_file_sha256"] = hashlib.sha256(schema_text).hexdigest() if schema_text else None
+    settings = config.settings()
 
     previous = read_data_manifest(out)
     if previous and not config.force and _same_inputs_quick(previous, found) and \
@@ -307,12 +302,10 @@ def _csv_reading(f: InputFile) -> dict:
 
 
 def _fingerprint(settings: dict, files: list[InputFile]) -> str:
-    """The content cache key: the settings, the version, and each input's path and sha256, with a
-    CSV input's delimiter when it is not a comma (the one it was read with, however it was chosen;
-    comma files keep the key they had before delimiters were detected)."""
-    inputs = [[f.path, f.sha256] + ([f.delimiter] if f.format == "csv" and f.delimiter != "," else [])
-              for f in files]
-    return digest({"settings": settings, "version": __version__, "inputs": inputs})
+    """The content cache key (`cache_key`): the settings, and each input's path and sha256, with a
+    CSV input's delimiter when it is not a comma (the one it was read with, however it was chosen)."""
+    return cache_key(settings, [[f.path, f.sha256] + ([f.delimiter] if f.format == "csv" and f.delimiter != "," else [])
+                                for f in files])
 
 
 def _same_inputs_quick(manifest: dict, found: list[FoundFile]) -> bool:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timezone
 from typing import Callable, TypeVar
 
@@ -26,7 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfpipe import __version__
-from tfpipe.files import publish_dir, temp_dir
+from tfpipe.files import publish_dir, temp_dir, temp_sibling
 from tfpipe.machine import cores
 from tfpipe.pipeline.errors import DataError, RunnerError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
@@ -471,7 +470,7 @@ def print_summary(manifest: dict, out: str, log) -> None:
 
 def temp_output_dir(out: str) -> str:
     if is_remote(out):
-        return f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+        return temp_sibling(out)  # an object store's: no stale ones are looked for (their PIDs are other machines')
     parent = os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
     os.makedirs(parent, exist_ok=True)
     if not os.access(parent, os.W_OK):

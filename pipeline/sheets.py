@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import os
 import tempfile
 
+from tfpipe.files import atomic_file, file_sha256
 from tfpipe.pipeline.errors import DataError
 
 WORKBOOK_EXTENSIONS = (".xlsx", ".xlsm")
@@ -28,12 +28,11 @@ def sheet_as_csv(path: str) -> str:
     if path.lower().endswith(OLD_WORKBOOK_EXTENSIONS):
         raise DataError(f"input {path} is an Excel 97-2003 workbook (.xls), which tfpipe does not read: save it "
                         "as .xlsx (Excel Workbook) or as CSV UTF-8, and give that file")
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    digest = file_sha256(path)
+    if digest is None:
+        raise DataError(f"input {path} cannot be read")
     stem = os.path.splitext(os.path.basename(path))[0]
-    out = os.path.join(tempfile.gettempdir(), "tfpipe-sheets", digest.hexdigest()[:24], f"{stem}.csv")
+    out = os.path.join(tempfile.gettempdir(), "tfpipe-sheets", digest[:24], f"{stem}.csv")
     if os.path.exists(out):
         return out
     import openpyxl
@@ -44,9 +43,7 @@ def sheet_as_csv(path: str) -> str:
         raise DataError(f"input {path} is not a readable Excel workbook: {type(e).__name__}: {e}") from None
     try:
         sheet = book.worksheets[0]
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        tmp = f"{out}.tmp-{os.getpid()}"
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+        with atomic_file(out, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             width = None
             for row in sheet.iter_rows(values_only=True):
@@ -58,10 +55,8 @@ def sheet_as_csv(path: str) -> str:
                         cells.pop()
                     width = len(cells)
                 writer.writerow((cells + [""] * width)[:width])
-        if width is None:
-            os.unlink(tmp)
-            raise DataError(f"input {path}: the first sheet ('{sheet.title}') is empty")
-        os.replace(tmp, out)
+            if width is None:  # nothing is written
+                raise DataError(f"input {path}: the first sheet ('{sheet.title}') is empty")
     finally:
         book.close()
     return out

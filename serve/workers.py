@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tfpipe.files import clean_stale, read_json
+from tfpipe.files import clean_stale, read_json, write_atomic
 from tfpipe.machine import cores
 from tfpipe.serve.errors import ServeError, precondition, unavailable
 from tfpipe.serve.flags import ServeOptions
@@ -347,13 +347,13 @@ def announce_ready(grpc_port: int | None, rest_port: int | None) -> None:
 
 
 def _replace_file(path: str, text: str) -> None:
-    """Write `path` whole, atomically, as the other workers may read it at any moment."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Write `path` whole, atomically, as the other workers may read it at any moment; nothing when
+    the group's directory went with the supervisor (not made again)."""
+    if not os.path.isdir(os.path.dirname(path)):
+        return
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:  # the group's directory went with the supervisor
+        write_atomic(path, text, durable=False)
+    except OSError:  # the directory went meanwhile
         pass
 
 

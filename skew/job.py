@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe.files import publish_dir, temp_dir, write_json
+from tfpipe.files import publish, write_json
 from tfpipe.skew.config import DEFAULT_CONFIDENCE, SkewConfig, parse_thresholds
 from tfpipe.skew.errors import SkewError
 from tfpipe.skew.measure import (NOISE_DRAWS, compare_categorical, compare_numeric, effective_rows,
@@ -150,16 +150,9 @@ def _read_logs(cfg: SkewConfig, log: Callable[[str], None]):
 
 def _publish(result: dict, out: str) -> None:
     """skew.json and skew.html into `out`, atomically."""
-    tmp = temp_dir(out)
-    try:
+    with publish(out) as tmp:
         write_json(os.path.join(tmp, "skew.json"), result)
         write_html(result, os.path.join(tmp, "skew.html"))
-        publish_dir(tmp, out)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def feature_confidence(confidence: float, features: int) -> float:

@@ -356,7 +356,7 @@ def raw_records(out: str, split: str) -> list[bytes]:
 
 def backup_epoch(out) -> int:
     """The last epoch `tfpipe train --out OUT`'s BackupAndRestore has saved (0: none yet)."""
-    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial", "backup",
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.resume", "backup",
                         "training_metadata.json")
     try:
         with open(path) as f:

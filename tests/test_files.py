@@ -71,3 +71,29 @@ def test_publish_dir_replaces_the_output_whole(tmp_path, existing):
     assert sorted(os.listdir(out)) == ["new.txt"]
     assert not os.path.exists(tmp)
     assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no temp or old directory left
+
+
+@pytest.mark.parametrize("path, prefix", [
+    ("/work/runs/data", "/work/runs/.data.tmp-{pid}-"),
+    ("/work/runs/data/", "/work/runs/.data.tmp-{pid}-"),
+    ("gs://bucket/runs/data", "gs://bucket/runs/.data.tmp-{pid}-"),
+    ("s3://bucket/runs/data/", "s3://bucket/runs/.data.tmp-{pid}-"),
+])
+def test_one_temporary_naming_scheme_for_local_paths_and_object_stores(path, prefix):
+    name = files.temp_sibling(path)
+    assert name.startswith(prefix.format(pid=os.getpid())) and len(name) == len(prefix.format(pid=os.getpid())) + 8
+    assert files.temp_sibling(path) != name  # a new one each time
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_atomic_file_is_written_whole_or_not_at_all(tmp_path, durable):
+    path = tmp_path / "table.csv"
+    path.write_text("old\n")
+    with pytest.raises(ValueError):
+        with files.atomic_file(str(path), "w", durable=durable) as f:
+            f.write("half")
+            raise ValueError("the writer failed")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["table.csv"]  # no temporary file left
+    with files.atomic_file(str(path), "w", durable=durable, newline="") as f:
+        f.write("new\r\n")
+    assert path.read_bytes() == b"new\r\n" and os.listdir(tmp_path) == ["table.csv"]

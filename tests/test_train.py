@@ -101,7 +101,7 @@ def test_kill_diverge_and_resume(tmp_path, penguins_data):
     assert killed_at >= 3 and not out.exists()
     # A kill can land while the backup is being written: cut its weights file short as such a
     # kill leaves it. The backup before it (kept as .bkp) is the one to resume from.
-    backup = tmp_path / ".train.partial" / "backup"
+    backup = tmp_path / ".train.resume" / "backup"
     weights = backup / "latest.weights.h5"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     killed_at = json.loads((backup / "training_metadata.json.bkp").read_text())["epoch"]
@@ -272,7 +272,7 @@ def test_two_worker_multiworker_mirrored_strategy(tmp_path, penguins_data):
     epochs = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert epochs and all("val_accuracy" in e for e in epochs)
     assert (out / "model.keras").exists() and glob.glob(str(out / "logs" / "train" / "events.out.tfevents.*"))
-    assert not glob.glob(str(tmp_path / ".mw.partial*"))  # the other worker cleaned up after itself
+    assert not glob.glob(str(tmp_path / ".mw.resume*"))  # the other worker cleaned up after itself
 
 
 def test_feature_layers_finds_each_features_preprocessing_after_a_save(tmp_path):

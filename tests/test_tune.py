@@ -269,7 +269,7 @@ def test_tune_killed_after_a_trial_resumes_and_writes_a_config_the_server_served
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     # the killed tune's trial servers went with it (PR_SET_PDEATHSIG), within a few seconds
-    work = str(tmp_path / ".tuned.tuning")
+    work = str(tmp_path / ".tuned.resume")
     deadline = time.time() + 30
     while _servers_of(work) and time.time() < deadline:
         time.sleep(0.2)
@@ -297,4 +297,4 @@ def test_tune_killed_after_a_trial_resumes_and_writes_a_config_the_server_served
     assert "--enable_batching=true" in (trial_dir / "server.log").read_text()
     html = (out / "tune.html").read_text()
     assert "Batching tuned by measurement" in html and html.count("<tr>") == 3  # header + 2 trials
-    assert not os.path.exists(tmp_path / ".tuned.tuning")
+    assert not os.path.exists(tmp_path / ".tuned.resume")

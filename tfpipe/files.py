@@ -1,6 +1,7 @@
-"""Files as every stage writes them: a directory published atomically and durably, stale
-temporary directories of killed runs cleaned up, hashes and JSON. A leaf: it imports only
-the standard library, so that every stage may import it (docs/architecture.md)."""
+"""Files as every stage writes them: a directory or a file published atomically and durably,
+stale temporary directories of killed runs cleaned up, hashes, cache keys and JSON. A leaf: it
+imports only the standard library and the package's version, so that every stage may import it
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
+
+from tfpipe import __version__
 
 
 def pid_alive(pid: int) -> bool:
@@ -29,6 +32,13 @@ def pid_alive(pid: int) -> bool:
 def digest(payload: Any) -> str:
     """sha256 of the payload as canonical JSON (sorted keys; non-JSON values as str)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_key(settings: dict[str, Any], inputs: Any) -> str:
+    """The one cache key of a stage's output or a run's step: the settings that decide the result,
+    what it reads by content (files' sha256, or the keys and hashes of the outputs it reads), and
+    tfpipe's version. An output that recorded the key a new run computes is that run's output."""
+    return digest({"settings": settings, "inputs": inputs, "tfpipe": __version__})
 
 
 def file_sha256(path: str) -> str | None:
@@ -57,23 +67,36 @@ def write_json(path: str, payload: Any) -> None:
     write_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
-def write_atomic(path: str, content: str | bytes) -> None:
-    """Replace the file `path` with `content`: written to a temporary sibling of the one naming
-    scheme (`.NAME.tmp-PID-RANDOM`), synced, renamed over `path`, the folder synced. A reader sees
-    the old file or the new one, never a part; a crash leaves at most the temporary file, which
-    the next write of `path` removes once its process is gone."""
+def write_atomic(path: str, content: str | bytes, durable: bool = True) -> None:
+    """Replace the file `path` with `content`, whole or not at all (`atomic_file`)."""
+    with atomic_file(path, "wb", durable=durable) as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w", durable: bool = True, **open_args) -> Iterator[IO]:
+    """The file `path` written whole or not at all: yields a temporary sibling of the one naming
+    scheme (`.NAME.tmp-PID-RANDOM`) open with `mode`; when the block ends normally it is synced and
+    renamed over `path`, and the folder synced; when the block raises it is removed and `path` is
+    left as it was. A reader sees the old file or the new one, never a part; a crash leaves at most
+    the temporary file, which the next write of `path` removes once its process is gone.
+    `durable=False` skips the syncs, for files that live no longer than the processes that share
+    them (a server's worker group): still whole for their readers, not meant to outlive a crash of
+    the machine."""
     tmp = _temp_name(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, mode, **open_args) as f:
+            yield f
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    _sync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        _sync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def _temp_name(out: str) -> str:
@@ -81,7 +104,26 @@ def _temp_name(out: str) -> str:
     parent, name = os.path.split(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     clean_stale(parent, f".{name}.tmp-")
+    return temp_sibling(out)
+
+
+def temp_sibling(path: str) -> str:
+    """The one temporary naming scheme, `.NAME.tmp-PID-RANDOM` beside `path`, a local path or an
+    object store's URL (`gs://bucket/runs/data`); only the name: nothing is made or removed."""
+    if "://" in path:
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return f"{parent}/.{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    parent, name = os.path.split(os.path.abspath(path))
     return os.path.join(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def resume_dir(out: str, suffix: str = "") -> str:
+    """Where a stage that resumes after a kill keeps its work, beside `out`: `.NAME.resume`
+    (and `suffix`, one per process of a stage that runs several). Unlike a temporary directory it
+    outlives a killed process, for the next run to resume from; the stage publishes it as `out`,
+    or removes it, when it ends."""
+    parent, name = os.path.split(os.path.abspath(out.rstrip(os.sep)))
+    return os.path.join(parent, f".{name}.resume{suffix}")
 
 
 def writable_dir(path: str) -> str | None:

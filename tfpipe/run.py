@@ -27,7 +27,7 @@ from typing import Any
 from tfpipe import __version__
 from tfpipe.config import Config
 from tfpipe.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, ConfigError, RunError, UserError
-from tfpipe.files import digest, file_sha256
+from tfpipe.files import cache_key, digest, file_sha256, write_json
 from tfpipe.manifest import read_manifest
 from tfpipe.steps import BY_NAME, STEPS, StepInputs
 
@@ -184,8 +184,9 @@ class Run:
         s = BY_NAME[step]
         inputs = (s.sources(self.cfg) if s.sources else
                   {need: self.manifest["steps"][need]["outputs"]["sha256"] for need in s.needs})
-        parts = {"config": digest(s.settings(self.cfg)), "inputs": inputs, "tfpipe": __version__}
-        return digest(parts), parts
+        settings = s.settings(self.cfg)
+        parts = {"config": digest(settings), "inputs": inputs, "tfpipe": __version__}  # what why_run names
+        return cache_key(settings, inputs), parts
 
     def why_run(self, step: str, fp: str, parts: dict[str, Any]) -> str | None:
         """None when the step is cached; otherwise why it runs, in a few words."""
@@ -219,10 +220,7 @@ class Run:
     # manifest ----------------------------------------------------------------------------------
     def save_manifest(self) -> None:
         self.manifest["updated"] = now()
-        tmp = self.path(f".manifest.json.{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(self.manifest, f, indent=2)
-        os.replace(tmp, self.path("manifest.json"))
+        write_json(self.path("manifest.json"), self.manifest)
 
     # the server --------------------------------------------------------------------------------
     def serving(self):

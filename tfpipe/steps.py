@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tfpipe.files import digest, file_sha256, read_json, write_atomic
+from tfpipe.files import digest, read_json, write_atomic
 from tfpipe.stage import (
     DataOutputs,
     ExportOutputs,
@@ -71,15 +71,17 @@ class Step:
     settings: Callable[[Config], dict[str, Any]]
     run: Callable[[Config, StepInputs, Log], StageResult]
     # the files outside the workdir the step reads, as they stand (path, size, time): None for a
-    # step that reads only earlier steps' outputs (their manifests' hashes are fingerprinted instead)
+    # step that reads only earlier steps' outputs (their manifests' hashes are its inputs instead).
+    # Their stat is a quick check, not their content: a step whose files were touched runs, and the
+    # stage then finds its own key, by content, unchanged; its manifest, and so every later step's
+    # key, stays the same.
     sources: Callable[[Config], dict[str, Any]] | None = None
 
 
 # ---- data --------------------------------------------------------------------------------------------
 
 def data_settings(config: Config) -> dict[str, Any]:
-    schema = config.data.schema_path
-    return {**config.data.fingerprint_fields(), "schema_sha256": file_sha256(schema) if schema else None}
+    return config.data.settings()
 
 
 def data_sources(config: Config) -> dict[str, Any]:

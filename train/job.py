@@ -1,6 +1,6 @@
 """`tfpipe train`: the data stage's TFRecords -> a Keras 3 model with preprocessing inside.
 
-The run works in `.NAME.partial` beside --out: checkpoints, the BackupAndRestore backup and
+The run works in `.NAME.resume` beside --out (tfpipe.files.resume_dir): checkpoints, the BackupAndRestore backup and
 logs accumulate there, so a killed run started again resumes from its last epoch; on
 success the directory is renamed to --out.
 """
@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfpipe import __version__
-from tfpipe.files import digest, publish_dir, read_json
+from tfpipe.files import cache_key, publish_dir, read_json, resume_dir, write_json
 from tfpipe.machine import cores
 from tfpipe.stage import StageResult, TrainOutputs
 from tfpipe.train.config import UNTIL_STOPPED, UNTIL_STOPPED_MIN_DELTA, TrainConfig
@@ -149,8 +149,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     started = time.time()
     data = check_inputs(config)
     out = os.path.abspath(config.out)
-    fingerprint = digest({"settings": config.fingerprint_fields(), "data": data.manifest["fingerprint"],
-                          "version": __version__})
+    fingerprint = cache_key(config.fingerprint_fields(), {"data": data.manifest["fingerprint"]})
     previous = read_json(os.path.join(out, "train.json"))
     if previous and previous.get("fingerprint") == fingerprint and not config.force:
         log(f"cache hit: {out} is up to date with this data and these options; nothing to do (--force retrains)")
@@ -212,8 +211,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         **timing,
         "elapsed_s": round(time.time() - started, 2),
     }
-    with open(os.path.join(work, "train.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(os.path.join(work, "train.json"), manifest)
     _publish(work, out)
     _print_summary(manifest, out, log)
     return out
@@ -423,16 +421,14 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, scale=Non
 
 
 def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int, log: Callable[[str], None]) -> str:
-    parent, name = os.path.split(out)
-    os.makedirs(parent, exist_ok=True)
-    work = os.path.join(parent, f".{name}.partial" + (f"-worker{worker}" if worker else ""))
-    key = digest({"resume": config.resume_fields(), "data": data.manifest["fingerprint"]})
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    work = resume_dir(out, f"-worker{worker}" if worker else "")
+    key = cache_key(config.resume_fields(), {"data": data.manifest["fingerprint"]})  # what a resume may reuse
     marker = os.path.join(work, "resume.json")
     if read_json(marker) != {"key": key}:
         shutil.rmtree(work, ignore_errors=True)  # another model or data: nothing to resume
         os.makedirs(os.path.join(work, "checkpoints"))
-        with open(marker, "w") as f:
-            json.dump({"key": key}, f)
+        write_json(marker, {"key": key})
     else:
         repair_backup(os.path.join(work, "backup"), log)
         if os.path.exists(os.path.join(work, "metrics.jsonl")):

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from tfpipe.files import write_json
 from tfpipe.train.errors import DivergedError
 from tfpipe.train.model import loss_and_metrics, make_loss
 
@@ -168,8 +169,7 @@ def _checkpoint(trainer: keras.Model, work: str, backup: str, epoch: int, writer
         if os.path.exists(os.path.join(backup, name)):
             shutil.copyfile(os.path.join(backup, name), os.path.join(backup, name + ".bkp"))
     trainer.save_weights(os.path.join(backup, BACKUP_WEIGHTS))
-    with open(os.path.join(backup, BACKUP_META), "w") as f:
-        json.dump({"epoch": epoch, "batch": 0}, f)
+    write_json(os.path.join(backup, BACKUP_META), {"epoch": epoch, "batch": 0})  # whole, for a resume
     with writer.as_default(step=epoch - 1):
         for k, v in logs.items():
             tf.summary.scalar(f"epoch_{k}", v)

@@ -9,7 +9,7 @@ the load generator of `tfpipe loadtest`, and stops it. The candidates come coars
   the start (the batching guide's CPU starting point) and the best, and their ratio;
 - tune.html: the evidence table and charts;
 - trials/NN/: each trial's batching.config, server log and load tests.
-A killed tune resumes: the trials measured so far are kept beside --out (.NAME.tuning) and
+A killed tune resumes: the trials measured so far are kept beside --out (.NAME.resume) and
 reused when the same command runs again.
 """
 
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfpipe.files import digest, publish_dir, read_json, write_json
+from tfpipe.files import cache_key, publish_dir, read_json, resume_dir, write_json
 from tfpipe.machine import cores as machine_cores
 from tfpipe.tune.config import TuneConfig
 from tfpipe.tune.errors import TuneError
@@ -74,13 +74,16 @@ def warmup_version(cfg: TuneConfig, log: Callable[[str], None]) -> str:
 
 
 def work_dir(out: str) -> str:
-    parent, name = os.path.split(os.path.abspath(out))
-    return os.path.join(parent, f".{name}.tuning")
+    return resume_dir(out)
 
 
 def fingerprint(cfg: TuneConfig, cores: int) -> str:
-    """What decides the trials' outcomes: a resumed tune reuses trials only when it matches."""
-    return digest({**cfg.model_dump(mode="json", exclude={"out", "trials", "start_timeout"}), "cores": cores})
+    """What decides the trials' outcomes, which a resumed tune reuses only when it matches: the
+    settings of the run's step (`fingerprint_fields`) but how many trials and how long a start
+    may take (a resumed tune may change them), the cores, the model and the requests."""
+    settings = {k: v for k, v in cfg.fingerprint_fields().items() if k not in ("trials", "start_timeout")}
+    return cache_key({**settings, "cores": cores},
+                     {"model": [cfg.model_name, cfg.model_base_path], "data": cfg.data, "payload": cfg.payload})
 
 
 def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
