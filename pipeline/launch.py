@@ -180,6 +180,11 @@ def run_in_environment(config, log: Callable[[str], None], stage: str = "data",
     prefix = environment_error(stage)
     if code == 2 and said and said[-1].startswith(prefix):
         raise error(said[-1][len(prefix):])
+    missing = [m.group(1) for m in map(re.compile(r"ModuleNotFoundError: No module named '([^']+)'").search, said) if m]
+    if code != 0 and missing:  # another virtualenv: not one engines/setup.sh made
+        raise error(f"environment {config.environment}: Python there has no module '{missing[-1]}': make the "
+                    f"environment with bash engines/setup.sh{' --predict' if stage == 'predict' else ''} "
+                    f"{config.environment} (it installs tfpipe there too)")
     if code != 0:
         raise RuntimeError(f"the {stage} stage in {config.environment} exited with {code}: " + "\n".join(said[-20:]))
     return config.out if is_remote(config.out) else os.path.abspath(config.out)

@@ -223,6 +223,7 @@ class Validator:
         if reasons or aside:
             for i in sorted(reasons):
                 bad.append(_dead(source, int(lines[i]), raws[i], reasons[i]))
+            bad.sort(key=lambda b: b["line"])  # in the file's order, with the rows the reading refused
             idx = np.flatnonzero(ok)
             lines = lines[idx]
             raws = [raws[i] for i in idx]

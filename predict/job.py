@@ -178,7 +178,10 @@ class WriteUnit(beam.DoFn):
             with FileSystems.create(FileSystems.join(self.out_dir, PREDICTION_LOGS,
                                                      f"{LOG_PREFIX}-{unit.unit:05d}{LOG_SUFFIX}")) as f:
                 f.write(tfrecord_frames(logs))
-        dead = unit.bad + refused
+        sources: dict[str, int] = {}  # each file in the order the unit read it
+        for b in unit.bad + refused:
+            sources.setdefault(b["source"], len(sources))
+        dead = sorted(unit.bad + refused, key=lambda b: (sources[b["source"]], b.get("line", 0)))
         if dead:
             with FileSystems.create(FileSystems.join(self.out_dir, "deadletter",
                                                      f"part-{unit.unit:05d}.jsonl")) as f:
@@ -467,13 +470,14 @@ def _finish(plan: Plan, tmp: str, out: str, log: Callable[[str], None]) -> str:
 
 
 def _measured(summaries: list[dict], noun: str) -> str:
-    """What the workers measured and chose, as one line."""
+    """What the worker processes measured as each loaded the model, and chose, as one line."""
     chosen = sorted({s["batch_rows"] for s in summaries})
     said = {json.dumps(s["measured"]): s["measured"] for s in summaries if s["measured"]}
-    speeds = "; ".join(", ".join(f"{int(size):,} -> {rate:,.0f} {noun}/s" for size, rate in m.items())
-                       for m in said.values())
-    return (f"model calls of {' and '.join(f'{c:,}' for c in chosen)} {noun}, as the workers measured "
-            f"({speeds or 'no test rows kept with the version: the default size'}; --batch-rows sets it)")
+    speeds = "; ".join(f"process {i}: " * (len(said) > 1)
+                       + ", ".join(f"{int(size):,} -> {rate:,.0f} {noun}/s" for size, rate in m.items())
+                       for i, m in enumerate(said.values(), start=1))
+    return (f"model calls of {' and '.join(f'{c:,}' for c in chosen)} {noun}, as measured where the model was "
+            f"loaded ({speeds or 'no test rows kept with the version: the default size'}; --batch-rows sets it)")
 
 
 def _installed(package: str) -> str | None:

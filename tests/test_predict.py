@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,7 +108,8 @@ def test_every_row_is_predicted_or_dead_lettered_with_its_reason(scored):
     from tfpipe.predict.model import BATCH_SIZES
 
     assert len(manifest["batch_rows"]) == 1 and manifest["batch_rows"][0] in BATCH_SIZES
-    assert f"model calls of {manifest['batch_rows'][0]:,} rows, as the workers measured (256 -> " in stdout, stdout
+    assert f"model calls of {manifest['batch_rows'][0]:,} rows, as measured where the model was loaded (256 -> " \
+        in stdout, stdout
 
 
 def test_the_answers_are_the_servers_for_the_same_rows_and_version(scored, keyword_model):
@@ -194,10 +197,14 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
     (["--model", "{tmp}/nowhere"], "--model {tmp}/nowhere: no such directory"),
     (["--model", "{tmp}"], "neither a model base path"),
     (["--input", "{tmp}/lacks.csv"], "lacks 1 of the model's feature columns (day)"),
+    # a virtualenv that engines/setup.sh did not make: no tfpipe in it
+    (["--environment", "{tmp}/plain"], "environment {tmp}/plain: Python there has no module 'tfpipe"),
 ])
 def test_bad_input_exits_2_with_one_line(keyword_model, tmp_path, args, error):
     with open(tmp_path / "lacks.csv", "w") as f:
         f.write(",".join(c for c in FEATURES if c != "day") + "\nnorth,a,3,1.0,2.0,True\n")
+    if "--environment" in args:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "plain")], check=True)
     given = {"--model": keyword_model, "--input": str(tmp_path / "lacks.csv"), "--out": str(tmp_path / "o")}
     for flag, value in zip(args[::2], args[1::2]):
         given[flag] = value.format(tmp=tmp_path)
