@@ -35,6 +35,9 @@ class ServeConfig(BaseModel):
         "'tune' tfpipe tune on the exported model before serving (its settings in [tune]; batching on)")
     check_rows: int = Field(32, ge=1, le=1000, description="eval rows whose served predictions (REST and gRPC) "
                             "must match the SavedModel run in-process")
+    drain_seconds: float = Field(5.0, ge=0, description="when the run stops its server: how long requests already "
+                                 "received are answered (tfpipe serve's --drain_seconds, 30 there; a run's server "
+                                 "serves only the run's own checks and load tests)")
 
     def batching_on(self) -> bool:
         return self.enable_batching or self.batching == "tune"

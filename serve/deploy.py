@@ -58,7 +58,7 @@ class Deployment:
                             model_config_file=paths["models"], monitoring_config_file=paths["monitoring"],
                             enable_batching=c.batching_on(),
                             batching_parameters_file=paths["batching"] if c.batching_on() else "",
-                            file_system_poll_wait_seconds=1, drain_seconds=5.0, config_dir=self.config_dir)
+                            drain_seconds=c.drain_seconds, config_dir=self.config_dir)
 
     def start(self):
         """The running server (started on the configs written by `deploy`, once)."""

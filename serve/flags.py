@@ -11,6 +11,7 @@ and why (`Flag.ignored`); the rest are honoured.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
@@ -264,6 +265,37 @@ def _tags(self) -> list[str]:
     return [t for t in self.saved_model_tags.split(",") if t] or ["serve"]
 
 
+def flag_arg(name: str, value: Any) -> list[str]:
+    """One flag as a command line gives it, from its row of the tables: `--name=value`; a TF
+    Serving boolean as true|false (tensorflow_model_server's own parser takes only those); a tfpipe
+    switch present when on, absent when off."""
+    f = ALL_FLAGS_BY_NAME[name]
+    if f.switch:
+        return [f"--{name}"] if value else []
+    if f.kind is _bool:
+        return [f"--{name}={'true' if value else 'false'}"]
+    return [f"--{name}={value}"]
+
+
+def _to_argv(self, names: Any = None) -> list[str]:
+    """These options as `tfpipe serve`'s command line: the flags `names`, in that order (default:
+    every one whose value is not the table's default, which the parser gives back to the others)."""
+    if names is None:
+        names = [f.name for f in ALL_FLAGS if getattr(self, f.name) != f.default]
+    return [arg for name in names for arg in flag_arg(name, getattr(self, name))]
+
+
+def _to_json(self) -> str:
+    """These options whole, with which flags the command line named: what a worker process is given."""
+    values = {f.name: getattr(self, f.name) for f in ALL_FLAGS}
+    return json.dumps({**values, "given": sorted(self.given)})
+
+
+def _from_json(text: str):
+    values = json.loads(text)
+    return ServeOptions(**{**values, "given": frozenset(values.get("given", ()))})
+
+
 # Every flag's value, by its name, with the tables' defaults; `given`: which TF Serving flags the
 # command line named (the ignored-flag notes name only those). Made from the tables, so the
 # options, the parser and --help cannot disagree on a default.
@@ -271,8 +303,11 @@ ServeOptions = make_dataclass(
     "ServeOptions",
     [(f.name, _TYPES[f.kind], field(default=f.default)) for f in ALL_FLAGS]
     + [("given", frozenset, field(default_factory=frozenset))],
-    namespace={"tags": _tags, "__module__": __name__,
-               "__doc__": "`tfpipe serve`'s options: tensorflow_model_server's flags, then tfpipe's."})
+    namespace={"tags": _tags, "to_argv": _to_argv, "to_json": _to_json, "from_json": staticmethod(_from_json),
+               "__module__": __name__,
+               "__doc__": "`tfpipe serve`'s options: tensorflow_model_server's flags, then tfpipe's; "
+                          "`to_argv()` and `to_json()` write them from the tables, `from_json()` reads them back."})
+ALL_FLAGS_BY_NAME = {f.name: f for f in ALL_FLAGS}
 
 
 class _Given(argparse.Action):

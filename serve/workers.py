@@ -460,9 +460,7 @@ class Supervisor:
         self.child = worker_options(opts)
         clean_stale(tempfile.gettempdir(), GROUP_PREFIX)  # the groups of supervisors killed before their stop
         self.dir = tempfile.mkdtemp(prefix=f"{GROUP_PREFIX}{os.getpid()}-")
-        spec = {k: v for k, v in dataclasses.asdict(self.child).items() if k != "given"}
-        spec["given"] = sorted(self.child.given)
-        self.spec = json.dumps(spec)
+        self.spec = self.child.to_json()
         self.workers = [Worker(i) for i in range(self.n)]
         self.events: queue.Queue = queue.Queue()  # (kind "ready" | "exit", worker index, process)
         self.stopping = threading.Event()
@@ -639,7 +637,5 @@ def run_workers(opts: ServeOptions, log: Callable[[str], None] = print, debug: b
 
 
 def options_from_spec(spec: str) -> ServeOptions:
-    """A worker's ServeOptions from the JSON the supervisor gives it."""
-    values = json.loads(spec)
-    values["given"] = frozenset(values.get("given", ()))
-    return ServeOptions(**values)
+    """A worker's ServeOptions from the JSON the supervisor gives it (`ServeOptions.to_json`)."""
+    return ServeOptions.from_json(spec)

@@ -446,7 +446,7 @@ def test_fuzzed_json_bodies_get_4xx_and_the_server_keeps_serving(server):
     assert ok.status_code == 200 and ok.json() == {"predictions": [3.0]}
 
 
-# ---- a hostile client (issue #37): a request's cost bounded by its size -------------------------
+# ---- a hostile client: a request's cost bounded by its size, never by what it declares -----------
 
 READ_TIMEOUT_S = 1.0  # the hostile server's --rest_read_timeout_seconds
 BODY_LIMIT = 256 * 1024  # and its --max_request_bytes
@@ -497,7 +497,7 @@ def _status(call, request):
 
 
 def test_grpc_requests_beyond_their_values_or_undecodable_are_refused_as_the_clients_error(hostile_server):
-    """Issue #37's requests: a 231-byte Predict declaring 250,000,000 floats, one of 1e12, dims whose
+    """What a hostile client sent: a 231-byte Predict declaring 250,000,000 floats, one of 1e12, dims whose
     product overflows int64, a rank-40 input, bytes that are no request (to every method), a model name
     of 10,000 characters and one of 255 KB. Each is INVALID_ARGUMENT (naming the input) or NOT_FOUND with
     the name cut, before anything the size of the declared shape is allocated; the unknown names stay

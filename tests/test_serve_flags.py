@@ -385,7 +385,7 @@ def test_json_examples_refused_with_tf_servings_words(body, message):
     assert message in e.value.message
 
 
-# ---- a TensorProto's cost bounded by its size (issue #37) ----------------------------------------
+# ---- a TensorProto's cost bounded by its size, not by the shape it declares ----------------------
 
 def _proto(dtype: str, dims: list[int], field: str = "", values=(), content: bytes = b""):
     from tensorflow.core.framework import tensor_pb2, types_pb2

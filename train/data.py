@@ -112,7 +112,8 @@ def make_dataset(
     def split(parsed):
         return raw_inputs(parsed, schema), encode_label(parsed[label])
 
-    # a whole batch parsed at once: 3.7x-6x the examples/s of parsing one at a time (benchmarks/bench_train.py)
+    # a whole batch parsed at once, not one example at a time: several times the examples/s
+    # (benchmarks/bench_train.py measures the input pipeline)
     ds = ds.batch(batch_size).map(lambda b: split(tf.io.parse_example(b, spec)), num_parallel_calls=AUTOTUNE)
     if preprocess is not None:
         ds = ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)

@@ -18,6 +18,7 @@ import urllib.request
 from tfpipe.files import write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
+from tfpipe.serve.flags import ServeOptions
 from tfpipe.tune.config import TuneConfig
 from tfpipe.tune.errors import TuneError
 from tfpipe.tune.search import Candidate
@@ -48,12 +49,11 @@ def serve_command(cfg: TuneConfig, batching_file: str, config_dir: str, port: in
     """`tfpipe serve` for one trial: the user's model and flags, batching on with this trial's file
     (in each of `workers` processes). With --backend tfserving or docker, tfpipe serve writes the
     configs and execs the real server."""
-    return [sys.executable, "-m", "tfpipe.cli", "serve", f"--backend={cfg.backend}", "--host=127.0.0.1",
-            f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={cfg.model_name}",
-            f"--model_base_path={os.path.abspath(cfg.model_base_path)}", "--enable_batching=true",
-            f"--batching_parameters_file={os.path.abspath(batching_file)}",
-            f"--config_dir={os.path.abspath(config_dir)}", f"--workers={workers}",
-            *cfg.serve_args]
+    opts = ServeOptions(backend=cfg.backend, host="127.0.0.1", port=port, rest_api_port=rest_port,
+                        model_name=cfg.model_name, model_base_path=os.path.abspath(cfg.model_base_path),
+                        enable_batching=True, batching_parameters_file=os.path.abspath(batching_file),
+                        config_dir=os.path.abspath(config_dir), workers=workers)
+    return [sys.executable, "-m", "tfpipe.cli", "serve", *opts.to_argv(), *cfg.serve_args]
 
 
 class Server:

@@ -11,7 +11,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe import versions
 from tfpipe.serve.errors import ServeError
-from tfpipe.serve.flags import TF_SERVING_FLAGS, ServeOptions
+from tfpipe.serve.flags import TF_SERVING_FLAGS, ServeOptions, flag_arg
 from tfpipe.serve.tfserving.configs import (
     DEFAULT_METRICS_PATH,
     batching_parameters,
@@ -76,39 +76,28 @@ def _canaries(config) -> dict[str, int]:
     return out
 
 
-# Flags server_flags writes itself (the configs it generated replace the user's files).
-_WRITTEN = {"port", "rest_api_port", "model_config_file", "model_name", "model_base_path",
-            "model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds", "monitoring_config_file",
-            "enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads",
-            "enable_batching", "batching_parameters_file", "tensorflow_intra_op_parallelism",
-            "tensorflow_inter_op_parallelism", "version"}
+# The flags the generated configs replace (the model's, monitoring's and batching's files), and
+# --version, which tfpipe serve answers itself: never passed on as given.
+_REPLACED = {"model_config_file", "model_name", "model_base_path", "monitoring_config_file",
+             "enable_batching", "batching_parameters_file", "version"}
 
 
 def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) -> list[str]:
     """tensorflow_model_server's flags for these options and config files; every other TF
     Serving flag the command line named is passed on as it was given."""
-    flags = []
-    if ports:
-        flags += [f"--port={opts.port}", f"--rest_api_port={opts.rest_api_port}"]
-    flags += [f"--model_config_file={paths['models']}",
-              f"--model_config_file_poll_wait_seconds={opts.model_config_file_poll_wait_seconds}",
-              f"--file_system_poll_wait_seconds={opts.file_system_poll_wait_seconds}",
-              f"--monitoring_config_file={paths['monitoring']}",
-              f"--enable_model_warmup={str(opts.enable_model_warmup).lower()}",
-              f"--rest_api_num_threads={opts.rest_api_num_threads}",
-              f"--rest_api_timeout_in_ms={opts.rest_api_timeout_in_ms}",
-              f"--grpc_max_threads={opts.grpc_max_threads}"]
+    threads = [n for n in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism") if getattr(opts, n)]
+    written = {"port", "rest_api_port", "model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds",
+               "enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads", *threads}
+    flags = opts.to_argv(["port", "rest_api_port"]) if ports else []
+    flags += flag_arg("model_config_file", paths["models"])
+    flags += opts.to_argv(["model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds"])
+    flags += flag_arg("monitoring_config_file", paths["monitoring"])
+    flags += opts.to_argv(["enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads"])
     if opts.enable_batching:
-        flags += ["--enable_batching=true", f"--batching_parameters_file={paths['batching']}"]
-    if opts.tensorflow_intra_op_parallelism:
-        flags.append(f"--tensorflow_intra_op_parallelism={opts.tensorflow_intra_op_parallelism}")
-    if opts.tensorflow_inter_op_parallelism:
-        flags.append(f"--tensorflow_inter_op_parallelism={opts.tensorflow_inter_op_parallelism}")
-    for f in TF_SERVING_FLAGS:
-        if f.name in opts.given and f.name not in _WRITTEN:
-            value = getattr(opts, f.name)
-            flags.append(f"--{f.name}={str(value).lower() if isinstance(value, bool) else value}")
-    return flags
+        flags += flag_arg("enable_batching", True) + flag_arg("batching_parameters_file", paths["batching"])
+    flags += opts.to_argv(threads)
+    return flags + opts.to_argv([f.name for f in TF_SERVING_FLAGS
+                                 if f.name in opts.given and f.name not in written | _REPLACED])
 
 
 def _refuse_what_it_cannot_do(opts: ServeOptions) -> None:
