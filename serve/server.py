@@ -33,6 +33,7 @@ import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.files import clean_stale
+from tfpipe.serve.codecs import warmup
 from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.core.manager import ManagerOptions, ModelManager
@@ -116,7 +117,7 @@ class EmbeddedServer:
                                        retry_interval_seconds=opts.load_retry_interval_micros / 1e6,
                                        allow_unavailable_labels=opts.allow_version_labels_for_unavailable_models,
                                        candidates=opts.shadow > 0 or opts.canary > 0),
-                log=log, on_unload=self._unloaded, on_config=self.request_logs.update)
+                log=log, on_unload=self._unloaded, on_config=self.request_logs.update, warm=warmup.replay)
         except ServingError as e:
             self.request_logs.close()
             raise ServeError(f"model config: {e.message}") from None

@@ -68,9 +68,20 @@ def room(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in STAGES else module
 
 
+# the server's layers, outermost first: a layer imports those below it, never one above
+SERVE_LAYERS = ("tfpipe.serve.transports", "tfpipe.serve.codecs", "tfpipe.serve.core")
+
+
+def serve_layer(module: str) -> int | None:
+    return next((i for i, layer in enumerate(SERVE_LAYERS) if module.startswith(layer + ".")), None)
+
+
 def allowed(importer: str, imported: str) -> bool:
     """docs/architecture.md's rules for one import edge."""
     src, dst = room(importer), room(imported)
+    outer, inner = serve_layer(importer), serve_layer(imported)
+    if outer is not None and inner is not None and inner < outer:  # the server's layers: never back
+        return False
     if imported in LEAVES or src == dst:  # leaves every room may use; its own
         return True
     if src in STAGES and imported in DRIVERS:
@@ -105,6 +116,12 @@ def allowed(importer: str, imported: str) -> bool:
     ("tfpipe.serve.server", "tfpipe.pipeline.schema", False),
     ("tfpipe.loadtest.job", "tfpipe.serve.tfserving.configs", False),
     ("tfpipe.serve.core.manager", "tfpipe.run", False),
+    ("tfpipe.serve.transports.grpc_api", "tfpipe.serve.codecs.tensor_proto", True),
+    ("tfpipe.serve.codecs.tensor_proto", "tfpipe.serve.core.servable", True),
+    ("tfpipe.serve.core.servable", "tfpipe.serve.codecs.tensor_proto", False),
+    ("tfpipe.serve.core.inference", "tfpipe.serve.transports.rest_api", False),
+    ("tfpipe.serve.codecs.rest_json", "tfpipe.serve.transports.rest_api", False),
+    ("tfpipe.serve.server", "tfpipe.serve.codecs.warmup", True),
     ("tfpipe.run", "tfpipe.serve.server", True),
     ("tfpipe.skew.job", "tfpipe.pipeline.stats", True),
     ("tfpipe.skew.job", "tfpipe.run", False),

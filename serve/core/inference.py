@@ -33,7 +33,6 @@ from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
 from tfpipe.serve.core.batching import batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.manager import ModelManager
-from tfpipe.serve.core.model_info import metadata_response, status_response
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 from tfpipe.serve.core.shadow import Shadow, classification_view
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
@@ -244,14 +243,6 @@ class Inference:
         """`regress` on a REST thread, awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(
             self.executor, self.regress, *spec, signature_name, examples, client)
-
-    def metadata(self, request):
-        """GetModelMetadataResponse for a GetModelMetadataRequest (REST builds one from its URL)."""
-        return metadata_response(self.manager, request)
-
-    def status(self, request):
-        """GetModelStatusResponse for a GetModelStatusRequest (REST builds one from its URL)."""
-        return status_response(self.manager, request)
 
     # ---- batching ----------------------------------------------------------------------
 

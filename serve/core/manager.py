@@ -195,10 +195,14 @@ class ModelManager:
                  make_servable: Callable[[str, int, str], Servable],
                  options: ManagerOptions = ManagerOptions(), log: Callable[[str], None] = print,
                  on_unload: Callable[[Servable], None] | None = None,
-                 on_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None):
+                 on_config: Callable[[model_server_config_pb2.ModelServerConfig], None] | None = None,
+                 warm: Callable[[Servable], int] | None = None):
         """`on_config(config)` runs before a config is installed, at start and on every
-        reload; a ServingError from it refuses the config (the request loggers' check)."""
+        reload; a ServingError from it refuses the config (the request loggers' check).
+        `warm(servable)` replays a version's warmup records as it loads (with warmup on; the
+        server gives the codecs' `warmup.replay`), returning how many; None: none are replayed."""
         self.make_servable = make_servable
+        self.warm = warm
         self.options = options
         self.log = log
         self.on_unload = on_unload
@@ -510,7 +514,7 @@ class ModelManager:
                 break
             try:
                 servable = self.make_servable(model.name, s.version, path)
-                s.warmup_records = servable.warmup() if servable.settings.warmup else 0
+                s.warmup_records = self.warm(servable) if self.warm and servable.settings.warmup else 0
                 break
             except Exception as e:  # noqa: BLE001 (any load failure is reported in status)
                 msg = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]

@@ -26,9 +26,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
-from tensorflow_serving.apis import prediction_log_pb2
 
-from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.serve.core import tf_internals
 from tfpipe.serve.errors import ServingError, invalid, precondition, quoted, with_code
 
@@ -36,7 +34,6 @@ DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
                               "tensorflow/serving/regress")
 BATCHING_PARAMS_FILE = "batching_params.pbtxt"  # --enable_per_model_batching_parameters
-MAX_WARMUP_RECORDS = 1000  # what TF Serving reads at most
 MAX_RANK = 64  # numpy's limit on dimensions, so the most any request's tensor can have
 
 _uids = itertools.count(1)
@@ -372,40 +369,6 @@ class Servable:
                 if fixed is None:  # a value with a fraction for an int64: the model's refusal stands
                     raise
                 serialized = fixed
-
-    def warmup(self) -> int:
-        """Replay assets.extra/tf_serving_warmup_requests (each record `warmup_iterations`
-        times); any failure fails the load. Returns the number of records."""
-        from tfpipe.serve.codecs.tensor_proto import input_examples, predict_inputs
-
-        path = os.path.join(self.path, WARMUP_FILE)
-        if not os.path.exists(path):
-            return 0
-        n = 0
-        for record in tf.data.TFRecordDataset(path).take(MAX_WARMUP_RECORDS):
-            log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
-            kind = log.WhichOneof("log_type")
-            for _ in range(max(1, self.settings.warmup_iterations)):
-                if kind == "predict_log":
-                    req = log.predict_log.request
-                    sig = self.signature(req.model_spec.signature_name)
-                    self.run(sig, self.check_inputs(sig, predict_inputs(req, bounded=False)))
-                elif kind == "classify_log":
-                    req = log.classify_log.request
-                    self.classify(req.model_spec.signature_name, input_examples(req.input))
-                elif kind == "regress_log":
-                    req = log.regress_log.request
-                    self.regress(req.model_spec.signature_name, input_examples(req.input))
-                elif kind == "multi_inference_log":
-                    req = log.multi_inference_log.request
-                    examples = input_examples(req.input)
-                    for task in req.tasks:
-                        (self.classify if task.method_name == CLASSIFY else self.regress)(
-                            task.model_spec.signature_name, examples)
-                else:
-                    raise precondition(f"warmup record {n}: unsupported log type {kind}")
-            n += 1
-        return n
 
 
 def classification_outputs(out: dict[str, np.ndarray], examples: int) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -38,7 +38,7 @@ from tfpipe.serve.codecs.tensor_proto import (
     tensor_proto,
 )
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
-from tfpipe.serve.core.model_info import spec_of
+from tfpipe.serve.codecs.model_info import metadata_response, spec_of, status_response
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
@@ -163,7 +163,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def GetModelMetadata(self, request, context):
         async def run():  # no model call: answered on the loop
-            return self.inference.metadata(request)
+            return metadata_response(self.inference.manager, request)
         return await _answer(self.metrics, "metadata", request.model_spec.name, context, run)
 
 
@@ -175,7 +175,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     async def GetModelStatus(self, request, context):
         async def run():
-            return self.inference.status(request)
+            return status_response(self.inference.manager, request)
         return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
 
     async def HandleReloadConfigRequest(self, request, context):

@@ -31,6 +31,7 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.rest_json import TOO_BIG, json_debug, json_examples, json_inputs, json_outputs
+from tfpipe.serve.codecs.model_info import metadata_response, status_response
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
@@ -503,7 +504,7 @@ class RestApi:
             elif api == "metadata":
                 req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
                 _fill_spec(req.model_spec, *spec)
-                resp = self.inference.metadata(req)
+                resp = metadata_response(self.inference.manager, req)
                 sig_map = get_model_metadata_pb2.SignatureDefMap()
                 resp.metadata["signature_def"].Unpack(sig_map)
                 response = _json({"model_spec": _proto_json(resp.model_spec),
@@ -511,7 +512,7 @@ class RestApi:
             else:
                 req = get_model_status_pb2.GetModelStatusRequest()
                 _fill_spec(req.model_spec, *spec)
-                response = _json(_proto_json(self.inference.status(req)))
+                response = _json(_proto_json(status_response(self.inference.manager, req)))
         except ServingError as e:
             status = e.code.name
             response = _error(e.http_status, e.message)

@@ -1,6 +1,7 @@
 """GetModelMetadata and GetModelStatus, one implementation for both APIs (as TF Serving's
-get_model_metadata_impl and get_model_status_impl): gRPC answers with these messages, REST
-builds the same request from its URL and renders the answer as JSON."""
+get_model_metadata_impl and get_model_status_impl): TF Serving's messages built from what the
+core's model manager knows. gRPC answers with them, REST builds the same request from its URL
+and renders the answer as JSON. A ModelSpec message read as (name, version, label): `spec_of`."""
 
 from __future__ import annotations
 
