@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tfpipe.machine import cores
 from tfpipe.serve.core.batching import RUN_BATCHING, BatchOptions
+
+
+# [serve]'s batching keys: BatchOptions' fields, each under its own name
+BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(BatchOptions))
 
 
 class ServeConfig(BaseModel):
@@ -30,6 +35,12 @@ class ServeConfig(BaseModel):
     num_batch_threads: int = Field(0, ge=0, description="batching: model calls in parallel (0: one per core)")
     allowed_batch_sizes: list[int] = Field(default_factory=list, description="batching: sizes a batch is padded up "
                                            "to, the last equal to max_batch_size (empty: no padding)")
+    enable_large_batch_splitting: bool = Field(
+        RUN_BATCHING.enable_large_batch_splitting, description="batching: split a request larger than "
+        "max_execution_batch_size across model calls")
+    max_execution_batch_size: int = Field(
+        RUN_BATCHING.max_execution_batch_size, ge=0, description="batching, with enable_large_batch_splitting: most "
+        "rows in one model call (0: max_batch_size)")
     batching: Literal["config", "tune"] = Field(
         "config", description="where batching.config comes from: 'config' the keys above (with enable_batching), "
         "'tune' tfpipe tune on the exported model before serving (its settings in [tune]; batching on)")
@@ -48,20 +59,16 @@ class ServeConfig(BaseModel):
         return self
 
     def batch_options(self) -> BatchOptions:
-        """The batching parameters of this section (num_batch_threads 0: one per core)."""
-        return BatchOptions(max_batch_size=self.max_batch_size, batch_timeout_micros=self.batch_timeout_micros,
-                            num_batch_threads=self.num_batch_threads or cores(),
-                            max_enqueued_batches=self.max_enqueued_batches,
-                            allowed_batch_sizes=tuple(self.allowed_batch_sizes))
+        """The batching parameters of this section, every BatchOptions field under its own name
+        (num_batch_threads 0: one per core)."""
+        options = BatchOptions.from_json({name: getattr(self, name) for name in BATCH_FIELDS})
+        return dataclasses.replace(options, num_batch_threads=self.num_batch_threads or cores())
 
     def with_batching(self, options: BatchOptions) -> ServeConfig:
         """This section with `options` (a BatchOptions, such as the candidate `tfpipe tune` chose) as its
         batching parameters."""
-        return self.model_copy(update={"max_batch_size": options.max_batch_size,
-                                       "batch_timeout_micros": options.batch_timeout_micros,
-                                       "num_batch_threads": options.num_batch_threads,
-                                       "max_enqueued_batches": options.max_enqueued_batches,
-                                       "allowed_batch_sizes": list(options.allowed_batch_sizes)})
+        given = options.to_json()
+        return self.model_copy(update={name: given[name] for name in BATCH_FIELDS})
 
     def fingerprint_fields(self) -> dict:
         """What decides the serve step's result; where it listens does not."""

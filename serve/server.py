@@ -34,7 +34,8 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.files import clean_stale
 from tfpipe.serve.codecs import warmup
-from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+from tfpipe.serve.core.batcher import BatchScheduler
+from tfpipe.serve.core.batching import BatchOptions
 from tfpipe.serve.core.inference import Inference
 from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings

@@ -34,8 +34,9 @@ FLAGS = {
             "--warmup_records",
 }
 # tfpipe run's [serve] section (no command of its own: `tfpipe run --set serve.KEY=VALUE`)
-SERVE_KEYS = ("allowed_batch_sizes batch_timeout_micros batching check_rows drain_seconds enable_batching host "
-              "max_batch_size max_enqueued_batches num_batch_threads port protocol rest_api_port")
+SERVE_KEYS = ("allowed_batch_sizes batch_timeout_micros batching check_rows drain_seconds enable_batching "
+              "enable_large_batch_splitting host max_batch_size max_enqueued_batches max_execution_batch_size "
+              "num_batch_threads port protocol rest_api_port")
 
 
 @pytest.mark.parametrize("command", sorted(FLAGS))

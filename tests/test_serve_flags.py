@@ -637,7 +637,8 @@ def test_json_examples_merge_context_with_the_example_winning():
 
 
 def test_large_batches_are_split_and_put_back_together():
-    from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.core.batcher import BatchScheduler
+    from tfpipe.serve.core.batching import BatchOptions
 
     sizes = []
 
@@ -655,7 +656,8 @@ def test_large_batches_are_split_and_put_back_together():
 
 
 def test_an_unloaded_versions_queue_runs_what_it_holds_then_goes():
-    from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
+    from tfpipe.serve.core.batcher import BatchScheduler
+    from tfpipe.serve.core.batching import BatchOptions
 
     release = threading.Event()
 
@@ -1014,7 +1016,7 @@ def test_batching_parameters_read_and_written_are_the_same(text):
     TF Serving's text read by the server and written back is the same message."""
     from google.protobuf import text_format
 
-    from tfpipe.serve.core.batcher import BatchOptions
+    from tfpipe.serve.core.batching import BatchOptions
     from tfpipe.serve.tfserving.protos import BatchingParameters
 
     given = text_format.Parse(text, BatchingParameters())

@@ -164,7 +164,7 @@ def test_bad_options_are_refused(values, message):
 
 
 def test_the_candidate_is_a_batching_parameters_file_the_server_reads(tmp_path):
-    from tfpipe.serve.core.batcher import BatchOptions
+    from tfpipe.serve.core.batching import BatchOptions
     from tfpipe.serve.tfserving.configs import read_text_proto, write_text_proto
     from tfpipe.serve.tfserving.protos import BatchingParameters
     from tfpipe.tune.search import Candidate
@@ -298,3 +298,23 @@ def test_tune_killed_after_a_trial_resumes_and_writes_a_config_the_server_served
     html = (out / "tune.html").read_text()
     assert "Batching tuned by measurement" in html and html.count("<tr>") == 3  # header + 2 trials
     assert not os.path.exists(tmp_path / ".tuned.resume")
+
+
+@pytest.mark.parametrize("options", [
+    {"max_batch_size": 64, "batch_timeout_micros": 500, "num_batch_threads": 3, "max_enqueued_batches": 7,
+     "allowed_batch_sizes": (16, 64)},
+    {"max_batch_size": 256, "batch_timeout_micros": 0, "num_batch_threads": 1, "max_enqueued_batches": 1000,
+     "enable_large_batch_splitting": True, "max_execution_batch_size": 64, "allowed_batch_sizes": (32, 64)},
+])
+def test_batching_options_are_written_whole_by_one_serialiser(options):
+    """BatchOptions' own JSON is what tune.json's candidates and a run's [serve] section carry:
+    every field, the splitting ones too, and a candidate's workers."""
+    from tfpipe.serve.config import ServeConfig
+    from tfpipe.serve.core.batching import BatchOptions
+    from tfpipe.tune.search import Candidate
+
+    o = BatchOptions(**options)
+    assert BatchOptions.from_json(o.to_json()) == o
+    c = Candidate(**options, workers=2)
+    assert Candidate.from_json(c.to_json()) == c and c.to_json()["workers"] == 2
+    assert ServeConfig().with_batching(o).batch_options() == o

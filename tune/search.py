@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from tfpipe.serve.core.batcher import BatchOptions
+from tfpipe.serve.core.batching import RUN_BATCHING, BatchOptions
 
 COARSE_SIZES = (8, 32, 128)
 COARSE_TIMEOUTS = (0, 2000, 8000)
@@ -53,19 +53,11 @@ class Candidate(BatchOptions):
             text += f" workers={self.workers}"
         return text
 
-    def to_json(self) -> dict:
-        """tune.json's candidate: the parameters tune varies, and the workers."""
-        return {"max_batch_size": self.max_batch_size, "batch_timeout_micros": self.batch_timeout_micros,
-                "num_batch_threads": self.num_batch_threads, "max_enqueued_batches": self.max_enqueued_batches,
-                "allowed_batch_sizes": list(self.allowed_batch_sizes), "workers": self.workers}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Candidate:
-        return cls(**{**d, "allowed_batch_sizes": tuple(d.get("allowed_batch_sizes", ()))})
-
 
 def guide_start(cores: int) -> Candidate:
-    return Candidate(max_batch_size=32, batch_timeout_micros=0, num_batch_threads=max(1, cores))
+    """The guide's CPU starting point, with the rows a batch `tfpipe run` starts from (RUN_BATCHING)."""
+    return Candidate(max_batch_size=RUN_BATCHING.max_batch_size, batch_timeout_micros=0,
+                     num_batch_threads=max(1, cores))
 
 
 def powers_of_two_up_to(n: int) -> tuple[int, ...]:

@@ -29,9 +29,6 @@ import numpy as np
 from tfpipe.serve.core.batching import BatchOptions
 from tfpipe.serve.errors import invalid, precondition, unavailable
 
-__all__ = ["BatchOptions", "BatchScheduler"]
-
-
 @dataclass
 class _Task:
     inputs: dict[str, np.ndarray]

@@ -5,6 +5,7 @@ validation import this at start; the batcher that uses it is serve/core/batcher.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tfpipe.machine import cores
@@ -34,6 +35,15 @@ class BatchOptions:
         o = cls(**given, allowed_batch_sizes=tuple(sorted(int(x) for x in p.allowed_batch_sizes)))
         o.check()
         return o
+
+    def to_json(self) -> dict:
+        """Every field, as JSON (tune.json's candidates, a run's [serve] section)."""
+        return {**dataclasses.asdict(self), "allowed_batch_sizes": list(self.allowed_batch_sizes)}
+
+    @classmethod
+    def from_json(cls, d: dict):
+        """The options `to_json` wrote; a field it lacks takes its default."""
+        return cls(**{**d, "allowed_batch_sizes": tuple(d.get("allowed_batch_sizes", ()))})
 
     def to_proto(self):
         """tensorflow.serving.BatchingParameters (batching.config) with these settings."""

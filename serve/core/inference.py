@@ -29,8 +29,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
-from tfpipe.serve.core.batcher import BatchOptions, BatchScheduler
-from tfpipe.serve.core.batching import batch_shapes, join_rows, row_parts
+from tfpipe.serve.core.batcher import BatchScheduler
+from tfpipe.serve.core.batching import BatchOptions, batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
