@@ -26,7 +26,8 @@ from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, found_format,
 from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, plan_units, read_csv_header,
                                     resolve_inputs, scan_file)
 from tfpipe.pipeline.readers import Validator, read_segment, sample_records
-from tfpipe.pipeline.schema import Schema, infer_schema, load_schema
+from tfpipe.pipeline.schema import Schema, load_schema
+from tfpipe.pipeline.schema_inference import infer_schema
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, environment_main, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,

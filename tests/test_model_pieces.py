@@ -404,7 +404,7 @@ def test_the_data_stage_splits_text_into_the_words_textvectorization_looks_up(te
 # ---- what a column holds -------------------------------------------------------------------------------------
 
 def _column(values, textual=True):
-    from tfpipe.pipeline.schema import infer_schema
+    from tfpipe.pipeline.schema_inference import infer_schema
 
     rows = [{"c": v, "y": str(i % 2) if textual else i % 2} for i, v in enumerate(values)]
     return infer_schema(["c", "y"], rows, "y", textual=textual).features[0]

@@ -30,7 +30,7 @@ def _rows(label_values, extra=None):
     (["1.0", "2.0", "3.0"], "regression", "regression", "float", "label 'y': regression (--task)"),
 ])
 def test_the_label_task_and_why_are_said(values, task, want_task, want_type, said):
-    from tfpipe.pipeline.schema import infer_schema
+    from tfpipe.pipeline.schema_inference import infer_schema
 
     notes: list[str] = []
     schema = infer_schema(["x", "y"], _rows(values), "y", task=task, note=notes.append)
@@ -39,7 +39,7 @@ def test_the_label_task_and_why_are_said(values, task, want_task, want_type, sai
 
 
 def test_text_and_date_columns_are_said():
-    from tfpipe.pipeline.schema import infer_schema
+    from tfpipe.pipeline.schema_inference import infer_schema
 
     def extra(i):
         return {"when": f"2024-0{1 + i % 9}-1{i % 10}", "review": f"the parcel came {i} days late and the box was torn"}

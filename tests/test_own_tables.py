@@ -19,7 +19,8 @@ from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.job import run
 from tfpipe.pipeline.readers import Validator
-from tfpipe.pipeline.schema import Feature, Label, Schema, id_like_name, infer_schema
+from tfpipe.pipeline.schema import Feature, Label, Schema
+from tfpipe.pipeline.schema_inference import id_like_name, infer_schema
 
 
 def run_stage(log=None, **kw) -> str:
