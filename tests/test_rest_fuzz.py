@@ -29,11 +29,10 @@ LONG_RUN = os.environ.get("TFPIPE_FUZZ_EXAMPLES")
 def test_any_body_becomes_tensors_or_a_4xx(request):
     import tensorflow as tf
 
-    from tfpipe.serve.errors import ServingError
+    from tfpipe.serve.codecs import json_text
+    from tfpipe.serve.codecs.json_text import parse_json
     from tfpipe.serve.codecs.rest_json import json_examples, json_inputs
-    from tfpipe.serve.transports.rest_api import parse_json
-
-    from tfpipe.serve.transports import rest_api
+    from tfpipe.serve.errors import ServingError
 
     body, mutation, rng = request
     raw = encode(body, mutation, rng)
@@ -45,12 +44,12 @@ def test_any_body_becomes_tensors_or_a_4xx(request):
             assert e.http_status < 500
             return e.message
 
-    parsed, saved = read(), rest_api.PIECES_CHARS
-    rest_api.PIECES_CHARS = 0
+    parsed, saved = read(), json_text.PIECES_CHARS
+    json_text.PIECES_CHARS = 0
     try:
         assert read() == parsed  # a long document, read value by value, reads the same
     finally:
-        rest_api.PIECES_CHARS = saved
+        json_text.PIECES_CHARS = saved
     if isinstance(parsed, str):
         return
     for sig in SIGNATURES:
@@ -70,7 +69,7 @@ def test_deep_nesting_is_a_400_naming_the_depth(depth):
 
     from tfpipe.serve.errors import ServingError
     from tfpipe.serve.codecs.rest_json import json_inputs
-    from tfpipe.serve.transports.rest_api import parse_json
+    from tfpipe.serve.codecs.json_text import parse_json
 
     raw = ('{"instances": ' + "[" * depth + "1.0" + "]" * depth + "}").encode()
     try:

@@ -245,12 +245,12 @@ PLATFORM_CONFIG = """platform_configs {
 @pytest.mark.parametrize("pieces", [False, True])
 def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message, pieces, monkeypatch):
     """The same words whether the document is read whole or, as a long one is, in pieces."""
+    from tfpipe.serve.codecs import json_text
+    from tfpipe.serve.codecs.json_text import parse_json
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.transports import rest_api
-    from tfpipe.serve.transports.rest_api import parse_json
 
     if pieces:
-        monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
+        monkeypatch.setattr(json_text, "PIECES_CHARS", 0)
 
     with pytest.raises(ServingError) as e:
         parse_json(raw)
@@ -259,11 +259,11 @@ def test_json_that_does_not_parse_gets_rapidjsons_words(raw, message, pieces, mo
 
 @pytest.mark.parametrize("pieces", [False, True])
 def test_json_parsing_stops_after_the_first_value(pieces, monkeypatch):
-    from tfpipe.serve.transports import rest_api
-    from tfpipe.serve.transports.rest_api import parse_json
+    from tfpipe.serve.codecs import json_text
+    from tfpipe.serve.codecs.json_text import parse_json
 
     if pieces:
-        monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
+        monkeypatch.setattr(json_text, "PIECES_CHARS", 0)
 
     assert parse_json(b'{"instances": [1]} trailing words') == {"instances": [1]}
     assert parse_json(b'{"instances": [1]} "\\ud800"') == {"instances": [1]}  # half a pair, but after it
@@ -275,7 +275,7 @@ def test_json_parsing_stops_after_the_first_value(pieces, monkeypatch):
     (b'{"a": "\\u00e9\\\\"}', "\u00e9\\"),
 ])
 def test_escapes_that_are_not_half_a_pair_parse(raw, value):
-    from tfpipe.serve.transports.rest_api import parse_json
+    from tfpipe.serve.codecs.json_text import parse_json
 
     assert parse_json(raw) == {"a": value}
 
@@ -287,17 +287,17 @@ def test_escapes_that_are_not_half_a_pair_parse(raw, value):
     b'{"instances": [' + b"9" * 5000 + b"]}", b'{"a": [' + b"[" * 100_000 + b"]}",
 ])
 def test_a_long_document_read_in_pieces_gives_what_one_read_gives(raw, monkeypatch):
+    from tfpipe.serve.codecs import json_text
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.transports import rest_api
 
     def parsed():
         try:
-            return rest_api.parse_json(raw)
+            return json_text.parse_json(raw)
         except ServingError as e:
             return e.message
 
     whole = parsed()
-    monkeypatch.setattr(rest_api, "PIECES_CHARS", 0)
+    monkeypatch.setattr(json_text, "PIECES_CHARS", 0)
     assert parsed() == whole
 
 
