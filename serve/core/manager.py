@@ -455,9 +455,11 @@ class ModelManager:
         label still names: a config that moves a label to a version this server has yet to load
         leaves the label on the old one until the move is taken (it is refused until then, and sent
         again), and the old version answers the label's requests until that moment."""
+        # the base path is scanned before the lock is taken: every request's `resolve` takes it
+        on_disk = versions_on_disk(model.config.base_path) if wanted is None else None
         with self._lock:
             if wanted is None:
-                wanted = set(self._wanted(model, versions_on_disk(model.config.base_path)))
+                wanted = set(self._wanted(model, on_disk))
             if not self._current(model):
                 return
             labelled = set(self._labels.get(model.name, {}).values()) if not model.candidate else set()
