@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -15,7 +16,6 @@ import threading
 import types
 import traceback
 import typing
-from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -98,46 +98,27 @@ def _section(args: argparse.Namespace, config: Config, section: str, model: type
     return validate(model, values, source="options", prefix=section)
 
 
-def cmd_data(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.pipeline.config import DataConfig
-
-    config = load_config(args.config)
-    cfg = _section(args, config, "data", DataConfig)
+def cmd_stage(stage: "_StageCommand", args: argparse.Namespace, extra: list[str]) -> int:
+    """A stage's command: its config section with the flags over it, options it does not know
+    passed on to Beam (`accepts_extra`), its inputs checked before the stage (and TensorFlow or
+    Beam with it) is imported, then the stage's run; the exit code as `stage.ends` says."""
+    module, _, cls = stage.config.partition(":")
+    cfg = _section(args, load_config(args.config), stage.name, getattr(importlib.import_module(module), cls))
     if extra:
         cfg.beam_args = [*cfg.beam_args, *extra]
-    from tfpipe.pipeline.job import run  # Beam, a second to import: after the config is known good
-
-    run(cfg, log=lambda line: print(line, flush=True))
-    return 0
-
-
-def _run_tensorflow_stage(args: argparse.Namespace, section: str, model: type[BaseModel], module: str,
-                          check: Callable[[Any], Any], gated: bool = False) -> int:
-    """Check the inputs, then import the stage (TensorFlow comes with it, only now) and run it.
-    TensorFlow, the TFLite converter and LiteRT write chatter to fd 2; errors still reach the
-    user as exceptions."""
-    cfg = _section(args, load_config(args.config), section, model)
-    check(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
-    with quiet_native_stderr(not args.debug):
-        stage = importlib.import_module(module)
-        out = stage.run(cfg, log=lambda line: print(line, flush=True))
-        # `gated`: the stage's result carries a gate's verdict (the export's: 1 when it held or refused
-        # the new version); a multi-worker training's non-chief publishes nothing to read a result from
-        return stage.result(out).code if gated else 0
-
-
-def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.train.config import TrainConfig
-    from tfpipe.train.datadir import check_inputs
-
-    return _run_tensorflow_stage(args, "train", TrainConfig, "tfpipe.train.job", check_inputs)
-
-
-def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.export.config import ExportConfig
-    from tfpipe.export.inputs import check_inputs
-
-    return _run_tensorflow_stage(args, "export", ExportConfig, "tfpipe.export.job", check_inputs, gated=True)
+    if stage.check:
+        module, _, function = stage.check.partition(":")
+        getattr(importlib.import_module(module), function)(cfg)  # a wrong path fails now, not after imports
+    # TensorFlow, the TFLite converter and LiteRT write chatter to fd 2; errors still reach the
+    # user as exceptions (the data stage's Beam logs stay, for --debug to show)
+    with quiet_native_stderr(stage.quiet and not args.debug):
+        job = importlib.import_module(stage.job)
+        done = job.run(cfg, log=lambda line: print(line, flush=True))
+        if stage.ends == "code":  # the stage's own exit code: an SLO missed, a feature skewed, no candidate
+            return done
+        if stage.ends == "gate":  # the export's gate held or refused the new version: 1
+            return job.result(done).code
+        return 0
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
@@ -175,54 +156,6 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     with quiet_native_stderr(not args.debug):
         from tfpipe.serve.server import run_embedded
     return run_embedded(opts, log)
-
-
-def cmd_loadtest(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.loadtest.config import LoadtestConfig
-
-    cfg = _section(args, load_config(args.config), "loadtest", LoadtestConfig)
-    with quiet_native_stderr(not args.debug):  # TensorFlow builds the gRPC requests
-        from tfpipe.loadtest.job import run
-
-        return run(cfg, log=lambda line: print(line, flush=True))
-
-
-def cmd_skew(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.skew.config import SkewConfig
-    from tfpipe.skew.job import check_inputs
-
-    cfg = _section(args, load_config(args.config), "skew", SkewConfig)
-    check_inputs(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
-    with quiet_native_stderr(not args.debug):
-        from tfpipe.skew.job import run
-
-        return run(cfg, log=lambda line: print(line, flush=True))
-
-
-def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.predict.config import PredictConfig
-
-    cfg = _section(args, load_config(args.config), "predict", PredictConfig)
-    if extra:
-        cfg.beam_args = [*cfg.beam_args, *extra]
-    from tfpipe.predict.job import check_inputs
-
-    check_inputs(cfg)  # a wrong path fails now, not after TensorFlow's seconds of import
-    with quiet_native_stderr(not args.debug):
-        from tfpipe.predict.job import run
-
-        run(cfg, log=lambda line: print(line, flush=True))
-    return 0
-
-
-def cmd_tune(args: argparse.Namespace, extra: list[str]) -> int:
-    from tfpipe.tune.config import TuneConfig
-    from tfpipe.tune.job import check_inputs, run
-
-    cfg = _section(args, load_config(args.config), "tune", TuneConfig)
-    check_inputs(cfg)
-    with quiet_native_stderr(not args.debug):  # TensorFlow builds the load test's requests
-        return run(cfg, log=lambda line: print(line, flush=True))
 
 
 def run_request_config(args: argparse.Namespace) -> tuple[Config, str | None, str]:
@@ -283,17 +216,20 @@ class _StageCommand:
 
     name: str
     config: str
-    handler: Callable[[argparse.Namespace, list[str]], int]
+    job: str  # the stage's module, whose run(config, log) the command calls
     help: str
     description: str
     epilog: str
+    check: str | None = None  # "module:function" checking the config's paths before the stage is imported
+    ends: Literal["zero", "code", "gate"] = "zero"  # the exit code: 0, what run returns, result(run(...)).code
+    quiet: bool = True  # native code's writes to fd 2 silenced (TensorFlow's chatter), as without --debug
     accepts_extra: bool = False  # options it does not know are passed on (Beam's)
     flag_options: tuple[tuple[str, Any], ...] = ()  # add_model_flags' keyword arguments
 
 
 _STAGE_COMMANDS = (
     _StageCommand(
-        "data", "tfpipe.pipeline.config:DataConfig", cmd_data,
+        "data", "tfpipe.pipeline.config:DataConfig", "tfpipe.pipeline.job",
         help="raw CSV/JSONL/Parquet -> validated, split, sharded gzip TFRecords + schema + stats",
         description=(
             "An Apache Beam job: reads CSV (with a header), JSON Lines or Parquet (globs, several "
@@ -312,9 +248,10 @@ _STAGE_COMMANDS = (
             "tfpipe data --format images --input photos/ --min-size 32x32 --out work/images"),
         accepts_extra=True,
         flag_options=(("skip", frozenset({"beam_args"})),),
+        quiet=False,
     ),
     _StageCommand(
-        "train", "tfpipe.train.config:TrainConfig", cmd_train,
+        "train", "tfpipe.train.config:TrainConfig", "tfpipe.train.job",
         help="TFRecords from tfpipe data -> a Keras 3 model with its preprocessing inside",
         description=(
             "Reads only the data stage's output (TFRecords, schema.json, stats.json): tf.data "
@@ -328,9 +265,10 @@ _STAGE_COMMANDS = (
             "pixels, with augmentation and normalisation inside the model (--model, --filters, "
             "--image-size, --augment)."),
         epilog="example: tfpipe train --data runs/taxi/data --out runs/taxi/train --epochs 20 --hidden 128,64",
+        check="tfpipe.train.datadir:check_inputs",
     ),
     _StageCommand(
-        "export", "tfpipe.export.config:ExportConfig", cmd_export,
+        "export", "tfpipe.export.config:ExportConfig", "tfpipe.export.job",
         help="a trained model -> a versioned SavedModel for TF Serving, published atomically",
         description=(
             "Writes BASE/NAME/VERSION/ (VERSION one more than the highest so far, never reused) with "
@@ -348,9 +286,10 @@ _STAGE_COMMANDS = (
             "status is 1."),
         epilog=("examples: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models; "
                 "tfpipe export ... --thresholds 'accuracy>=0.8' 'accuracy>=baseline-0.01' --slice company"),
+        check="tfpipe.export.inputs:check_inputs", ends="gate",
     ),
     _StageCommand(
-        "loadtest", "tfpipe.loadtest.config:LoadtestConfig", cmd_loadtest,
+        "loadtest", "tfpipe.loadtest.config:LoadtestConfig", "tfpipe.loadtest.job",
         help="load-test a TF Serving endpoint (REST or gRPC) with locust: true percentiles, sweeps, an SLO gate",
         description=(
             "Builds requests from real eval rows of a tfpipe data directory (with its test rows too when the "
@@ -369,9 +308,10 @@ _STAGE_COMMANDS = (
             '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"; '
             'tfpipe loadtest --replay logs/taxi --target http://127.0.0.1:8501 '
             '--grpc-target grpc://127.0.0.1:8500 --speed 2'),
+        ends="code",
     ),
     _StageCommand(
-        "skew", "tfpipe.skew.config:SkewConfig", cmd_skew,
+        "skew", "tfpipe.skew.config:SkewConfig", "tfpipe.skew.job",
         help="training/serving skew: logged requests' features against the training split",
         description=(
             "Reads a request log written by tfpipe serve (a model's logging_config, or --request_log_prefix): "
@@ -388,9 +328,10 @@ _STAGE_COMMANDS = (
         epilog=(
             "example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
             "trip_miles=0.2"),
+        check="tfpipe.skew.job:check_inputs", ends="code",
     ),
     _StageCommand(
-        "predict", "tfpipe.predict.config:PredictConfig", cmd_predict,
+        "predict", "tfpipe.predict.config:PredictConfig", "tfpipe.predict.job",
         help="batch inference: score a file of any size with a published model, as a Beam job",
         description=(
             "Reads CSV (any delimiter), JSON Lines or Parquet (globs, several files, .gz) with the data stage's "
@@ -410,9 +351,10 @@ _STAGE_COMMANDS = (
                 "--output-format csv --out scored"),
         accepts_extra=True,
         flag_options=(("skip", frozenset({"beam_args"})),),
+        check="tfpipe.predict.job:check_inputs",
     ),
     _StageCommand(
-        "tune", "tfpipe.tune.config:TuneConfig", cmd_tune,
+        "tune", "tfpipe.tune.config:TuneConfig", "tfpipe.tune.job",
         help="batching tuned by measurement: TF Serving's BatchingParameters searched with the load generator",
         description=(
             "Searches max_batch_size, batch_timeout_micros, num_batch_threads, max_enqueued_batches and "
@@ -432,6 +374,7 @@ _STAGE_COMMANDS = (
             '--model_name taxi --model_base_path ... --enable_batching '
             '--batching_parameters_file runs/taxi-tune/batching.config'),
         flag_options=(("underscores", True),),
+        check="tfpipe.tune.job:check_inputs", ends="code",
     ),
 )
 
@@ -454,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(stage.name, parents=[common], help=stage.help, description=stage.description,
                            epilog=stage.epilog)
         add_model_flags(p, getattr(importlib.import_module(module), cls), **dict(stage.flag_options))
-        p.set_defaults(handler=stage.handler, **({"accepts_extra": True} if stage.accepts_extra else {}))
+        p.set_defaults(handler=functools.partial(cmd_stage, stage),
+                       **({"accepts_extra": True} if stage.accepts_extra else {}))
     _add_run(sub, common)
     _add_show(sub, common)
     add_rollout_commands(sub, common)
