@@ -56,7 +56,7 @@ from tfpipe.serve.transports.aiohttp_internals import waiting_for_request
 from tfpipe.serve.transports.grpc_api import ModelService, PredictionService, add_services
 from tfpipe.serve.transports.health import NOT_SERVING, SERVING, Health, add_health
 from tfpipe.serve.transports.rest_api import RestApi, unread_bytes
-from tfpipe.serve.workers import Group, announce_ready, worker_identity
+from tfpipe.serve.worker_group import Group, announce_ready, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)
 HEALTH_SERVICES = ("ModelService", "PredictionService")  # the names TF Serving reports SERVING

@@ -1,5 +1,5 @@
 """One worker of `tfpipe serve --workers N`: the embedded server on the options the supervisor
-passes as JSON (see tfpipe.serve.workers).
+passes as JSON (`ServeOptions.to_json`; the group: tfpipe.serve.worker_group).
 
     python -m tfpipe.serve.worker_main OPTIONS_JSON
 
@@ -13,7 +13,7 @@ import os
 import sys
 
 from tfpipe import quiet_native_stderr
-from tfpipe.serve.workers import DEBUG_ENV, options_from_spec
+from tfpipe.serve.worker_group import DEBUG_ENV, options_from_spec
 
 if __name__ == "__main__":
     with quiet_native_stderr(os.environ.get(DEBUG_ENV) != "1"):

@@ -118,7 +118,7 @@ def _health(grpc_port: int, *services: str) -> dict[str, str]:
      "tfpipe_serving_shadow_candidate_version{model=\"m\"} 2\n"),
 ])
 def test_worker_metrics_merge_into_one_page(pages, want):
-    from tfpipe.serve.workers import merge_prometheus
+    from tfpipe.serve.prometheus import merge_prometheus
 
     assert merge_prometheus(pages) == want
 
@@ -135,7 +135,8 @@ def test_an_exited_workers_counters_stay_in_the_totals_and_its_gauges_go(tmp_pat
     """Two exits of worker 0 and one of worker 1: their counters and histograms add up in the
     retired page, which a scrape adds to the live workers'; queue depths and memory are dropped,
     and each exited worker's own page is gone (a starting worker shows no memory row)."""
-    from tfpipe.serve.workers import RETIRED_FILE, counters_of, metrics_path, retire_metrics
+    from tfpipe.serve.prometheus import counters_of
+    from tfpipe.serve.worker_group import RETIRED_FILE, metrics_path, retire_metrics
 
     assert counters_of(PAGE) == ("# HELP tfpipe_serving_requests_total Requests.\n"
                                  "# TYPE tfpipe_serving_requests_total counter\n"
@@ -204,7 +205,7 @@ def test_a_worker_is_started_again_after_a_growing_backoff_then_given_up(exits, 
 
 
 def test_the_workers_states_as_prometheus_shows_them():
-    from tfpipe.serve.workers import worker_state_lines
+    from tfpipe.serve.worker_group import worker_state_lines
 
     states = [{"worker": 0, "pid": 10, "state": "ready", "restarts": 0},
               {"worker": 1, "pid": 11, "state": "failed", "restarts": 3},
@@ -646,7 +647,8 @@ def test_a_group_directory_left_by_a_killed_supervisor_is_removed_by_the_next(tm
     import tempfile
 
     from tfpipe.serve.flags import ServeOptions
-    from tfpipe.serve.workers import GROUP_PREFIX, Supervisor
+    from tfpipe.serve.worker_group import GROUP_PREFIX
+    from tfpipe.serve.workers import Supervisor
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
