@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import gc
 import os
 import secrets
 import select
 import shutil
 import signal
-import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -41,9 +37,11 @@ from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
+from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
 from tfpipe.serve.metrics import Metrics
+from tfpipe.serve.process_tuning import freeze_import_time_objects, tune_malloc
 from tfpipe.serve.request_log import LogBounds, RequestLogs
 from tfpipe.serve.tfserving.configs import (
     channel_arguments,
@@ -467,54 +465,6 @@ class EmbeddedServer:
             ex.shutdown(wait=False, cancel_futures=True)
 
 
-SO_ATTACH_FILTER = 26  # Linux's socket option number (asm-generic/socket.h)
-HANDSHAKE_WAIT = 0.05  # s: the drain accepts until no connection has been queued for this long
-
-
-# A classic BPF program for a TCP listener, whose filter sees each segment from its TCP header on:
-# drop a segment with the SYN flag (byte 13, bit 0x02), keep any other.
-_DROP_SYN = (
-    (0x30, 0, 0, 13),          # BPF_LD | BPF_B | BPF_ABS: A = the flags byte
-    (0x45, 0, 1, 0x02),        # BPF_JMP | BPF_JSET | BPF_K: SYN set? next; else skip one
-    (0x06, 0, 0, 0),           # BPF_RET: drop
-    (0x06, 0, 0, 0xFFFFFFFF),  # BPF_RET: keep the whole segment
-)
-
-
-def refuse_new_connections(sock) -> None:
-    """Drop every SYN that comes to the listening socket `sock` from now on, so that the kernel
-    starts no new connection for it: what is queued can be accepted and answered before it closes,
-    and the close then resets no connection whose client has already sent its request. Only SYNs:
-    a handshake the kernel answered just before (SYN-ACK sent) still gets its client's ACK and
-    completes, to be accepted before the close, where dropping every segment left it half-open
-    with its request unread, and reset at the close. A client whose SYN is dropped sends it again a
-    second later and is refused (the socket is closed by then) or, in a worker group, taken by
-    another worker. Where the kernel refuses the filter (not Linux), nothing changes."""
-    program = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in _DROP_SYN))
-    fprog = struct.pack("HL", len(_DROP_SYN), ctypes.addressof(program))  # struct sock_fprog
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-    except OSError:
-        pass
-
-
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
-
-
-def tune_malloc(nbytes: int = 128 * 1024) -> None:
-    """Keep glibc serving blocks over `nbytes` (its own starting threshold) from mmap, so that
-    freed ones go straight back to the OS; by default glibc raises the threshold as large
-    blocks are freed, after which they come from the heap and stay resident. An explicit
-    MALLOC_MMAP_THRESHOLD_ wins. The number of arenas is left to glibc (eight per core):
-    MALLOC_ARENA_MAX=2 keeps RSS flatter across hot reloads and costs throughput (docs/benchmarks.md)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, nbytes)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     """Serve until SIGTERM or SIGINT, then drain and exit 0."""
     from tfpipe.serve import runtime
@@ -524,13 +474,7 @@ def run_embedded(opts: ServeOptions, log: Callable[[str], None] = print) -> int:
     async def main() -> None:
         server = EmbeddedServer(opts, log)
         runtime.apply(server.bundle, log)
-        # TensorFlow and Keras leave hundreds of thousands of long-lived objects; a full garbage
-        # collection that walks them stalls every thread, which shows in the latency's far tail.
-        # Frozen, they are never walked; the models loaded later stay collectable.
-        # TFPIPE_GC_FREEZE=0 leaves them unfrozen (benchmarks/bench_serve.py shows the difference).
-        if os.environ.get("TFPIPE_GC_FREEZE", "1") != "0":
-            gc.collect()
-            gc.freeze()
+        freeze_import_time_objects()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

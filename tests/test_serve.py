@@ -1082,7 +1082,7 @@ def test_a_listener_told_to_refuse_completes_no_new_connection_and_keeps_the_que
     """The drain's first step on the REST listener: a connection queued before it is still accepted
     (and so answered), and no new one completes (its SYN is dropped; the client's connect waits),
     so that closing the listener afterwards resets no client that has sent its request."""
-    from tfpipe.serve.server import refuse_new_connections
+    from tfpipe.serve.drain import refuse_new_connections
 
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -1130,7 +1130,7 @@ def test_a_refusing_listener_drops_only_syns_so_a_handshake_under_way_completes(
     through: the ACK that completes a handshake the kernel answered just before the filter still
     reaches TCP (here, a bare ACK for no handshake is answered with a reset, which TCP sends only
     if the segment got to it). Sent and watched with raw sockets, which need root."""
-    from tfpipe.serve.server import refuse_new_connections
+    from tfpipe.serve.drain import refuse_new_connections
 
     try:
         raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
