@@ -20,7 +20,7 @@ FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.t
 # modules that import nothing of tfpipe, which every room may import (docs/architecture.md)
 LEAVES = ("tfpipe", "tfpipe.files", "tfpipe.stage", "tfpipe.machine", "tfpipe.versions", "tfpipe.prediction_logs")
 STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout", "predict")
-DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
+DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.console", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
            "tfpipe.manifest", "tfpipe.steps")
 
 

@@ -49,14 +49,14 @@ def _keras_error() -> Exception:
     (RuntimeError(""), "RuntimeError"),
 ])
 def test_a_failed_step_says_its_error_in_one_plain_line(error, expected):
-    from tfpipe.run import error_line
+    from tfpipe.console import error_line
 
     assert error_line(error) == expected
 
 
 def test_a_user_error_keeps_its_own_first_line():
     from tfpipe.errors import UserError
-    from tfpipe.run import error_line
+    from tfpipe.console import error_line
 
     assert error_line(UserError("label column 'y' not found:\n  columns: a, b")) == "label column 'y' not found:"
 
