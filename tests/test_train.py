@@ -332,7 +332,7 @@ def test_the_train_result_summarises_its_own_output(penguins_trained):
 def test_a_backup_cut_short_gives_way_to_the_one_before(tmp_path, cut, has_previous, resumes_at):
     import h5py
 
-    from tfpipe.train.job import repair_backup
+    from tfpipe.train.resume import repair_backup
 
     backup = tmp_path / "backup"
     backup.mkdir()

@@ -52,6 +52,6 @@ def test_the_summary_says_what_ended_training(losses, timed_out, config, want, t
 def test_until_early_stopping_a_better_epoch_must_lower_the_loss_by_a_little(config, want):
     """Without a cap, a loss creeping toward 0 on a split the model separates must not reset the
     patience for ever; a capped run counts any drop, as before."""
-    from tfpipe.train.job import min_delta
+    from tfpipe.train.callbacks import min_delta
 
     assert min_delta(TrainConfig(**config)) == want

@@ -1,8 +1,8 @@
 """`tfpipe train`: the data stage's TFRecords -> a Keras 3 model with preprocessing inside.
 
-The run works in `.NAME.resume` beside --out (tfpipe.files.resume_dir): checkpoints, the BackupAndRestore backup and
-logs accumulate there, so a killed run started again resumes from its last epoch; on
-success the directory is renamed to --out.
+The run works in `.NAME.resume` beside --out: checkpoints, the BackupAndRestore backup and logs
+accumulate there, so a killed run started again resumes from its last epoch (train/resume.py);
+on success the directory is renamed to --out. The callbacks are train/callbacks.py's.
 """
 
 from __future__ import annotations
@@ -21,91 +21,22 @@ import keras
 import tensorflow as tf
 
 from tfpipe import __version__
-from tfpipe.files import cache_key, publish_dir, read_json, resume_dir, write_json
+from tfpipe.files import cache_key, read_json, write_json
 from tfpipe.machine import cores
 from tfpipe.stage import StageResult, TrainOutputs
-from tfpipe.train.config import UNTIL_STOPPED, UNTIL_STOPPED_MIN_DELTA, TrainConfig
+from tfpipe.train.config import UNTIL_STOPPED, TrainConfig
 from tfpipe.train.data import make_dataset
 from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
                                   worker_position)
 from tfpipe.train.errors import DivergedError, TrainError
 from tfpipe.train.model import LabelScale, build_models, label_scale, loss_and_metrics
+from tfpipe.train.callbacks import EpochLog, callbacks, gpu_sampler, min_delta
+from tfpipe.train.resume import publish, resumed_epoch, work_dir
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
 warnings.filterwarnings("ignore", message="Your input ran out of data")
-
-
-class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Raises out of fit() on a NaN/Inf loss. Unlike TerminateOnNaN it does not let fit end
-    normally, so BackupAndRestore keeps its backup of the last good epoch (keras#21771)."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            raise DivergedError(self.epoch + 1, batch + 1, float(loss))
-
-
-class KeepLearningRate(keras.callbacks.Callback):
-    """After BackupAndRestore restores the optimizer, apply this run's learning rate, so a
-    rerun with a lower rate after a divergence resumes with the lower rate."""
-
-    def __init__(self, rate: float):
-        super().__init__()
-        self.rate = rate
-
-    def on_train_begin(self, logs=None):
-        self.model.optimizer.learning_rate.assign(self.rate)
-
-
-class EpochLog(keras.callbacks.Callback):
-    """One JSON line per epoch in metrics.jsonl: metrics, wall time, and the time spent in
-    training steps alone (fetching the batch included, validation and callbacks not)."""
-
-    def __init__(self, path: str, examples: int, time_limit: float | None, log, say: bool = False):
-        """`say`: log a line per epoch (in place of Keras's, whose 'Epoch 3/10000' would misread
-        training that runs until early stopping)."""
-        super().__init__()
-        self.path, self.examples, self.time_limit, self.log, self.say = path, examples, time_limit, log, say
-        self.epochs: list[dict[str, Any]] = []
-        self.timed_out = False
-
-    def on_train_begin(self, logs=None):
-        self.started = time.perf_counter()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.t0 = time.perf_counter()
-        self.step_seconds = 0.0
-        self.steps = 0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.tb = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step_seconds += time.perf_counter() - self.tb
-        self.steps += 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self.t0
-        self.record({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
-                     "seconds": round(seconds, 4), "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
-                     "examples_per_s": round(self.examples / self.step_seconds, 1)})
-        if self.say:
-            figures = ", ".join(f"{k} {float(v):.4g}" for k, v in (logs or {}).items() if k != "learning_rate")
-            self.log(f"epoch {epoch + 1}: {seconds:.1f} s, {figures}")
-        if self.time_limit and time.perf_counter() - self.started > self.time_limit:
-            self.log(f"time limit of {self.time_limit:g} s reached after epoch {epoch + 1}")
-            self.timed_out = True
-            self.model.stop_training = True
-
-    def record(self, row: dict[str, Any]) -> None:
-        self.epochs.append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 @dataclass
@@ -160,7 +91,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
             + (", --ensemble" if "ensemble" in sized else "") + (", --hidden" if "hidden" in sized else "")
             + " to choose)")
     rt = _runtime(config, log)
-    work = _work_dir(out, config, data, rt.worker, log)
+    work = work_dir(out, config, data, rt.worker, log)
     with rt.strategy.scope():
         built = _image_model(config, data, rt, log) if data.images else _row_model(config, data, rt)
         compile_trainer(built.trainer, data.schema.label.task, config.learning_rate, config.grad_accum_steps, rt.xla,
@@ -172,8 +103,8 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
     eval_ds = built.dataset(eval_split, False)
     epoch_log = EpochLog(os.path.join(work, "metrics.jsonl"), data.count("train"), config.time_limit, log,
                          say=config.epochs == UNTIL_STOPPED)
-    sampler = _gpu_sampler(rt.gpus, work, log)
-    resumed = _resumed_epoch(work)
+    sampler = gpu_sampler(rt.gpus, work, log)
+    resumed = resumed_epoch(work)
     if resumed:
         log(f"resuming from the backup of epoch {resumed} in {work}")
     log(f"training on {data.count('train'):,} examples, evaluating on {data.count(eval_split):,} ({eval_split})"
@@ -212,7 +143,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         "elapsed_s": round(time.time() - started, 2),
     }
     write_json(os.path.join(work, "train.json"), manifest)
-    _publish(work, out)
+    publish(work, out)
     _print_summary(manifest, out, log)
     return out
 
@@ -293,39 +224,6 @@ def _row_model(config: TrainConfig, data: DataDir, rt: _Runtime) -> _Model:
     return _Model(model, trainer, dataset, feature_mb, cache, label_scale=scale)
 
 
-def _gpu_sampler(gpus: list[dict], work: str, log: Callable[[str], None]):
-    """GPU utilisation sampled while training, or None (no GPU, or NVML refused)."""
-    if not gpus:
-        return None
-    from tfpipe.train.gpu_monitor import GpuSampler
-
-    try:
-        return GpuSampler(gpus, os.path.join(work, "logs"))
-    except Exception as e:  # NVML missing or refused: train anyway, say so
-        log(f"GPU utilisation is not sampled: NVML unavailable ({e})")
-        return None
-
-
-def _callbacks(config: TrainConfig, work: str, epoch_log: EpochLog, sampler) -> list[keras.callbacks.Callback]:
-    callbacks = [
-        # Keras calls these in order. The epoch's metrics.jsonl line is written before its backup,
-        # so a run killed between the two resumes from the epoch before and writes the line again
-        # (the resume trims lines past the backup's epoch); the other way round, it lost a line.
-        epoch_log,
-        # double_checkpoint: the backup before the last is kept beside it (.bkp), for a run
-        # killed while it wrote the last one (repair_backup)
-        keras.callbacks.BackupAndRestore(os.path.join(work, "backup"), double_checkpoint=True),
-        KeepLearningRate(config.learning_rate),  # after the restore, which brings the old rate back
-        StopOnNonFiniteLoss(),
-        keras.callbacks.ModelCheckpoint(os.path.join(work, "checkpoints", "epoch-{epoch:03d}.weights.h5"),
-                                        save_weights_only=True),
-        keras.callbacks.EarlyStopping(monitor="val_loss", patience=config.patience, restore_best_weights=True,
-                                      start_from_epoch=config.min_epochs or 0, min_delta=min_delta(config)),
-        keras.callbacks.TensorBoard(os.path.join(work, "logs"), profile_batch=(2, 6) if config.profile else 0),
-    ]
-    return callbacks + ([sampler] if sampler is not None else [])
-
-
 def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model, datasets: tuple, work: str,
          epoch_log: EpochLog, sampler, log: Callable[[str], None], scale=None) -> None:
     """Keras's fit with its callbacks in one process, the custom loop over several workers;
@@ -345,11 +243,11 @@ def _fit(config: TrainConfig, data: DataDir, rt: _Runtime, trainer: keras.Model,
                 label_scale=scale)
         else:
             trainer.fit(train_ds, validation_data=eval_ds, epochs=config.epochs,
-                        callbacks=_callbacks(config, work, epoch_log, sampler),
+                        callbacks=callbacks(config, work, epoch_log, sampler),
                         shuffle=False,  # the dataset shuffles itself
                         verbose=0 if epoch_log.say else 1 if os.isatty(1) else 2)
     except DivergedError as e:
-        good = _resumed_epoch(work)
+        good = resumed_epoch(work)
         if good:
             hint = (f"the last good epoch ({good}) is kept in {work}; rerun with a lower --learning-rate to resume "
                     "from it")
@@ -418,82 +316,6 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, scale=Non
     return {"examples_per_s": round(examples / seconds, 1), "mean_step_s": round(step_time, 6),
             "compute_step_s": round(compute, 6),
             "input_wait_fraction": round(max(0.0, 1 - compute / step_time), 4)}
-
-
-def _work_dir(out: str, config: TrainConfig, data: DataDir, worker: int, log: Callable[[str], None]) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    work = resume_dir(out, f"-worker{worker}" if worker else "")
-    key = cache_key(config.resume_fields(), {"data": data.manifest["fingerprint"]})  # what a resume may reuse
-    marker = os.path.join(work, "resume.json")
-    if read_json(marker) != {"key": key}:
-        shutil.rmtree(work, ignore_errors=True)  # another model or data: nothing to resume
-        os.makedirs(os.path.join(work, "checkpoints"))
-        write_json(marker, {"key": key})
-    else:
-        repair_backup(os.path.join(work, "backup"), log)
-        if os.path.exists(os.path.join(work, "metrics.jsonl")):
-            _trim_metrics(work)
-    return work
-
-
-def repair_backup(backup: str, log: Callable[[str], None]) -> None:
-    """A backup a killed run left half-written gives way to the one before it (`NAME.bkp`, kept
-    by double_checkpoint), so that the resume and metrics.jsonl's trim agree on the epoch; with
-    no earlier one, the backup goes and training starts over. Both cases are said."""
-    from tfpipe.train.multiworker import BACKUP_META, BACKUP_WEIGHTS  # BackupAndRestore's names
-
-    weights, meta = os.path.join(backup, BACKUP_WEIGHTS), os.path.join(backup, BACKUP_META)
-    if not os.path.exists(meta) or _readable(weights, meta):
-        return
-    if _readable(weights + ".bkp", meta + ".bkp"):
-        for path in (weights, meta):
-            shutil.copyfile(path + ".bkp", path)
-        log(f"the last backup in {backup} was cut short (the run was killed while writing it): "
-            "resuming from the one before")
-    else:
-        shutil.rmtree(backup, ignore_errors=True)
-        log(f"the backup in {backup} was cut short and no earlier one is kept: training starts over")
-
-
-def _readable(weights: str, meta: str) -> bool:
-    """Whether a weights file opens as HDF5 and its metadata parses as JSON."""
-    import h5py
-
-    try:
-        with h5py.File(weights, "r"):
-            pass
-        with open(meta) as f:
-            int(json.load(f)["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return True
-
-
-def _trim_metrics(work: str) -> None:
-    """Keep metrics.jsonl in step with the backup: drop epochs after the one it restores."""
-    last = _resumed_epoch(work) or 0
-    path = os.path.join(work, "metrics.jsonl")
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    with open(path, "w") as f:
-        for r in rows:
-            if r["epoch"] <= last:
-                f.write(json.dumps(r) + "\n")
-
-
-def _resumed_epoch(work: str) -> int | None:
-    meta = read_json(os.path.join(work, "backup", "training_metadata.json"))
-    return int(meta["epoch"]) if meta else None
-
-
-def _publish(work: str, out: str) -> None:
-    os.remove(os.path.join(work, "resume.json"))
-    publish_dir(work, out)
-
-
-def min_delta(config: TrainConfig) -> float:
-    """How much an epoch must lower the eval loss to count as better: UNTIL_STOPPED_MIN_DELTA when
-    training runs until early stopping, else any drop (a capped run stops at its cap anyway)."""
-    return UNTIL_STOPPED_MIN_DELTA if config.epochs == UNTIL_STOPPED else 0.0
 
 
 def ending(epoch_log: EpochLog, config: TrainConfig) -> dict[str, Any]:
