@@ -32,7 +32,7 @@ from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla,
 from tfpipe.train.errors import DivergedError, TrainError
 from tfpipe.train.model import LabelScale, build_models, label_scale, loss_and_metrics
 from tfpipe.train.callbacks import EpochLog, callbacks, gpu_sampler, min_delta
-from tfpipe.train.resume import publish, resumed_epoch, work_dir
+from tfpipe.train.resume import publish_work, resumed_epoch, work_dir
 
 
 # Our datasets are finite by design: an epoch is one pass, not a fixed number of steps.
@@ -143,7 +143,7 @@ def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
         "elapsed_s": round(time.time() - started, 2),
     }
     write_json(os.path.join(work, "train.json"), manifest)
-    publish(work, out)
+    publish_work(work, out)
     _print_summary(manifest, out, log)
     return out
 

@@ -16,6 +16,8 @@ from tfpipe.train.datadir import DataDir
 
 
 def work_dir(out: str, config: TrainConfig, data: DataDir, worker: int, log: Callable[[str], None]) -> str:
+    """The run's work directory (one per worker of a multi-worker run): kept, with its backup
+    repaired and its metrics trimmed, when its key matches this run's; made anew otherwise."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     work = resume_dir(out, f"-worker{worker}" if worker else "")
     key = cache_key(config.resume_fields(), {"data": data.manifest["fingerprint"]})  # what a resume may reuse
@@ -80,6 +82,8 @@ def resumed_epoch(work: str) -> int | None:
     return int(meta["epoch"]) if meta else None
 
 
-def publish(work: str, out: str) -> None:
+def publish_work(work: str, out: str) -> None:
+    """The finished run's directory published as --out, its resume marker removed first: a
+    published output is nothing to resume."""
     os.remove(os.path.join(work, "resume.json"))
     publish_dir(work, out)
