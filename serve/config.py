@@ -71,5 +71,5 @@ class ServeConfig(BaseModel):
         return self.model_copy(update={name: given[name] for name in BATCH_FIELDS})
 
     def fingerprint_fields(self) -> dict:
-        """What decides the serve step's result; where it listens does not."""
-        return self.model_dump(exclude={"host", "port", "rest_api_port", "protocol"})
+        """What decides the serve step's result; where it listens, and how long its stop waits, do not."""
+        return self.model_dump(exclude={"host", "port", "rest_api_port", "protocol", "drain_seconds"})
