@@ -1,3 +1,5 @@
+"""The user-facing error of promote, rollback and rollout: the CLI turns it into one line, exit 2."""
+
 from tfpipe import UserError
 
 

@@ -1,3 +1,5 @@
+"""`tfpipe skew`'s user-facing error: the CLI turns it into one line and exit code 2."""
+
 from tfpipe import UserError
 
 
