@@ -90,18 +90,20 @@ def input_csv(rows: int) -> str:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and its descendants (the children of each of its threads:
-    Beam's runner starts its worker processes from a thread of its own)."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
+    """Resident bytes of a process and all its descendants (psutil finds them by parent, whichever
+    thread started them: Beam's runner starts its worker processes from a thread of its own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
         try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:  # ended between the listing and the reading
             pass
     return total
 
