@@ -85,19 +85,18 @@ _REPLACED = {"model_config_file", "model_name", "model_base_path", "monitoring_c
 def server_flags(opts: ServeOptions, paths: dict[str, str], ports: bool = True) -> list[str]:
     """tensorflow_model_server's flags for these options and config files; every other TF
     Serving flag the command line named is passed on as it was given."""
+    addresses = ["port", "rest_api_port"]
+    polls = ["model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds"]
+    serving = ["enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads"]
     threads = [n for n in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism") if getattr(opts, n)]
-    written = {"port", "rest_api_port", "model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds",
-               "enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads", *threads}
-    flags = opts.to_argv(["port", "rest_api_port"]) if ports else []
-    flags += flag_arg("model_config_file", paths["models"])
-    flags += opts.to_argv(["model_config_file_poll_wait_seconds", "file_system_poll_wait_seconds"])
-    flags += flag_arg("monitoring_config_file", paths["monitoring"])
-    flags += opts.to_argv(["enable_model_warmup", "rest_api_num_threads", "rest_api_timeout_in_ms", "grpc_max_threads"])
+    flags = opts.to_argv(addresses) if ports else []
+    flags += flag_arg("model_config_file", paths["models"]) + opts.to_argv(polls)
+    flags += flag_arg("monitoring_config_file", paths["monitoring"]) + opts.to_argv(serving)
     if opts.enable_batching:
         flags += flag_arg("enable_batching", True) + flag_arg("batching_parameters_file", paths["batching"])
     flags += opts.to_argv(threads)
-    return flags + opts.to_argv([f.name for f in TF_SERVING_FLAGS
-                                 if f.name in opts.given and f.name not in written | _REPLACED])
+    written = {*addresses, *polls, *serving, *threads, *_REPLACED}
+    return flags + opts.to_argv([f.name for f in TF_SERVING_FLAGS if f.name in opts.given and f.name not in written])
 
 
 def _refuse_what_it_cannot_do(opts: ServeOptions) -> None:
