@@ -27,14 +27,19 @@ def inputs() -> str:
     return INPUTS
 
 
-def tfpipe_data(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None
-                ) -> subprocess.CompletedProcess:
-    """`tfpipe data ARGS` as a user runs it; `cwd` away from the repository for workers that must not
-    find its tfpipe/ folder on their path."""
-    res = subprocess.run([sys.executable, "-m", "tfpipe.cli", "data", *args], capture_output=True, text=True,
+def tfpipe(command: str, *args: str, python: str = sys.executable, env: dict | None = None, timeout: float = 600,
+           cwd: str | None = None) -> subprocess.CompletedProcess:
+    """`tfpipe COMMAND ARGS` as a user runs it, with `python`'s environment (this one by default),
+    which must succeed; `cwd` away from the repository for workers that must not find its tfpipe/
+    folder on their path."""
+    res = subprocess.run([python, "-m", "tfpipe.cli", command, *args], capture_output=True, text=True,
                          timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
+
+
+def tfpipe_data(*args: str, **options) -> subprocess.CompletedProcess:
+    return tfpipe("data", *args, **options)
 
 
 def records(path: str) -> list[bytes]:

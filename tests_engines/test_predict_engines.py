@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REFERENCE
+from conftest import REFERENCE, tfpipe
 
 PREDICT_ENV = os.environ.get("TFPIPE_ENGINE_PREDICT_ENV", "")
 MODEL = os.environ.get("TFPIPE_ENGINE_MODEL", "")
@@ -26,15 +26,10 @@ FLINK = ["--runner", "FlinkRunner", "--flink_master=[local]", "--parallelism=2"]
 SPARK = ["--runner", "SparkRunner", "--spark_master_url=local[2]"]
 
 
-def tfpipe_predict(*args: str, python: str | None = None, env: dict | None = None,
-                   cwd: str | None = None) -> subprocess.CompletedProcess:
+def tfpipe_predict(*args: str, python: str | None = None, **options) -> subprocess.CompletedProcess:
     """`tfpipe predict ARGS` as a user of the predict environment runs it (or `python`'s)."""
-    python = python or os.path.join(PREDICT_ENV, "bin", "python")
-    res = subprocess.run([python, "-m", "tfpipe.cli", "predict", "--model", MODEL, *PREDICT_ARGS, *args],
-                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-                         env={**os.environ, **(env or {})}, cwd=cwd)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
+    return tfpipe("predict", "--model", MODEL, *PREDICT_ARGS, *args,
+                  python=python or os.path.join(PREDICT_ENV, "bin", "python"), **options)
 
 
 def predictions(out: str) -> tuple[pa.Table, collections.Counter, dict]:
