@@ -372,12 +372,104 @@ def test_a_requests_rows_are_cut_into_calls_and_the_answers_joined(inputs, rows,
     {"results": [[["a", 0.5]]] * 4, "n": []},
     {"predictions": 3.5},
 ])
-def test_a_large_answer_written_in_pieces_is_the_text_of_one_dumps(body):
+def test_a_large_answer_written_in_pieces_is_the_text_of_one_dumps(body, monkeypatch):
     import json
 
-    from tfpipe.serve.transports.rest_api import _dumps_in_pieces
+    from tfpipe.serve.transports import rest_api
 
-    assert _dumps_in_pieces(body, items=4) == json.dumps(body, allow_nan=True)
+    pieces = list(rest_api._text_in_pieces(body, items=4))
+    assert "".join(pieces) == json.dumps(body, allow_nan=True)
+    monkeypatch.setattr(rest_api, "ANSWER_CHUNK_BYTES", 16)
+    chunks = rest_api._encoded(iter(pieces))
+    assert b"".join(chunks) == json.dumps(body, allow_nan=True).encode()
+    assert all(len(c) >= 16 for c in chunks[:-1]) and (len(chunks) > 1) == (len(json.dumps(body)) > 16)
+
+
+def _outputs(n: int) -> list[dict]:
+    rng = np.random.default_rng(n)
+    return [
+        {"p": rng.random((n, 3)).astype(np.float32), "c": np.array([b"a", b"\xff"] * n, dtype=object)[:n],
+         "i": np.arange(n)},
+        {"p": rng.random(n).astype(np.float32)},
+        {"p": np.array([np.nan, -np.inf] * n, dtype=np.float32)[:n], "s": np.float32(3.0)},
+        {"a": np.zeros(n), "b": np.zeros(n + 1)},
+        {"x_bytes": np.array([b"\x00\x01"] * n, dtype=object)},
+    ]
+
+
+@pytest.mark.parametrize("outputs", [o for n in (0, 1, 3, 4, 7, 12) for o in _outputs(n)])
+@pytest.mark.parametrize("row_format", [True, False])
+def test_an_answer_written_rows_at_a_time_is_the_text_of_one_dumps(outputs, row_format):
+    """json_output_text gives json_outputs' text, or its error, whether the outputs are cut or not
+    (3 rows a piece: 4, 7 and 12 rows are cut; a 0-d output and unequal rows are not)."""
+    from tfpipe.serve.codecs.rest_json import dumps, json_output_text, json_outputs
+    from tfpipe.serve.errors import ServingError
+
+    def text(fn):
+        try:
+            return fn()
+        except ServingError as e:
+            return "error: " + e.message
+
+    whole = text(lambda: dumps(json_outputs(outputs, row_format)))
+    pieces = text(lambda: list(json_output_text(outputs, row_format, rows=3)))
+    if whole.startswith("error: "):
+        assert pieces == whole
+    else:
+        assert "".join(pieces) == whole
+        assert (len(pieces) > 1) == (max((v.shape[0] for v in outputs.values() if v.ndim), default=0) > 3)
+
+
+def test_a_parsed_document_held_elsewhere_is_not_taken_apart():
+    """_take_apart empties what only it holds; what something else holds stays whole."""
+    from tfpipe.serve.transports.rest_api import _take_apart
+
+    rows = [{"a": i} for i in range(3000)]
+    doc = {"instances": rows, "signature_name": "s"}
+    _take_apart([doc])  # `doc` holds it here too
+    assert doc == {"instances": rows, "signature_name": "s"} and len(rows) == 3000
+    held = [{"instances": rows, "other": [1, 2]}]
+    _take_apart(held)  # its own dict and list go; `rows`, held here too, stays
+    assert held == [] and len(rows) == 3000 and rows[-1] == {"a": 2999}
+    mine = [{"instances": [{"a": i} for i in range(3000)]}]
+    inner = mine[0]["instances"]
+    _take_apart(mine)
+    assert inner == [{"a": i} for i in range(3000)]  # held here: not emptied
+
+
+@pytest.mark.parametrize("gc_on", [True, False])
+def test_large_requests_pause_the_collector_and_shorten_the_switch_interval_until_the_last_ends(gc_on):
+    import gc
+    import sys
+
+    from tfpipe.serve.core.large_requests import LARGE_SWITCH_SECONDS, large_request
+
+    was_on, was_interval = gc.isenabled(), sys.getswitchinterval()
+    (gc.enable if gc_on else gc.disable)()
+    try:
+        first = large_request()
+        first.__enter__()
+        assert not gc.isenabled() and sys.getswitchinterval() == pytest.approx(LARGE_SWITCH_SECONDS)
+        with large_request():
+            pass
+        assert not gc.isenabled() and sys.getswitchinterval() == pytest.approx(LARGE_SWITCH_SECONDS)
+        first.__exit__(None, None, None)
+        assert gc.isenabled() == gc_on and sys.getswitchinterval() == pytest.approx(was_interval)
+    finally:
+        (gc.enable if was_on else gc.disable)()
+        sys.setswitchinterval(was_interval)
+
+
+@pytest.mark.parametrize("value", [np.arange(0, dtype=np.float32), np.arange(65_537, dtype=np.float32),
+                                   np.arange(140_000, dtype=np.int64).reshape(70_000, 2),
+                                   np.array([b"s%d" % i for i in range(70_000)], dtype=object)])
+def test_a_long_tensor_is_filled_in_parts_with_the_same_values(value):
+    import tensorflow as tf
+
+    from tfpipe.serve.codecs.tensor_proto import tensor_proto
+
+    proto = tensor_proto(value)
+    assert tf.make_ndarray(proto).tolist() == value.tolist()
 
 
 @pytest.mark.parametrize("cpu_max, cores", [

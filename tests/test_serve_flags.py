@@ -517,8 +517,12 @@ def test_a_request_of_more_rows_than_max_call_rows_is_answered_by_calls_of_that_
 def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(tmp_path):
     """A body over OFF_LOOP_BYTES is parsed and decoded on a REST thread: its rows are answered (in
     calls of the default --max_call_rows), its errors are the same 400s as a small body's, and
-    Classify's examples too."""
+    Classify's examples too. A gRPC Predict whose answer is that large (TensorFlow's fill-out makes
+    a small request large) has its answer built on a gRPC thread: the same answer."""
+    import grpc
+    import tensorflow as tf
     from serving_models import save_call_rows
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     from tfpipe.serve.core.inference import OFF_LOOP_BYTES
     from tfpipe.serve.flags import ServeOptions
@@ -532,8 +536,20 @@ def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(t
     assert len(body) > OFF_LOOP_BYTES
     with ServerThread(opts) as s:
         url = f"http://127.0.0.1:{s.rest_port}/v1/models/m"
-        answer = requests.post(f"{url}:predict", data=body, timeout=60).json()["predictions"]
-        assert answer == [1024.0] * 19 * 1024 + [544.0] * 544
+        r = requests.post(f"{url}:predict", data=body, timeout=60)
+        assert int(r.headers["Content-Length"]) == len(r.content)
+        assert r.headers["Content-Type"] == "application/json; charset=utf-8"
+        assert r.json()["predictions"] == [1024.0] * 19 * 1024 + [544.0] * 544
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "m"
+        request.inputs["x"].dtype = tf.float32.as_datatype_enum
+        request.inputs["x"].tensor_shape.dim.add(size=20_000)
+        request.inputs["x"].float_val.append(0.5)  # one value: filled out to 20,000 rows
+        assert request.ByteSize() < OFF_LOOP_BYTES
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+        assert answer.model_spec.version.value == 1 and answer.model_spec.signature_name == "serving_default"
+        assert tf.make_ndarray(answer.outputs["rows"]).tolist() == [1024.0] * 19 * 1024 + [544.0] * 544
         for bad, small, message in (
                 (body[:-2], b'{"instances": [1.5', "JSON Parse error: Missing a comma or ']' after an array element."),
                 (body.replace(b"0.5,", b'0.5, "x",', 1), b'{"instances": [1.5, "x"]}', "is not of expected type: float")):

@@ -14,6 +14,7 @@ import json
 import operator
 import warnings
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -295,9 +296,17 @@ def _scalar_rows(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.n
     return out
 
 
+# Rows converted by one numpy call: a call holds Python's GIL until it returns, so a long request
+# is converted in blocks of this many rows, and the server's other threads run between them.
+BLOCK_ROWS = 16384
+
+
 def _block(dtype: np.dtype, rows: list[tuple]) -> np.ndarray:
     """[inputs, rows] of `dtype` (each input's values contiguous) from rows of JSON scalars,
     converted as the exact reader converts them."""
+    if len(rows) > BLOCK_ROWS:
+        return np.concatenate([_block(dtype, rows[i:i + BLOCK_ROWS]) for i in range(0, len(rows), BLOCK_ROWS)],
+                              axis=1)
     if dtype == object:
         block = np.empty((len(rows), len(rows[0])), dtype=object)
         block[...] = [[v.encode("utf-8") for v in row] for row in rows]
@@ -554,6 +563,8 @@ def _jsonable(name: str, value: np.ndarray) -> Any:
 
 
 def json_outputs(outputs: dict[str, np.ndarray], row_format: bool) -> dict[str, Any]:
+    """A Predict's answer as TF Serving's REST API gives it: 'predictions' (one object, or value,
+    per row) for a request in the row format, 'outputs' for the columnar one."""
     if not row_format:
         if len(outputs) == 1:
             (name, value), = outputs.items()
@@ -571,3 +582,52 @@ def json_outputs(outputs: dict[str, np.ndarray], row_format: bool) -> dict[str, 
         return {"predictions": _jsonable(name, value)}
     columns = {k: _jsonable(k, v) for k, v in outputs.items()}
     return {"predictions": [{k: columns[k][i] for k in columns} for i in range(n)]}
+
+
+def dumps(value: Any) -> str:
+    """JSON text as TF Serving's REST API writes it: NaN and Infinity as bare tokens."""
+    return json.dumps(value, allow_nan=True)
+
+
+def json_output_text(outputs: dict[str, np.ndarray], row_format: bool, rows: int = 1024) -> Iterator[str]:
+    """The text of `dumps(json_outputs(outputs, row_format))`, the same characters, in pieces of at
+    most `rows` rows each: for a long answer neither one call that holds Python's GIL until it
+    returns nor an object for each of its values at once."""
+    lengths = {v.shape[0] if v.ndim else -1 for v in outputs.values()}
+    if max(lengths, default=0) <= rows or (row_format and len(lengths) > 1):
+        yield dumps(json_outputs(outputs, row_format))  # (short; or the error json_outputs words)
+        return
+    if row_format:
+        n, = lengths
+        yield '{"predictions": ['
+        yield from _joined_pieces(dumps(json_outputs({k: v[i:i + rows] for k, v in outputs.items()}, True))[17:-2]
+                                  for i in range(0, n, rows))
+        yield "]}"
+        return
+
+    def column(name: str, value: np.ndarray) -> Iterator[str]:
+        if value.ndim == 0 or value.shape[0] <= rows:
+            yield dumps(_jsonable(name, value))
+            return
+        yield "["
+        yield from _joined_pieces(dumps(_jsonable(name, value[i:i + rows]))[1:-1]
+                                  for i in range(0, value.shape[0], rows))
+        yield "]"
+
+    if len(outputs) == 1:
+        (name, value), = outputs.items()
+        yield '{"outputs": '
+        yield from column(name, value)
+        yield "}"
+        return
+    yield '{"outputs": {'
+    for i, (name, value) in enumerate(outputs.items()):
+        yield (", " if i else "") + dumps(name) + ": "
+        yield from column(name, value)
+    yield "}}"
+
+
+def _joined_pieces(pieces: Iterator[str]) -> Iterator[str]:
+    """The pieces with ", " between them, as one list's items."""
+    for i, piece in enumerate(pieces):
+        yield ", " + piece if i else piece

@@ -189,7 +189,8 @@ def tensor_proto(value: np.ndarray, content: bool = False, into: tensor_pb2.Tens
         proto.tensor_shape.dim.add(size=d)
     if value.dtype.kind in "OSU":
         proto.dtype = types_pb2.DT_STRING
-        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in value.ravel())
+        for part in _parts(value.ravel()):
+            proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in part)
         return proto
     dt = _DTYPES.get(value.dtype)
     if dt is None:
@@ -202,8 +203,19 @@ def tensor_proto(value: np.ndarray, content: bool = False, into: tensor_pb2.Tens
     if content:
         proto.tensor_content = np.ascontiguousarray(value).tobytes()
     else:
-        getattr(proto, _VALUE_FIELDS[dt][0]).extend(value.ravel().tolist())
+        field = getattr(proto, _VALUE_FIELDS[dt][0])
+        for part in _parts(value.ravel()):
+            field.extend(part.tolist())
     return proto
+
+
+# Values converted by one call: a call holds Python's GIL until it returns, so a long answer is
+# filled in parts of this many values, and the server's other threads run between them.
+PART_VALUES = 65536
+
+
+def _parts(flat: np.ndarray) -> list[np.ndarray]:
+    return [flat[i:i + PART_VALUES] for i in range(0, len(flat), PART_VALUES)] or [flat]
 
 
 def input_examples(inp: input_pb2.Input) -> list[bytes]:

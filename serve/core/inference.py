@@ -32,6 +32,7 @@ import numpy as np
 from tfpipe.serve.core.batcher import BatchScheduler
 from tfpipe.serve.core.batching import BatchOptions, batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
+from tfpipe.serve.core.large_requests import large_request
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 from tfpipe.serve.core.shadow import Shadow, classification_view
@@ -217,8 +218,9 @@ class Inference:
         own (the thread is given back between parts)."""
         parts = row_parts(inputs, self.call_rows) if sig.splits else None
         if parts is not None:
-            outputs = [await loop.run_in_executor(executor, servable.run, sig, part, keep) for part in parts]
-            joined = await loop.run_in_executor(executor, _joined, sig, parts, outputs)  # (many rows: off the loop)
+            with large_request():
+                outputs = [await loop.run_in_executor(executor, servable.run, sig, part, keep) for part in parts]
+                joined = await loop.run_in_executor(executor, _joined, sig, parts, outputs)  # (many rows: off the loop)
             if joined is not None:
                 return joined
         return await loop.run_in_executor(executor, servable.run, sig, inputs, keep)

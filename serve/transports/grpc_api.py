@@ -13,6 +13,8 @@ cost about a third more CPU per batched Predict (docs/benchmarks.md, Serving).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from concurrent.futures import Executor
 
@@ -38,6 +40,7 @@ from tfpipe.serve.codecs.tensor_proto import (
     tensor_proto,
 )
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
+from tfpipe.serve.core.large_requests import large_request
 from tfpipe.serve.codecs.model_info import metadata_response, spec_of, status_response
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
@@ -89,16 +92,30 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         async def run():
             spec = spec_of(request.model_spec)
-            p = await self.inference.predict(spec, request.model_spec.signature_name,
-                                             lambda _: predict_inputs(request), request.output_filter, self.executor,
-                                             client=self._client(context),
-                                             decode_off_loop=request.ByteSize() > OFF_LOOP_BYTES)
-            response = predict_pb2.PredictResponse()
-            model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
-            for k, v in p.outputs.items():
-                tensor_proto(v, self.tensor_content, into=response.outputs[k])
+            large = request.ByteSize() > OFF_LOOP_BYTES
+            with large_request() if large else contextlib.nullcontext():
+                p = await self.inference.predict(spec, request.model_spec.signature_name,
+                                                 lambda _: predict_inputs(request), request.output_filter,
+                                                 self.executor, client=self._client(context), decode_off_loop=large)
+
+            def answer() -> predict_pb2.PredictResponse:
+                response = predict_pb2.PredictResponse()
+                model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
+                for k, v in p.outputs.items():
+                    tensor_proto(v, self.tensor_content, into=response.outputs[k])
+                return response
+            if sum(v.nbytes for v in p.outputs.values()) <= OFF_LOOP_BYTES:
+                response = answer()
+                self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
+                return response
+
+            def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
+                response = answer()
+                return response, response.SerializeToString()
+            with large_request():  # (a small request's answer may be large too: TensorFlow's fill-out)
+                response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
             self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
-            return response
+            return wire
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
     async def Classify(self, request, context):
@@ -223,9 +240,15 @@ def add_services(server, metrics: Metrics, prediction: PredictionService, model:
         handlers = {name: grpc.unary_unary_rpc_method_handler(
                         _parsed(getattr(servicer, name), request, api, metrics, max_in_flight),
                         request_deserializer=None,  # bytes in
-                        response_serializer=response.SerializeToString)
+                        response_serializer=functools.partial(_serialized, response))
                     for name, (request, response, api) in _METHODS[service].items()}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+
+
+def _serialized(response_type, response) -> bytes:
+    """A handler's answer as bytes: its message serialized, or the bytes a handler serialized off
+    the loop for a large one."""
+    return response if type(response) is bytes else response_type.SerializeToString(response)
 
 
 def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int = 0):

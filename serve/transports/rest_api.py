@@ -16,25 +16,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import gc
-import json
 import re
 import sys
 import termios
-import threading
 import time
 import urllib.parse
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from aiohttp import web
+from aiohttp import payload, web
 from aiohttp.http import HttpVersion11
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.json_text import parse_json
-from tfpipe.serve.codecs.rest_json import json_debug, json_examples, json_inputs, json_outputs
+from tfpipe.serve.codecs.rest_json import (dumps, json_debug, json_examples, json_inputs, json_output_text,
+                                           json_outputs)
 from tfpipe.serve.codecs.model_info import metadata_response, status_response
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
+from tfpipe.serve.core.large_requests import large_request
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
@@ -51,23 +52,71 @@ CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Method
 
 
 def _json(body, status: int = 200) -> web.Response:
-    return _json_text(_dumps(body), status)
+    return _json_text(dumps(body), status)
 
 
-def _dumps(body) -> str:
-    # allow_nan: TF Serving's REST API sends NaN / Infinity as bare tokens.
-    return json.dumps(body, allow_nan=True)
-
-
-def _dumps_in_pieces(body, items: int = 1024) -> str:
-    """`_dumps(body)`, the same text, with every list of more than `items` items written `items` at a
-    time: one json.dumps call holds Python's GIL until it returns, so a large answer written in one
-    call would keep the loop (every other connection) waiting for all of it."""
+def _text_in_pieces(body, items: int = 1024) -> Iterator[str]:
+    """The text of `dumps(body)` in pieces, every list of more than `items` items written `items`
+    at a time: one json.dumps call holds Python's GIL until it returns, so a large answer written in
+    one call would keep the loop (every other connection) waiting for all of it."""
     if isinstance(body, dict):
-        return "{" + ", ".join(f"{_dumps(k)}: {_dumps_in_pieces(v, items)}" for k, v in body.items()) + "}"
-    if isinstance(body, list) and len(body) > items:
-        return "[" + ", ".join(_dumps(body[i:i + items])[1:-1] for i in range(0, len(body), items)) + "]"
-    return _dumps(body)
+        yield "{"
+        for i, (k, v) in enumerate(body.items()):
+            yield (", " if i else "") + dumps(k) + ": "
+            yield from _text_in_pieces(v, items)
+        yield "}"
+    elif isinstance(body, list) and len(body) > items:
+        yield "["
+        for i in range(0, len(body), items):
+            yield (", " if i else "") + dumps(body[i:i + items])[1:-1]
+        yield "]"
+    else:
+        yield dumps(body)
+
+
+# A large answer is encoded, and written to its connection, in chunks of about this many bytes.
+ANSWER_CHUNK_BYTES = 1 << 20
+
+
+def _encoded(pieces: Iterable[str]) -> list[bytes]:
+    """Text pieces as UTF-8 chunks of about ANSWER_CHUNK_BYTES each (on a REST thread)."""
+    chunks, held, size = [], [], 0
+    for piece in pieces:
+        held.append(piece)
+        size += len(piece)
+        if size >= ANSWER_CHUNK_BYTES:
+            chunks.append("".join(held).encode("utf-8"))
+            held, size = [], 0
+    if held or not chunks:
+        chunks.append("".join(held).encode("utf-8"))
+    return chunks
+
+
+class _Chunks(payload.Payload):
+    """An answer already encoded, in chunks: written a chunk at a time, each waiting for the
+    connection to take it, rather than as one write that copies the whole answer on the loop."""
+
+    def __init__(self, chunks: list[bytes]):
+        super().__init__(chunks, content_type="application/json; charset=utf-8")
+        self._size = sum(map(len, chunks))
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._value).decode(encoding, errors)
+
+    async def write(self, writer) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer, content_length: int | None) -> None:
+        left = self._size if content_length is None else content_length
+        for chunk in self._value:
+            if left <= 0:
+                break
+            await writer.write(chunk[:left] if len(chunk) > left else chunk)
+            left -= len(chunk)
+
+
+def _json_chunks(chunks: list[bytes]) -> web.Response:
+    return web.Response(body=_Chunks(chunks))
 
 
 def _json_text(text: str, status: int = 200) -> web.Response:
@@ -187,30 +236,26 @@ class Deadlines:
             task.cancel()
 
 
-_gc_lock = threading.Lock()
-_gc_pausers = 0  # large requests being answered
-_gc_was_enabled = False  # the collector's state when the first of them came in
+def _take_apart(held: list) -> None:
+    """On a REST thread: a large parsed document that `held` alone holds, freed a piece at a time,
+    its objects' members and its lists' items a slice at a time. Dropped whole, its millions of
+    objects would be freed by one call, holding Python's GIL for as long as that takes, on whichever
+    thread (the loop, as a rule) dropped it last. A part something else still holds is left to it."""
+    with large_request():
+        _take_apart_now(held)
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Python's garbage collector off while any large request is answered, and as it was after
-    the last: a large JSON body's millions of objects (acyclic, freed by their counts) would set
-    off full collections that walk them all, holding the GIL, and so the loop and every other
-    connection, for a long time each."""
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
+def _take_apart_now(held: list) -> None:
+    while held:
+        value = held.pop()
+        if sys.getrefcount(value) != 2:  # (`value`, and getrefcount's argument)
+            continue
+        if type(value) is dict:
+            held.extend(value.values())
+            value.clear()
+        elif type(value) is list:
+            while value:
+                del value[-1024:]
 
 
 class _SlowBody(Exception):
@@ -317,7 +362,7 @@ class RestApi:
             return _error(404, f"Not found: {quoted(request.method)} {quoted(request.path)}")
         t0 = time.perf_counter()
         started = time.time_ns(), time.perf_counter_ns()
-        name, api, status = "", "unknown", "OK"
+        name, api, status, body = "", "unknown", "OK", None
         try:
             if request.method == "OPTIONS":
                 if not re.search(r"https?://", request.headers.get("Origin", "")):
@@ -331,7 +376,7 @@ class RestApi:
             if api in ("predict", "classify", "regress"):
                 raw = await self._body(request)
                 large = len(raw) > OFF_LOOP_BYTES
-                with _gc_paused() if large else contextlib.nullcontext():
+                with large_request() if large else contextlib.nullcontext():
                     body = await self._off_loop(parse_json, raw) if large else parse_json(raw)
                     del raw  # (a large body's bytes need not wait for its answer)
                     client = request.headers.get(self.canary_key) if self.canary_key else None
@@ -377,6 +422,9 @@ class RestApi:
         except Exception as e:  # a bug, not bad input
             status = "INTERNAL"
             response = _error(500, f"{type(e).__name__}: {e}")
+        if body is not None and large:
+            held, body = [body], None
+            self.inference.executor.submit(_take_apart, held)
         self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
 
@@ -385,15 +433,27 @@ class RestApi:
         _Undecodable when its Content-Encoding does not decode it."""
         try:
             if self.read_timeout <= 0 or request.content.is_eof():
-                return await request.read()
+                return await self._read(request)
             try:
                 async with asyncio.timeout(self.read_timeout):
-                    return await request.read()
+                    return await self._read(request)
             except TimeoutError:
                 raise _SlowBody from None
         except web.RequestPayloadError:
             request.content.feed_eof()  # nothing more to read of it (aiohttp would try, and log the error)
             raise _Undecodable(request.headers.get("Content-Encoding", "")) from None
+
+    async def _read(self, request: web.BaseRequest) -> bytes:
+        """The whole body, as request.read() gives it (413 past --max_request_bytes), but kept as the
+        pieces it came in until a large one is joined on a REST thread: read() copies it whole on
+        the loop."""
+        pieces, size = [], 0
+        while piece := await request.content.readany():
+            size += len(piece)
+            if size > self.max_body_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes, actual_size=size)
+            pieces.append(piece)
+        return await self._off_loop(b"".join, pieces) if size > OFF_LOOP_BYTES else b"".join(pieces)
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` on a REST thread: a large body's parsing and decoding, or its answer's
@@ -414,7 +474,7 @@ class RestApi:
         p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature,
                                          client=client, decode_off_loop=large)
         if large:  # its answer is large too
-            answer = _json_text(await self._off_loop(lambda: _dumps_in_pieces(json_outputs(p.outputs, rows))))
+            answer = _json_chunks(await self._off_loop(lambda: _encoded(json_output_text(p.outputs, rows))))
         else:
             answer = _json(json_outputs(p.outputs, rows))
         self._log("predict", spec[0], p.servable.version, p.signature.name, started,
@@ -431,11 +491,9 @@ class RestApi:
 
         def answer_text():  # (the result, its JSON)
             result = classification_result(classes, scores)
-            return result, (_dumps_in_pieces if large else _dumps)(
-                {"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]})
+            return result, {"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]}
 
-        result, text = await self._off_loop(answer_text) if large else answer_text()
-        answer = _json_text(text)
+        result, answer = await self._answer(answer_text, large)
         self._log("classify", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
                                           result))
@@ -449,14 +507,26 @@ class RestApi:
 
         def answer_text():  # (the result, its JSON)
             result = regression_result(values)
-            return result, (_dumps_in_pieces if large else _dumps)({"results": [r.value for r in result.regressions]})
+            return result, {"results": [r.value for r in result.regressions]}
 
-        result, text = await self._off_loop(answer_text) if large else answer_text()
-        answer = _json_text(text)
+        result, answer = await self._answer(answer_text, large)
         self._log("regress", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
+
+    async def _answer(self, answer, large: bool) -> tuple[Any, web.Response]:
+        """(the result, its JSON answer) from `answer()`'s (result, JSON value): a large one built
+        and encoded on a REST thread, in pieces."""
+        if not large:
+            result, value = answer()
+            return result, _json(value)
+
+        def encoded():
+            result, value = answer()
+            return result, _encoded(_text_in_pieces(value))
+        result, chunks = await self._off_loop(encoded)
+        return result, _json_chunks(chunks)
 
     def _log(self, api: str, model: str, version: int, used: str, started: tuple[int, int], build,
              rest_format: str = "") -> None:
