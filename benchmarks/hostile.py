@@ -16,7 +16,8 @@ attack is sent for its window, one after another:
 - large-json: a REST body of 330,000 rows (47 MB), 2 at once, again and again;
 - huge-int: a REST body whose number has 10,000 digits, again and again;
 - br-body: a REST body sent with Content-Encoding: br, again and again;
-- burst: 10,000 gRPC Predicts at once over 20 channels, again and again.
+- burst: 10,000 gRPC Predicts at once over 20 channels, again and again;
+- greedy: one connection keeping 64 gRPC Predicts of 32 rows each in flight.
 
 Each attack runs in a process of its own. Per window it prints the attack's requests, their bytes and answers, the server's resident memory
 at its peak over the baseline's (the process tree: every worker), and the well-behaved clients'
@@ -315,8 +316,45 @@ def burst(grpc_port: int, rest_port: int):
     return send
 
 
+def greedy(grpc_port: int, rest_port: int):
+    """One connection keeping 64 Predicts of 32 rows each in flight for the whole window."""
+    import asyncio
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "penguins"
+    for k, t in row_request().inputs.items():
+        request.inputs[k].CopyFrom(t)
+        request.inputs[k].tensor_shape.dim[0].size = 32
+        for field in ("string_val", "int64_val", "float_val"):
+            values = getattr(request.inputs[k], field)
+            if len(values):
+                values.extend([values[0]] * 31)
+
+    def send(until: float):
+        answers, n = collections.Counter(), 0
+
+        async def run():
+            nonlocal n
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+                async def one():
+                    nonlocal n
+                    while time.perf_counter() < until:
+                        n += 1
+                        try:
+                            await stub.Predict(request, timeout=120)
+                            answers["OK"] += 1
+                        except grpc.aio.AioRpcError as e:
+                            answers[e.code().name] += 1
+                await asyncio.gather(*[one() for _ in range(64)])
+        asyncio.run(run())
+        return n, n * request.ByteSize(), answers
+    return send
+
+
 ATTACKS = {"gzip-bomb": gzip_bomb, "fill-out": fill_out, "large-json": large_json, "huge-int": huge_int,
-           "br-body": br_body, "burst": burst}
+           "br-body": br_body, "burst": burst, "greedy": greedy}
 
 
 def run(base: str, workers: int, batching: bool, seconds: float, extra: list[str], only: list[str]) -> list[dict]:

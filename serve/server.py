@@ -29,6 +29,7 @@ import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfpipe.files import clean_stale
+from tfpipe.machine import cores
 from tfpipe.serve.codecs import warmup
 from tfpipe.serve.core.batcher import BatchScheduler
 from tfpipe.serve.core.batching import BatchOptions
@@ -37,6 +38,7 @@ from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
+from tfpipe.serve.core.turns import Turns
 from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
@@ -131,8 +133,9 @@ class EmbeddedServer:
             self.canary = Canary(self.manager, canary_options, self.metrics, log)
             self.manager.on_poll.append(self.canary.polled)
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
-        self._executors = [ThreadPoolExecutor(max(1, opts.grpc_max_threads), thread_name_prefix="tfpipe-grpc"),
-                           ThreadPoolExecutor(max(1, opts.rest_api_num_threads), thread_name_prefix="tfpipe-rest")]
+        self._executors = [Turns(ThreadPoolExecutor(n, thread_name_prefix=f"tfpipe-{name}"), n, cores())
+                           for name, n in (("grpc", max(1, opts.grpc_max_threads)),
+                                           ("rest", max(1, opts.rest_api_num_threads)))]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
                                    per_model_batching=settings.per_model_batching, shadow=self.shadow,
                                    canary=self.canary, call_rows=max(0, opts.max_call_rows))

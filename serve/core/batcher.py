@@ -13,6 +13,12 @@ Queues are per (servable, signature, input shapes): only alike requests merge, a
 queue may have its own parameters (--enable_per_model_batching_parameters). When a version
 unloads, `drop` lets its queues go once their last batch has run, so that no queue keeps
 an unloaded model alive.
+
+A batch is made when a batch thread takes it, of the waiting requests in turns by connection
+(turns.PEER): each connection's requests in the order it sent them, one each per round, so that a
+request of a connection with nothing else waiting goes in the next batch however many another
+connection has queued (TF Serving fills batches first come, first served). A queue holds at
+most `max_enqueued_batches` batches' rows.
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tfpipe.serve.core.batching import BatchOptions
+from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.errors import invalid, precondition, unavailable
+
 
 @dataclass
 class _Task:
     inputs: dict[str, np.ndarray]
     rows: int
     future: Future | asyncio.Future  # an asyncio.Future is settled on its loop (see _settle)
+    deadline: float = 0.0  # when it has waited batch_timeout_micros
 
     def claim(self) -> bool:
         """False when the caller gave up (the REST timeout cancels its future): the task is left out."""
@@ -44,7 +53,6 @@ class _Task:
 
 @dataclass
 class _Batch:
-    deadline: float
     tasks: list[_Task] = field(default_factory=list)
     rows: int = 0
 
@@ -53,8 +61,49 @@ class _Queue:
     def __init__(self, run, options: BatchOptions):
         self.run = run
         self.options = options
-        self.batches: deque[_Batch] = deque()
+        self.waiting: dict[str, deque[_Task]] = {}  # per connection, its tasks in order
+        self.order: deque[str] = deque()  # the connections with tasks waiting, in their turn's order
+        self.rows = 0  # rows waiting
         self.retired = False  # its servable unloaded: removed once empty
+
+    def add(self, peer: str, task: _Task) -> None:
+        tasks = self.waiting.get(peer)
+        if tasks is None:
+            tasks = self.waiting[peer] = deque()
+            self.order.append(peer)
+        tasks.append(task)
+        self.rows += task.rows
+
+    def oldest(self) -> float:
+        """The earliest deadline of the tasks waiting (each connection's first is its oldest)."""
+        return min(tasks[0].deadline for tasks in self.waiting.values())
+
+    def ready(self, now: float) -> bool:
+        return self.rows >= self.options.execution_size or self.oldest() <= now
+
+    def take(self) -> _Batch:
+        """The next batch: the connections in turn, the next task of each that fits, until it is
+        full or no waiting task fits; a connection whose task did not fit keeps its place."""
+        size, batch, skipped = self.options.execution_size, _Batch(), []
+        while self.order and batch.rows < size:
+            peer = self.order.popleft()
+            tasks = self.waiting[peer]
+            if batch.rows + tasks[0].rows > size:
+                skipped.append(peer)
+                continue
+            task = tasks.popleft()
+            batch.tasks.append(task)
+            batch.rows += task.rows
+            if tasks:
+                self.order.append(peer)
+            else:
+                del self.waiting[peer]
+        self.order.extendleft(reversed(skipped))
+        self.rows -= batch.rows
+        return batch
+
+    def tasks(self) -> list[_Task]:
+        return [t for tasks in self.waiting.values() for t in tasks]
 
 
 class BatchScheduler:
@@ -76,7 +125,7 @@ class BatchScheduler:
 
     def depth(self) -> int:
         with self._cv:
-            return sum(b.rows for q in self.queues.values() for b in q.batches)
+            return sum(q.rows for q in self.queues.values())
 
     def queue_count(self) -> int:
         with self._cv:
@@ -103,6 +152,7 @@ class BatchScheduler:
         return asyncio.wrap_future(joined, loop=loop) if loop is not None else joined
 
     def _enqueue(self, key: tuple, run, o: BatchOptions, tasks: list[_Task]) -> list[Future]:
+        peer = PEER.get()
         with self._cv:
             if self._closed:
                 raise unavailable("The server is shutting down")
@@ -111,18 +161,15 @@ class BatchScheduler:
                 q = self.queues[key] = _Queue(run, o)
                 q.retired = key[0] in self._dropped
             size = o.execution_size
+            if q.rows + sum(t.rows for t in tasks) > o.max_enqueued_batches * size:
+                raise unavailable("The batch scheduling queue to which this task was submitted is full")
+            deadline = time.monotonic() + o.batch_timeout_micros / 1e6
+            was, first = q.rows, not q.waiting
             for task in tasks:
-                batch = q.batches[-1] if q.batches else None
-                if batch is None or batch.rows + task.rows > size:
-                    if len(q.batches) >= o.max_enqueued_batches:
-                        raise unavailable("The batch scheduling queue to which this task was submitted is full")
-                    batch = _Batch(deadline=time.monotonic() + o.batch_timeout_micros / 1e6)
-                    q.batches.append(batch)
-                    self._cv.notify()  # a new deadline to wait for
-                batch.tasks.append(task)
-                batch.rows += task.rows
-                if batch.rows >= size:
-                    self._cv.notify()  # full: it can run now
+                task.deadline = deadline
+                q.add(peer, task)
+            if first or was < size <= q.rows:
+                self._cv.notify()  # a new deadline to wait for, or a full batch to run now
         return [t.future for t in tasks]
 
     def drop(self, owner) -> None:
@@ -132,24 +179,22 @@ class BatchScheduler:
             for key, q in list(self.queues.items()):
                 if key[0] == owner:
                     q.retired = True
-                    if not q.batches:
+                    if not q.waiting:
                         del self.queues[key]
 
     def _next(self) -> tuple[_Queue, _Batch] | None:
-        """Under the lock: wait for the oldest batch that is full, past its deadline or followed
-        by another; None once closed."""
+        """Under the lock: wait for a queue that holds a full batch or a task past its deadline,
+        and take its next batch (of the queue whose oldest task is oldest); None once closed."""
         while not self._closed:
             now = time.monotonic()
-            ready = [(k, q) for k, q in self.queues.items() if q.batches and
-                     (q.batches[0].rows >= q.options.execution_size or q.batches[0].deadline <= now
-                      or len(q.batches) > 1)]
+            ready = [(k, q) for k, q in self.queues.items() if q.waiting and q.ready(now)]
             if ready:
-                key, q = min(ready, key=lambda kq: kq[1].batches[0].deadline)  # oldest first across queues
-                batch = q.batches.popleft()
-                if q.retired and not q.batches:
+                key, q = min(ready, key=lambda kq: kq[1].oldest())  # oldest first across queues
+                batch = q.take()
+                if q.retired and not q.waiting:
                     del self.queues[key]
                 return q, batch
-            deadlines = [q.batches[0].deadline for q in self.queues.values() if q.batches]
+            deadlines = [q.oldest() for q in self.queues.values() if q.waiting]
             self._cv.wait(timeout=max(0.0, min(deadlines) - now) if deadlines else None)
         return None
 
@@ -204,7 +249,7 @@ class BatchScheduler:
         """Stop the batch threads; requests still queued fail with UNAVAILABLE."""
         with self._cv:
             self._closed = True
-            waiting = [t for q in self.queues.values() for b in q.batches for t in b.tasks]
+            waiting = [t for q in self.queues.values() for t in q.tasks()]
             self.queues.clear()
             self._cv.notify_all()
         _settle([(t.future, None, unavailable("The server is shutting down")) for t in waiting if t.claim()])

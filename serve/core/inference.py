@@ -214,16 +214,18 @@ class Inference:
 
     async def _unbatched(self, servable: Servable, sig: Signature, inputs: dict[str, np.ndarray], keep,
                          executor: Executor, loop) -> dict[str, np.ndarray]:
-        """`servable.run` on `executor`, in parts of at most `call_rows` rows, each part a job of its
-        own (the thread is given back between parts)."""
+        """`servable.run` on `executor`'s model calls (turns.Turns.calls, when it has them), in parts
+        of at most `call_rows` rows, each part a job of its own (the thread is given back between
+        parts)."""
+        calls = getattr(executor, "calls", executor)
         parts = row_parts(inputs, self.call_rows) if sig.splits else None
         if parts is not None:
             with large_request():
-                outputs = [await loop.run_in_executor(executor, servable.run, sig, part, keep) for part in parts]
+                outputs = [await loop.run_in_executor(calls, servable.run, sig, part, keep) for part in parts]
                 joined = await loop.run_in_executor(executor, _joined, sig, parts, outputs)  # (many rows: off the loop)
             if joined is not None:
                 return joined
-        return await loop.run_in_executor(executor, servable.run, sig, inputs, keep)
+        return await loop.run_in_executor(calls, servable.run, sig, inputs, keep)
 
     def _run_unbatched(self, servable: Servable, sig: Signature, inputs: dict[str, np.ndarray]):
         """`_unbatched` on the caller's thread."""

@@ -41,6 +41,7 @@ from tfpipe.serve.codecs.tensor_proto import (
 )
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.large_requests import large_request
+from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.codecs.model_info import metadata_response, spec_of, status_response
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
@@ -262,6 +263,7 @@ def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int
                  f"Too many calls in flight: this server answers {max_in_flight} at once "
                  "(--grpc_max_calls_in_flight); try again later")
             return None
+        PEER.set(context.peer())  # (this call's task: its work takes its connection's turns)
         request = parsed_request(request_type, raw, context)
         if request is None:
             metrics.request("", api, "INVALID_ARGUMENT", 0.0)

@@ -36,6 +36,7 @@ from tfpipe.serve.codecs.model_info import metadata_response, status_response
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.large_requests import large_request
+from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
@@ -236,26 +237,29 @@ class Deadlines:
             task.cancel()
 
 
+def _peer(request: web.BaseRequest) -> str:
+    """The connection a request came on, as grpc names a peer."""
+    transport = request.transport
+    where = transport.get_extra_info("peername") if transport is not None else None
+    return f"rest:{where[0]}:{where[1]}" if isinstance(where, tuple) and len(where) >= 2 else f"rest:{where}"
+
+
 def _take_apart(held: list) -> None:
     """On a REST thread: a large parsed document that `held` alone holds, freed a piece at a time,
     its objects' members and its lists' items a slice at a time. Dropped whole, its millions of
     objects would be freed by one call, holding Python's GIL for as long as that takes, on whichever
     thread (the loop, as a rule) dropped it last. A part something else still holds is left to it."""
     with large_request():
-        _take_apart_now(held)
-
-
-def _take_apart_now(held: list) -> None:
-    while held:
-        value = held.pop()
-        if sys.getrefcount(value) != 2:  # (`value`, and getrefcount's argument)
-            continue
-        if type(value) is dict:
-            held.extend(value.values())
-            value.clear()
-        elif type(value) is list:
-            while value:
-                del value[-1024:]
+        while held:
+            value = held.pop()
+            if sys.getrefcount(value) != 2:  # (`value`, and getrefcount's argument)
+                continue
+            if type(value) is dict:
+                held.extend(value.values())
+                value.clear()
+            elif type(value) is list:
+                while value:
+                    del value[-1024:]
 
 
 class _SlowBody(Exception):
@@ -362,6 +366,7 @@ class RestApi:
             return _error(404, f"Not found: {quoted(request.method)} {quoted(request.path)}")
         t0 = time.perf_counter()
         started = time.time_ns(), time.perf_counter_ns()
+        PEER.set(_peer(request))  # (this request's task: its work takes its connection's turns)
         name, api, status, body = "", "unknown", "OK", None
         try:
             if request.method == "OPTIONS":
@@ -424,7 +429,8 @@ class RestApi:
             response = _error(500, f"{type(e).__name__}: {e}")
         if body is not None and large:
             held, body = [body], None
-            self.inference.executor.submit(_take_apart, held)
+            with contextlib.suppress(RuntimeError):  # (the threads stopped: the server is closing)
+                self.inference.executor.submit(_take_apart, held)
         self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
 
@@ -489,11 +495,11 @@ class RestApi:
         examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples, client)
 
-        def answer_text():  # (the result, its JSON)
+        def answered():  # (the result, its JSON value)
             result = classification_result(classes, scores)
             return result, {"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]}
 
-        result, answer = await self._answer(answer_text, large)
+        result, answer = await self._answer(answered, large)
         self._log("classify", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
                                           result))
@@ -505,11 +511,11 @@ class RestApi:
         examples = await self._off_loop(json_examples, body) if large else json_examples(body)
         servable, sig, values = await self.inference.regress_async(spec, signature_name, examples, client)
 
-        def answer_text():  # (the result, its JSON)
+        def answered():  # (the result, its JSON value)
             result = regression_result(values)
             return result, {"results": [r.value for r in result.regressions]}
 
-        result, answer = await self._answer(answer_text, large)
+        result, answer = await self._answer(answered, large)
         self._log("regress", spec[0], servable.version, sig.name, started,
                   lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
                                           result))
