@@ -5,9 +5,11 @@ issue #45 is sent, and the server's memory.
                                  [--serve-args=--max_call_rows=0]
 
 A `tfpipe serve` of the penguins model (built once into .bench/hostile/ by the data, train and
-export stages) is called by two well-behaved clients, REST and gRPC, one row per request, 25
-requests a second each, from the start to the end. After a quiet window (the baseline), each
-attack is sent for its window, one after another:
+export stages) is called by two well-behaved clients, REST and gRPC, one row per request, on a
+schedule of 25 requests a second each from the start to the end, each request timed from the
+moment its schedule meant it to be sent (so that a stall counts for every request it held up:
+Polite._paced). After a quiet window (the baseline), each attack is sent for its window, one after
+another:
 
 - gzip-bomb: a gRPC Predict compressed with gzip, 256 MiB of zeros in tensor_content (0.26 MB
   on the wire), sent 4 times;
@@ -19,9 +21,10 @@ attack is sent for its window, one after another:
 - burst: 10,000 gRPC Predicts at once over 20 channels, again and again;
 - greedy: one connection keeping 64 gRPC Predicts of 32 rows each in flight.
 
-Each attack runs in a process of its own. Per window it prints the attack's requests, their bytes and answers, the server's resident memory
-at its peak over the baseline's (the process tree: every worker), and the well-behaved clients'
-p50, p99 and maximum (ms) and failures. Exit 1 if a well-behaved request failed. The attacker's
+Each attack runs in a process of its own. Per window it prints the attack's requests, their bytes
+and answers, the server's resident memory at its peak over the baseline's (the process tree: every
+worker), and the well-behaved clients' p50, p99 and maximum (ms) and failures, of the requests due
+in the window. Exit 1 if a well-behaved request failed. The attacker's
 own requests are not counted: they may be refused (that is what they should get).
 """
 
@@ -134,37 +137,45 @@ class Polite:
     """Two well-behaved clients (REST and gRPC), each timing its requests, for as long as it runs."""
 
     def __init__(self, grpc_port: int, rest_port: int):
-        self.records: list[tuple[float, float, bool]] = []  # (sent at, seconds, ok)
+        self.records: list[tuple[float, float, bool]] = []  # (due at, seconds from then to its answer, ok)
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.url = f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict"
         self.request = row_request()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         self.threads = [threading.Thread(target=self._rest), threading.Thread(target=self._grpc)]
 
-    def _record(self, t0: float, ok: bool) -> None:
-        with self.lock:
-            self.records.append((t0, time.perf_counter() - t0, ok))
+    def _paced(self, call) -> None:
+        """`call()` (True when answered OK) on a fixed schedule, one every PACE_S, each timed from
+        the moment the schedule meant it to be sent: a client held up by a slow answer sends what
+        it owes at once, and a stall counts for every request it held up, not only for the one
+        that met it (the coordinated omission a closed-loop client's own timing has)."""
+        due = time.perf_counter() + PACE_S
+        while not self.stop.wait(max(0.0, due - time.perf_counter())):
+            ok = call()
+            with self.lock:
+                self.records.append((due, time.perf_counter() - due, ok))
+            due += PACE_S
 
     def _rest(self) -> None:
         session = requests.Session()
-        while not self.stop.wait(PACE_S):
-            t0 = time.perf_counter()
+
+        def call() -> bool:
             try:
-                ok = session.post(self.url, json={"instances": [ROW]}, timeout=60).status_code == 200
+                return session.post(self.url, json={"instances": [ROW]}, timeout=60).status_code == 200
             except requests.RequestException:
-                ok = False
-            self._record(t0, ok)
+                return False
+        self._paced(call)
 
     def _grpc(self) -> None:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        while not self.stop.wait(PACE_S):
-            t0 = time.perf_counter()
+
+        def call() -> bool:
             try:
                 stub.Predict(self.request, timeout=60)
-                ok = True
+                return True
             except grpc.RpcError:
-                ok = False
-            self._record(t0, ok)
+                return False
+        self._paced(call)
 
     def __enter__(self):
         for t in self.threads:

@@ -25,7 +25,8 @@ from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.autodetect import DELIMITERS, delimiter_name, found_format, shown_delimiter
 from tfpipe.pipeline.inputs import (FoundFile, InputFile, WorkUnit, is_remote, plan_units, read_csv_header,
                                     resolve_inputs, scan_file)
-from tfpipe.pipeline.readers import Validator, read_segment, sample_records
+from tfpipe.pipeline.readers import read_segment, sample_records
+from tfpipe.pipeline.validation import Validator
 from tfpipe.pipeline.schema import Schema, load_schema
 from tfpipe.pipeline.schema_inference import infer_schema
 from tfpipe.pipeline.stats import QUANTILES

@@ -24,7 +24,7 @@ import apache_beam as beam
 import numpy as np
 
 from tfpipe.pipeline.dates import months_of_days, parse_seconds
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.text import words
 from tfpipe.pipeline.schema import Schema
 

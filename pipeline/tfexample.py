@@ -19,7 +19,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.schema import Feature
 
 _MEMO_LIMIT = 1 << 16  # distinct values remembered per column before the memo is reset

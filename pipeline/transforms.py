@@ -34,7 +34,8 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from tfpipe.pipeline.inputs import WorkUnit
-from tfpipe.pipeline.readers import Batch, Column, Validator, read_segment
+from tfpipe.pipeline.readers import read_segment
+from tfpipe.pipeline.validation import Batch, Column, Validator
 from tfpipe.pipeline.schema import Schema
 from tfpipe.pipeline.stats import SplitStatsFn
 from tfpipe.pipeline.tfexample import ExampleEncoder, GzipTFRecordWriter

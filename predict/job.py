@@ -36,7 +36,8 @@ from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
 from tfpipe.pipeline.launch import beam_options, deadletter_files, environment_main, human_bytes, in_environment, \
     match, progress, publish, read_unit_summaries, run_in_environment, run_to_temp, write_outputs
-from tfpipe.pipeline.readers import Validator, read_segment
+from tfpipe.pipeline.readers import read_segment
+from tfpipe.pipeline.validation import Validator
 from tfpipe.pipeline.schema import Schema
 from tfpipe.pipeline.tfexample import tfrecord_frames
 from tfpipe.pipeline.transforms import fail_once
@@ -93,7 +94,7 @@ class ReadImages(beam.DoFn):
 
     def process(self, unit: "ImageUnit"):
         from tfpipe.pipeline.images import Rejection, inspect_image
-        from tfpipe.pipeline.readers import Column
+        from tfpipe.pipeline.validation import Column
 
         bad, good = [], []
         for item in unit.files:

@@ -25,7 +25,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler
 
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.schema import Schema, load_schema
 from tfpipe.predict.errors import PredictError
 from tfpipe.versions import CANDIDATES, served, version_path

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from tensorflow_serving.config import model_server_config_pb2
@@ -133,9 +132,8 @@ class EmbeddedServer:
             self.canary = Canary(self.manager, canary_options, self.metrics, log)
             self.manager.on_poll.append(self.canary.polled)
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
-        self._executors = [Turns(ThreadPoolExecutor(n, thread_name_prefix=f"tfpipe-{name}"), n, cores())
-                           for name, n in (("grpc", max(1, opts.grpc_max_threads)),
-                                           ("rest", max(1, opts.rest_api_num_threads)))]
+        self._executors = [Turns(opts.grpc_max_threads, cores(), name="tfpipe-grpc"),
+                           Turns(opts.rest_api_num_threads, cores(), name="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
                                    per_model_batching=settings.per_model_batching, shadow=self.shadow,
                                    canary=self.canary, call_rows=max(0, opts.max_call_rows))

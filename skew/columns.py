@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.schema import Schema
 
 

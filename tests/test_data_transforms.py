@@ -12,7 +12,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from tfpipe.pipeline.inputs import Segment, WorkUnit
-from tfpipe.pipeline.readers import Batch, Column
+from tfpipe.pipeline.validation import Batch, Column
 from tfpipe.pipeline.schema import Feature, Label, Schema
 from tfpipe.pipeline.stats import SplitStatsFn
 from tfpipe.pipeline.transforms import (BAD, AssignSplits, BadRows, EncodeExamples, ReadAndValidate, SplitBatch,

@@ -374,7 +374,7 @@ def test_date_features_give_hour_weekday_and_month_where_training_varied():
 def test_the_data_stage_counts_a_date_columns_calendar_parts():
     import numpy as np
 
-    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.validation import Column
     from tfpipe.pipeline.stats import DateStats
 
     stats = DateStats()
@@ -450,7 +450,7 @@ def test_a_date_value_is_stored_as_iso_text_without_quotes(value, text):
 def _numeric(values):
     import numpy as np
 
-    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.validation import Column
     from tfpipe.pipeline.stats import NumericStats
 
     stats = NumericStats()

@@ -18,7 +18,7 @@ from tfpipe.pipeline.autodetect import decimal_comma_number, detect_delimiter, i
 from tfpipe.pipeline.config import DataConfig
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.job import run
-from tfpipe.pipeline.readers import Validator
+from tfpipe.pipeline.validation import Validator
 from tfpipe.pipeline.schema import Feature, Label, Schema
 from tfpipe.pipeline.schema_inference import id_like_name, infer_schema
 

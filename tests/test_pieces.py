@@ -518,7 +518,7 @@ def test_the_cores_a_process_may_use_are_its_affinity_within_its_quota(tmp_path)
 def test_the_plain_csv_split_reads_what_csv_reader_reads(text):
     """The reader's fast path (a block with no quote: split each line at the delimiter) gives the
     same rows, lines and dead-letter entries as csv.reader's loop, or leaves the block to it."""
-    from tfpipe.pipeline import readers
+    from tfpipe.pipeline import validation
     from tfpipe.pipeline.schema import Feature, Label, Schema
 
     last_text = text.startswith("1,2.5,")
@@ -527,15 +527,15 @@ def test_the_plain_csv_split_reads_what_csv_reader_reads(text):
     header = ("x", "y", "s") if last_text else ("x", "s", "y")
 
     def read():
-        b = readers.Validator(schema).csv_batch("f.csv", header, text, 2)
+        b = validation.Validator(schema).csv_batch("f.csv", header, text, 2)
         return (b.lines.tolist(), b.raws, {k: (c.values.tolist(), c.present.tolist()) for k, c in b.columns.items()},
                 b.bad)
 
     fast = read()
-    plain = readers._plain_text
-    readers._plain_text = lambda _: False  # csv.reader's loop for every block
+    plain = validation._plain_text
+    validation._plain_text = lambda _: False  # csv.reader's loop for every block
     try:
         slow = read()
     finally:
-        readers._plain_text = plain
+        validation._plain_text = plain
     assert fast == slow

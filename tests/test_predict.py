@@ -255,7 +255,7 @@ def test_only_the_rows_a_model_refuses_are_dead_lettered_with_its_reason(tmp_pat
     is gone, NOT_FOUND) fails the job instead."""
     import tensorflow as tf
 
-    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.validation import Column
     from tfpipe.predict.model import Rows, _scored
     from tfpipe.serve.core.servable import Servable
     from tfpipe.serve.errors import ServingError

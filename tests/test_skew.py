@@ -172,7 +172,7 @@ def test_missing_noise_bound_is_zero_when_training_never_misses():
 
 
 def _column(values):
-    from tfpipe.pipeline.readers import Column
+    from tfpipe.pipeline.validation import Column
 
     values = np.array(values, dtype=object if isinstance(values[0], str) else np.float64)
     present = values != "" if values.dtype == object else ~np.isnan(values)

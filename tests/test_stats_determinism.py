@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.schema import Feature, Label, Schema
 from tfpipe.pipeline.stats import (SCALE, Moments, QuantileSketch, SplitStatsFn, StringStats, exact_sum,
                                    exact_sum_of_squares)

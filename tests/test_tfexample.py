@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfpipe.pipeline.readers import Column
+from tfpipe.pipeline.validation import Column
 from tfpipe.pipeline.schema import Feature
 from tfpipe.pipeline.tfexample import ExampleEncoder
 

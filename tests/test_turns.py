@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
@@ -21,53 +21,48 @@ def _as(peer: str, fn, *args):
         PEER.reset(token)
 
 
-@pytest.mark.parametrize("burst, others, slots, order", [
-    # a0 holds the only slot while a1..a4 and b1 wait: b1 goes after one more of a's, not after all
-    (["a1", "a2", "a3", "a4"], [("b", "b1")], 1, ["a0", "a1", "b1", "a2", "a3", "a4"]),
+@pytest.mark.parametrize("burst, others, order", [
+    # a0 holds the only thread while a1..a4 and b1 wait: b1 goes after one more of a's, not after all
+    (["a1", "a2", "a3", "a4"], [("b", "b1")], ["a0", "a1", "b1", "a2", "a3", "a4"]),
     # three connections: one job each per round, each connection's jobs in order
-    (["a1", "a2", "a3"], [("b", "b1"), ("b", "b2"), ("c", "c1")], 1, ["a0", "a1", "b1", "c1", "a2", "b2", "a3"]),
-    # two slots: a0 and a1 start at once, then the turns as above
-    (["a1", "a2", "a3"], [("b", "b1")], 2, ["a0", "a1", "a2", "b1", "a3"]),
+    (["a1", "a2", "a3"], [("b", "b1"), ("b", "b2"), ("c", "c1")], ["a0", "a1", "b1", "c1", "a2", "b2", "a3"]),
+    # only one connection: its jobs in order
+    (["a1", "a2"], [], ["a0", "a1", "a2"]),
 ])
-def test_jobs_take_turns_by_connection(burst, others, slots, order):
-    """`order`: the order in which the jobs are handed to the pool (the pool's threads then start
-    them as they come free)."""
+@pytest.mark.parametrize("calls", [False, True])
+def test_jobs_take_turns_by_connection(burst, others, order, calls):
+    """The same turns for jobs and for model calls (one thread: the order they start in)."""
     from tfpipe.serve.core.turns import Turns
 
-    handed, lock = [], threading.Lock()
-
-    class Pool(ThreadPoolExecutor):
-        def submit(self, fn, /, *args, **kwargs):  # Turns hands it (_run, future, job, job's args, kwargs)
-            with lock:
-                handed.append(args[2][0])
-            return super().submit(fn, *args, **kwargs)
-
-    turns = Turns(Pool(slots), slots)
-    release = threading.Event()
+    turns = Turns(1, 1)
+    pool = turns.calls if calls else turns
+    release, started, ran = threading.Event(), threading.Event(), []
 
     def job(name: str, wait: bool = False):
+        ran.append(name)
         if wait:
+            started.set()
             release.wait(timeout=30)
         return name
 
-    futures = [_as("a", turns.submit, job, "a0", True)]
-    if slots > 1:
-        futures.append(_as("a", turns.submit, job, burst.pop(0), True))
-    futures += [_as("a", turns.submit, job, name) for name in burst]
-    futures += [_as(peer, turns.submit, job, name) for peer, name in others]
-    assert turns.waiting() == len(futures) - slots and handed == order[:slots]
+    futures = [_as("a", pool.submit, job, "a0", True)]
+    assert started.wait(timeout=30)
+    futures += [_as("a", pool.submit, job, name) for name in burst]
+    futures += [_as(peer, pool.submit, job, name) for peer, name in others]
+    assert turns.waiting() == len(futures) - 1
     release.set()
     assert sorted(f.result(timeout=30) for f in futures) == sorted(order)  # every one answered
-    assert handed == order
+    assert ran == order
     turns.shutdown()
 
 
 def test_a_jobs_error_reaches_its_caller_and_a_cancelled_job_does_not_run():
     from tfpipe.serve.core.turns import Turns
 
-    turns = Turns(ThreadPoolExecutor(1), 1)
-    release, ran = threading.Event(), []
-    first = turns.submit(release.wait, 30)
+    turns = Turns(1)
+    release, started, ran = threading.Event(), threading.Event(), []
+    first = turns.submit(lambda: started.set() or release.wait(30))
+    assert started.wait(timeout=30)
     failing = turns.submit(lambda: 1 / 0)
     cancelled = turns.submit(ran.append, "cancelled")
     after = turns.submit(ran.append, "after")
@@ -78,9 +73,10 @@ def test_a_jobs_error_reaches_its_caller_and_a_cancelled_job_does_not_run():
         failing.result(timeout=30)
     after.result(timeout=30)
     assert ran == ["after"]
-    blocker = turns.submit(release.clear)
-    blocker.result(timeout=30)
-    held = turns.submit(release.wait, 30)
+    turns.submit(release.clear).result(timeout=30)
+    started.clear()
+    held = turns.submit(lambda: started.set() or release.wait(30))
+    assert started.wait(timeout=30)
     waiting = turns.submit(ran.append, "never")
     turns.shutdown(wait=False)
     release.set()
@@ -88,6 +84,8 @@ def test_a_jobs_error_reaches_its_caller_and_a_cancelled_job_does_not_run():
     with pytest.raises(CancelledError):
         waiting.result(timeout=30)
     assert ran == ["after"]
+    with pytest.raises(RuntimeError):
+        turns.submit(ran.append, "after shutdown")
 
 
 def test_batches_are_made_of_the_connections_requests_in_turns():
@@ -155,28 +153,21 @@ def test_a_queue_holds_at_most_max_enqueued_batches_of_rows(waiting, new, refuse
         scheduler.close()
 
 
-def test_model_calls_take_turns_of_their_own_at_most_call_slots_at_once():
-    """A Turns' `calls` share its pool but run at most call_slots at once: other jobs (which may
-    block without using a core) still have the other threads."""
+def test_model_calls_run_at_most_call_slots_at_once_and_other_jobs_beside_them():
+    """Calls beyond call_slots wait for one to finish; the other jobs (which may block without
+    using a core) still have the other threads."""
     from tfpipe.serve.core.turns import Turns
 
-    turns = Turns(ThreadPoolExecutor(3), 3, call_slots=1)
-    release, blocked = threading.Event(), threading.Event()
-    first = _as("a", turns.calls.submit, release.wait, 30)
-    second = _as("b", turns.calls.submit, blocked.set)
+    turns = Turns(3, call_slots=1)
+    release, started, second_ran = threading.Event(), threading.Event(), threading.Event()
+    first = _as("a", turns.calls.submit, lambda: started.set() or release.wait(30))
+    assert started.wait(timeout=30)
+    second = _as("b", turns.calls.submit, second_ran.set)
     assert turns.calls.waiting() == 1  # behind the one call slot
     other = _as("c", turns.submit, lambda: "ran beside the call")
-    assert other.result(timeout=30) == "ran beside the call" and not blocked.is_set()
+    assert other.result(timeout=30) == "ran beside the call" and not second_ran.is_set()
     release.set()
     first.result(timeout=30)
     second.result(timeout=30)
-    assert blocked.is_set()
-    held = turns.calls.submit(release.clear)
-    held.result(timeout=30)
-    stuck = turns.calls.submit(release.wait, 30)
-    never = turns.calls.submit(blocked.clear)
-    turns.shutdown(wait=False)
-    release.set()
-    stuck.result(timeout=30)
-    with pytest.raises(CancelledError):
-        never.result(timeout=30)
+    assert second_ran.is_set() and turns.waiting() == 0
+    turns.shutdown()

@@ -2,12 +2,12 @@
 queue every other client waits at the back of.
 
 Each request runs with `PEER` set to the connection it came on (the transports set it: gRPC's
-peer, REST's remote address and port). `Turns` stands in front of a thread pool: a connection's
-jobs run in the order it sent them, the connections take turns, one job each per round, and at
-most `slots` jobs are on the pool at once (the pool's own queue is first come, first served). A
-job of a connection that has nothing else waiting starts after at most one job of each other
-connection that waits, however many those have queued. The batcher takes its batches' requests
-in the same turns (batcher.py).
+peer, REST's remote address and port). `Turns` is a transport's thread pool: a connection's jobs
+run in the order it sent them, the connections take turns, one job each per round (a pool that
+is first come, first served makes a job wait for every job queued before it). A job of a
+connection that has nothing else waiting starts after at most one job of each other connection
+that waits, however many those have queued. The batcher takes its batches' requests in the same
+turns (batcher.py).
 """
 
 from __future__ import annotations
@@ -20,86 +20,142 @@ from concurrent.futures import Executor, Future
 PEER: contextvars.ContextVar[str] = contextvars.ContextVar("tfpipe_peer", default="")
 
 
-class Turns(Executor):
-    """An Executor over `pool` (of `slots` threads): `submit` from any thread, keyed by the
-    submitting context's PEER. `calls`: the same pool's model calls (inference.py), in turns of
-    their own and at most `call_slots` at once (one per core): more at once only share the cores,
-    so that a connection with many calls in flight slowed every other one's call as much as its
-    own. The other jobs (a large request's decoding, Classify waiting for its batch, a config
-    reload) may block without using a core: they keep every thread."""
+class _Waiting:
+    """Jobs waiting, per connection in the order sent, the connections in their turns' order."""
 
-    def __init__(self, pool: Executor, slots: int, call_slots: int | None = None):
-        self.pool, self.slots = pool, max(1, slots)
-        self.calls = self if call_slots is None else Turns(pool, min(self.slots, call_slots))
-        self._lock = threading.Lock()
-        self._waiting: dict[str, deque] = {}  # per connection, its jobs in order
-        self._order: deque[str] = deque()  # the connections with jobs waiting, in their turn's order
-        self._running = 0
+    def __init__(self):
+        self.jobs: dict[str, deque] = {}
+        self.order: deque[str] = deque()
+        self.count = 0
+
+    def add(self, peer: str, job: tuple) -> None:
+        jobs = self.jobs.get(peer)
+        if jobs is None:
+            jobs = self.jobs[peer] = deque()
+            self.order.append(peer)
+        jobs.append(job)
+        self.count += 1
+
+    def take(self) -> tuple:
+        peer = self.order.popleft()
+        jobs = self.jobs[peer]
+        job = jobs.popleft()
+        if jobs:
+            self.order.append(peer)  # its next job waits for the others' turns
+        else:
+            del self.jobs[peer]
+        self.count -= 1
+        return job
+
+    def clear(self) -> list[tuple]:
+        left = [job for jobs in self.jobs.values() for job in jobs]
+        self.jobs.clear()
+        self.order.clear()
+        self.count = 0
+        return left
+
+
+class Turns(Executor):
+    """A pool of up to `threads` threads (started as jobs need them) whose `submit`, from any
+    thread, queues the job under the submitting context's PEER. `calls`: the same threads' model
+    calls (inference.py), in turns of their own and at most `call_slots` at once (one per core):
+    more at once only share the cores, so that a connection with many calls in flight slowed every
+    other connection's call as much as its own. The other jobs (a large request's decoding,
+    Classify waiting for its batch, a config reload) may block without using a core: they may
+    take every thread."""
+
+    def __init__(self, threads: int, call_slots: int | None = None, name: str = "tfpipe-turns"):
+        self.threads, self.name = max(1, threads), name
+        self.call_slots = self.threads if call_slots is None else max(1, min(call_slots, self.threads))
+        self._cv = threading.Condition()
+        self._jobs, self._calls = _Waiting(), _Waiting()
+        self._started: list[threading.Thread] = []
+        self._idle = 0
+        self._calls_running = 0
+        self._closed = False
+        self.calls = _Calls(self)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        peer = PEER.get()
-        with self._lock:
-            jobs = self._waiting.get(peer)
-            if jobs is None:
-                jobs = self._waiting[peer] = deque()
-                self._order.append(peer)
-            jobs.append((future, fn, args, kwargs))
-            ready = self._take()
-        self._start(ready)
-        return future
+        return self._submit(self._jobs, fn, args, kwargs)
 
     def waiting(self) -> int:
-        """Jobs not yet handed to the pool."""
-        with self._lock:
-            return sum(map(len, self._waiting.values()))
+        """Jobs and model calls not yet started."""
+        with self._cv:
+            return self._jobs.count + self._calls.count
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """The jobs still waiting cancelled (its model calls' too), then the pool shut down."""
-        for turns in {self, self.calls}:
-            with turns._lock:
-                left = [job for jobs in turns._waiting.values() for job in jobs]
-                turns._waiting.clear()
-                turns._order.clear()
-            for future, *_ in left:
-                future.cancel()
-        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        """No more jobs; the ones waiting are cancelled (a job under way finishes)."""
+        with self._cv:
+            self._closed = True
+            left = self._jobs.clear() + self._calls.clear()
+            self._cv.notify_all()
+        for future, *_ in left:
+            future.cancel()
+        if wait:
+            for t in list(self._started):
+                if t is not threading.current_thread():
+                    t.join()
 
-    def _take(self) -> list[tuple]:
-        """Under the lock: the jobs that may go to the pool now, each connection's next in turn."""
-        ready = []
-        while self._running < self.slots and self._order:
-            peer = self._order.popleft()
-            jobs = self._waiting[peer]
-            ready.append(jobs.popleft())
-            if jobs:
-                self._order.append(peer)  # its next job waits for the others' turns
-            else:
-                del self._waiting[peer]
-            self._running += 1
-        return ready
+    def _submit(self, waiting: _Waiting, fn, args, kwargs) -> Future:
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            waiting.add(PEER.get(), (future, fn, args, kwargs))
+            if waiting is self._calls and self._calls_running >= self.call_slots:
+                return future  # a call finishing takes it up
+            if self._idle:
+                self._cv.notify()
+            elif len(self._started) < self.threads:
+                t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._started)}", daemon=True)
+                self._started.append(t)
+                t.start()
+        return future
 
-    def _start(self, ready: list[tuple]) -> None:
-        for job in ready:
-            try:
-                self.pool.submit(self._run, *job)
-            except RuntimeError as e:  # the pool shut down: the job fails as the pool's own would
-                with self._lock:
-                    self._running -= 1
-                if job[0].set_running_or_notify_cancel():
-                    job[0].set_exception(e)
+    def _next(self) -> tuple[bool, tuple] | None:
+        """Under the lock: (is a model call, the job) to run next, or None."""
+        if self._calls.count and self._calls_running < self.call_slots:
+            self._calls_running += 1
+            return True, self._calls.take()
+        if self._jobs.count:
+            return False, self._jobs.take()
+        return None
 
-    def _run(self, future: Future, fn, args, kwargs) -> None:
-        try:
+    def _work(self) -> None:
+        call = False
+        while True:
+            with self._cv:
+                if call:
+                    self._calls_running -= 1
+                got = self._next()
+                while got is None and not self._closed:
+                    self._idle += 1
+                    self._cv.wait()
+                    self._idle -= 1
+                    got = self._next()
+                if got is None:
+                    return
+            call, (future, fn, args, kwargs) = got
             if future.set_running_or_notify_cancel():
                 try:
-                    result = fn(*args, **kwargs)
+                    future.set_result(fn(*args, **kwargs))
                 except BaseException as e:  # noqa: BLE001 (the caller's future carries it)
                     future.set_exception(e)
-                else:
-                    future.set_result(result)
-        finally:
-            with self._lock:
-                self._running -= 1
-                ready = self._take()
-            self._start(ready)
+            del future, fn, args, kwargs, got  # (an idle thread holds nothing of the job)
+
+
+class _Calls(Executor):
+    """Turns.calls: an Executor whose jobs are its Turns' model calls."""
+
+    def __init__(self, turns: Turns):
+        self.turns = turns
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self.turns._submit(self.turns._calls, fn, args, kwargs)
+
+    def waiting(self) -> int:
+        with self.turns._cv:
+            return self.turns._calls.count
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.turns.shutdown(wait, cancel_futures=cancel_futures)
