@@ -562,6 +562,49 @@ def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(t
         assert r.status_code == 200 and r.json()["results"][0] == [["rows", 1024.0]], r.text[:300]
 
 
+def test_a_fill_out_request_batching_would_refuse_is_refused_before_its_tensors_are_built(tmp_path, monkeypatch):
+    """With batching on, a gRPC Predict declaring more rows than max_batch_size is INVALID_ARGUMENT
+    in the batcher's words, and its one value is never filled out to its declared shape."""
+    import grpc
+    import tensorflow as tf
+    from serving_models import save_call_rows
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve.codecs import tensor_proto
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    built = []
+    real = tensor_proto.tensor_to_numpy
+    monkeypatch.setattr(tensor_proto, "tensor_to_numpy", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    save_call_rows(str(tmp_path / "m" / "1"))
+    cfg = tmp_path / "batching.config"
+    cfg.write_text("max_batch_size { value: 32 }\nbatch_timeout_micros { value: 1000 }\n")
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
+                        model_base_path=str(tmp_path / "m"), file_system_poll_wait_seconds=0,
+                        enable_batching=True, batching_parameters_file=str(cfg))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "m"
+    request.inputs["x"].dtype = tf.float32.as_datatype_enum
+    with ServerThread(opts) as s, grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for rows, ok in ((100_000, False), (33, False), (32, True)):
+            request.inputs["x"].tensor_shape.ClearField("dim")
+            request.inputs["x"].tensor_shape.dim.add(size=rows)
+            request.inputs["x"].ClearField("float_val")
+            request.inputs["x"].float_val.extend([0.5, 1.5])  # two values, the last one repeated
+            built.clear()
+            if ok:
+                answer = stub.Predict(request, timeout=30)
+                assert tf.make_ndarray(answer.outputs["rows"]).tolist() == [32.0] * 32 and built == ["x"]
+                continue
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Predict(request, timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.details() == f"Task size {rows} is larger than maximum input batch size 32"
+            assert built == []  # refused before any tensor was made
+
+
 @pytest.mark.parametrize("calls, max_in_flight, rejected", [(3000, None, False), (16, 4, True)])
 def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_never_cancelled(
         tmp_path, calls, max_in_flight, rejected):

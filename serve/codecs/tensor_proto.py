@@ -128,6 +128,26 @@ def tensor_to_numpy(proto, name: str = "", bounded: bool = True, left: list[int]
     return np.concatenate([arr, np.repeat(arr[-1:], n - len(arr))]).reshape(shape)
 
 
+def declared_rows(request: predict_pb2.PredictRequest) -> int | None:
+    """The rows a Predict's tensors declare (the first dimension they share), as batching counts
+    them; None when they share none (a scalar, different first dimensions)."""
+    rows = {proto.tensor_shape.dim[0].size if proto.tensor_shape.dim else None for proto in request.inputs.values()}
+    return rows.pop() if len(rows) == 1 else None
+
+
+def declared_elements(request: predict_pb2.PredictRequest) -> int:
+    """How many elements a Predict's tensors declare, all together: what decoding it builds, which
+    TensorFlow's fill-out rule may make far more than the request's bytes (nothing is checked
+    here: predict_inputs refuses what is wrong)."""
+    total = 0
+    for proto in request.inputs.values():
+        n = 1
+        for d in proto.tensor_shape.dim:
+            n *= max(d.size, 0)
+        total += n
+    return total
+
+
 def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:
     """A Predict's tensors (`bounded`: see tensor_to_numpy; the fill-out bound is for all of them)."""
     inputs = request.inputs

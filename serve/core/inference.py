@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class Inference:
     `canary`: with --canary, it picks the requests of that kind the candidate answers instead."""
 
     def __init__(self, manager: ModelManager, batcher: BatchScheduler | None = None,
-                 executor: ThreadPoolExecutor | None = None, per_model_batching: bool = False,
+                 executor: Executor | None = None, per_model_batching: bool = False,
                  shadow: Shadow | None = None, canary: Canary | None = None, call_rows: int = 0):
         self.manager, self.batcher, self.executor = manager, batcher, executor
         self.call_rows = call_rows  # the most rows of one unbatched model call; 0: no limit
@@ -152,16 +152,23 @@ class Inference:
     async def predict(self, spec: Spec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
                       output_filter=(), executor: Executor | None = None,
                       unknown_signature: Callable[[str], ServingError] | None = None,
-                      client: str | None = None, decode_off_loop: bool = False) -> Prediction:
+                      client: str | None = None, decode_off_loop: bool = False,
+                      rows: int | None = None) -> Prediction:
         """The one Predict: the servable resolved, its signature found, `decode(signature)` (the
         transport's codec; REST's JSON needs the signature's dtypes) giving the inputs, checked,
         run batched or on `executor` (the REST threads when None). `unknown_signature(key)`: the
         error for a key the SavedModel lacks, for a transport whose wording differs from
         FAILED_PRECONDITION's (REST's INVALID_ARGUMENT, as TF Serving's JSON decoding words it).
         `client`: the request's --canary_key value, if any. `decode_off_loop`: decode (and check)
-        on the executor too, for a request large enough to keep the loop from other connections."""
+        on the executor too, for a request large enough to keep the loop from other connections.
+        `rows`: the rows the request declares, when the transport knows them before decoding: one
+        that batching would refuse is refused before its tensors are built (TensorFlow's fill-out
+        can make a small request's tensors large)."""
         servable = self.manager.resolve(*spec)
         unversioned = spec[1] is None and not spec[2]
+        options = self.batcher.options if self.batcher is not None and not self.per_model_batching else None
+        if rows is not None and options is not None and rows > options.max_batch_size:
+            raise invalid(f"Task size {rows} is larger than maximum input batch size {options.max_batch_size}")
         args = (signature_name, decode, output_filter, executor, unknown_signature, decode_off_loop)
         candidate = self.canary.pick(servable, client) if unversioned and self.canary is not None else None
         if candidate is not None:

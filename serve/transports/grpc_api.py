@@ -33,6 +33,8 @@ from tensorflow_serving.apis import (
 
 from tfpipe.serve.codecs.tensor_proto import (
     classification_result,
+    declared_elements,
+    declared_rows,
     input_examples,
     model_spec,
     predict_inputs,
@@ -93,11 +95,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         async def run():
             spec = spec_of(request.model_spec)
-            large = request.ByteSize() > OFF_LOOP_BYTES
+            # (a small request that TensorFlow's fill-out makes large is large too)
+            large = request.ByteSize() > OFF_LOOP_BYTES or declared_elements(request) * 8 > OFF_LOOP_BYTES
             with large_request() if large else contextlib.nullcontext():
                 p = await self.inference.predict(spec, request.model_spec.signature_name,
                                                  lambda _: predict_inputs(request), request.output_filter,
-                                                 self.executor, client=self._client(context), decode_off_loop=large)
+                                                 self.executor, client=self._client(context), decode_off_loop=large,
+                                                 rows=declared_rows(request))
 
             def answer() -> predict_pb2.PredictResponse:
                 response = predict_pb2.PredictResponse()
