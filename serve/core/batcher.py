@@ -164,11 +164,11 @@ class BatchScheduler:
             if q.rows + sum(t.rows for t in tasks) > o.max_enqueued_batches * size:
                 raise unavailable("The batch scheduling queue to which this task was submitted is full")
             deadline = time.monotonic() + o.batch_timeout_micros / 1e6
-            was, first = q.rows, not q.waiting
+            first = not q.waiting
             for task in tasks:
                 task.deadline = deadline
                 q.add(peer, task)
-            if first or was < size <= q.rows:
+            if first or q.rows >= size:
                 self._cv.notify()  # a new deadline to wait for, or a full batch to run now
         return [t.future for t in tasks]
 

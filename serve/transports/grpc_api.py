@@ -95,7 +95,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         async def run():
             spec = spec_of(request.model_spec)
-            # (a small request that TensorFlow's fill-out makes large is large too)
+            # Large: many bytes, or many elements declared (a small request that TensorFlow's fill-out
+            # makes large; 8 bytes an element, a number's or a string's reference in numpy)
             large = request.ByteSize() > OFF_LOOP_BYTES or declared_elements(request) * 8 > OFF_LOOP_BYTES
             with large_request() if large else contextlib.nullcontext():
                 p = await self.inference.predict(spec, request.model_spec.signature_name,
