@@ -171,3 +171,21 @@ def test_model_calls_run_at_most_call_slots_at_once_and_other_jobs_beside_them()
     second.result(timeout=30)
     assert second_ran.is_set() and turns.waiting() == 0
     turns.shutdown()
+
+
+@pytest.mark.parametrize("queued, room, taken, left_order", [
+    # a's 5 rows do not fit in 4: b's 3 goes, a keeps its place ahead of b's next
+    ([("a", 5), ("b", 3), ("b", 1)], 4, [("b", 3), ("b", 1)], ["a"]),
+    ([("a", 2), ("b", 2), ("a", 2)], 4, [("a", 2), ("b", 2)], ["a"]),
+    ([("a", 9)], 4, [], ["a"]),
+])
+def test_a_batch_takes_what_fits_in_turn_and_the_rest_keep_their_places(queued, room, taken, left_order):
+    from tfpipe.serve.core.turns import Waiting
+
+    waiting, got = Waiting(), []
+    for peer, rows in queued:
+        waiting.add(peer, (peer, rows))
+    while (job := waiting.take(lambda j: sum(r for _, r in got) + j[1] <= room)) is not None:
+        got.append(job)
+    assert got == taken and list(waiting.order) == left_order
+    assert waiting.count == len(queued) - len(taken)

@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tfpipe.serve.core.batching import BatchOptions
-from tfpipe.serve.core.turns import PEER
+from tfpipe.serve.core.turns import PEER, Waiting
 from tfpipe.serve.errors import invalid, precondition, unavailable
 
 
@@ -61,49 +60,33 @@ class _Queue:
     def __init__(self, run, options: BatchOptions):
         self.run = run
         self.options = options
-        self.waiting: dict[str, deque[_Task]] = {}  # per connection, its tasks in order
-        self.order: deque[str] = deque()  # the connections with tasks waiting, in their turn's order
+        self.waiting = Waiting()  # its tasks, in turns by connection
         self.rows = 0  # rows waiting
         self.retired = False  # its servable unloaded: removed once empty
 
     def add(self, peer: str, task: _Task) -> None:
-        tasks = self.waiting.get(peer)
-        if tasks is None:
-            tasks = self.waiting[peer] = deque()
-            self.order.append(peer)
-        tasks.append(task)
+        self.waiting.add(peer, task)
         self.rows += task.rows
 
     def oldest(self) -> float:
         """The earliest deadline of the tasks waiting (each connection's first is its oldest)."""
-        return min(tasks[0].deadline for tasks in self.waiting.values())
+        return min(t.deadline for t in self.waiting.firsts())
 
     def ready(self, now: float) -> bool:
         return self.rows >= self.options.execution_size or self.oldest() <= now
 
     def take(self) -> _Batch:
         """The next batch: the connections in turn, the next task of each that fits, until it is
-        full or no waiting task fits; a connection whose task did not fit keeps its place."""
-        size, batch, skipped = self.options.execution_size, _Batch(), []
-        while self.order and batch.rows < size:
-            peer = self.order.popleft()
-            tasks = self.waiting[peer]
-            if batch.rows + tasks[0].rows > size:
-                skipped.append(peer)
-                continue
-            task = tasks.popleft()
+        full or no waiting task fits."""
+        size, batch = self.options.execution_size, _Batch()
+        while batch.rows < size:
+            task = self.waiting.take(lambda t: batch.rows + t.rows <= size)
+            if task is None:
+                break
             batch.tasks.append(task)
             batch.rows += task.rows
-            if tasks:
-                self.order.append(peer)
-            else:
-                del self.waiting[peer]
-        self.order.extendleft(reversed(skipped))
         self.rows -= batch.rows
         return batch
-
-    def tasks(self) -> list[_Task]:
-        return [t for tasks in self.waiting.values() for t in tasks]
 
 
 class BatchScheduler:
@@ -164,7 +147,7 @@ class BatchScheduler:
             if q.rows + sum(t.rows for t in tasks) > o.max_enqueued_batches * size:
                 raise unavailable("The batch scheduling queue to which this task was submitted is full")
             deadline = time.monotonic() + o.batch_timeout_micros / 1e6
-            first = not q.waiting
+            first = not q.waiting.count
             for task in tasks:
                 task.deadline = deadline
                 q.add(peer, task)
@@ -179,7 +162,7 @@ class BatchScheduler:
             for key, q in list(self.queues.items()):
                 if key[0] == owner:
                     q.retired = True
-                    if not q.waiting:
+                    if not q.waiting.count:
                         del self.queues[key]
 
     def _next(self) -> tuple[_Queue, _Batch] | None:
@@ -187,14 +170,14 @@ class BatchScheduler:
         and take its next batch (of the queue whose oldest task is oldest); None once closed."""
         while not self._closed:
             now = time.monotonic()
-            ready = [(k, q) for k, q in self.queues.items() if q.waiting and q.ready(now)]
+            ready = [(k, q) for k, q in self.queues.items() if q.waiting.count and q.ready(now)]
             if ready:
                 key, q = min(ready, key=lambda kq: kq[1].oldest())  # oldest first across queues
                 batch = q.take()
-                if q.retired and not q.waiting:
+                if q.retired and not q.waiting.count:
                     del self.queues[key]
                 return q, batch
-            deadlines = [q.oldest() for q in self.queues.values() if q.waiting]
+            deadlines = [q.oldest() for q in self.queues.values() if q.waiting.count]
             self._cv.wait(timeout=max(0.0, min(deadlines) - now) if deadlines else None)
         return None
 
@@ -249,7 +232,7 @@ class BatchScheduler:
         """Stop the batch threads; requests still queued fail with UNAVAILABLE."""
         with self._cv:
             self._closed = True
-            waiting = [t for q in self.queues.values() for t in q.tasks()]
+            waiting = [t for q in self.queues.values() for t in q.waiting.clear()]
             self.queues.clear()
             self._cv.notify_all()
         _settle([(t.future, None, unavailable("The server is shutting down")) for t in waiting if t.claim()])

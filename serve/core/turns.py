@@ -15,20 +15,23 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from typing import Any
 
 PEER: contextvars.ContextVar[str] = contextvars.ContextVar("tfpipe_peer", default="")
 
 
-class _Waiting:
-    """Jobs waiting, per connection in the order sent, the connections in their turns' order."""
+class Waiting:
+    """Jobs waiting, per connection in the order sent, the connections in their turns' order
+    (Turns' jobs, and the batcher's requests)."""
 
     def __init__(self):
         self.jobs: dict[str, deque] = {}
         self.order: deque[str] = deque()
         self.count = 0
 
-    def add(self, peer: str, job: tuple) -> None:
+    def add(self, peer: str, job) -> None:
         jobs = self.jobs.get(peer)
         if jobs is None:
             jobs = self.jobs[peer] = deque()
@@ -36,18 +39,30 @@ class _Waiting:
         jobs.append(job)
         self.count += 1
 
-    def take(self) -> tuple:
-        peer = self.order.popleft()
-        jobs = self.jobs[peer]
-        job = jobs.popleft()
-        if jobs:
-            self.order.append(peer)  # its next job waits for the others' turns
-        else:
-            del self.jobs[peer]
-        self.count -= 1
-        return job
+    def take(self, fits: Callable[[Any], bool] | None = None):
+        """The next job in turn: the first connection's in the turns' order whose next job `fits`
+        (any, when None), which then waits for the others' turns; the connections before it keep
+        their places. None when none fits."""
+        for i, peer in enumerate(self.order):
+            jobs = self.jobs[peer]
+            if fits is not None and not fits(jobs[0]):
+                continue
+            del self.order[i]
+            job = jobs.popleft()
+            if jobs:
+                self.order.append(peer)
+            else:
+                del self.jobs[peer]
+            self.count -= 1
+            return job
+        return None
 
-    def clear(self) -> list[tuple]:
+    def firsts(self) -> list:
+        """Each connection's next job (its oldest)."""
+        return [jobs[0] for jobs in self.jobs.values()]
+
+    def clear(self) -> list:
+        """Every job waiting, taken out."""
         left = [job for jobs in self.jobs.values() for job in jobs]
         self.jobs.clear()
         self.order.clear()
@@ -68,7 +83,7 @@ class Turns(Executor):
         self.threads, self.name = max(1, threads), name
         self.call_slots = self.threads if call_slots is None else max(1, min(call_slots, self.threads))
         self._cv = threading.Condition()
-        self._jobs, self._calls = _Waiting(), _Waiting()
+        self._jobs, self._calls = Waiting(), Waiting()
         self._started: list[threading.Thread] = []
         self._idle = 0
         self._calls_running = 0
@@ -96,7 +111,7 @@ class Turns(Executor):
                 if t is not threading.current_thread():
                     t.join()
 
-    def _submit(self, waiting: _Waiting, fn, args, kwargs) -> Future:
+    def _submit(self, waiting: Waiting, fn, args, kwargs) -> Future:
         future: Future = Future()
         with self._cv:
             if self._closed:
