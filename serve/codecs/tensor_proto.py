@@ -138,11 +138,12 @@ def declared_rows(request: predict_pb2.PredictRequest) -> int | None:
 def declared_elements(request: predict_pb2.PredictRequest) -> int:
     """How many elements a Predict's tensors declare, all together: what decoding it builds, which
     TensorFlow's fill-out rule may make far more than the request's bytes (nothing is checked
-    here: predict_inputs refuses what is wrong)."""
+    here: predict_inputs refuses what is wrong; of a tensor of more dimensions than it takes, only
+    as many are counted, so that the count costs little however many a request declares)."""
     total = 0
     for proto in request.inputs.values():
         n = 1
-        for d in proto.tensor_shape.dim:
+        for d in proto.tensor_shape.dim[:MAX_TENSOR_RANK + 1]:
             n *= max(d.size, 0)
         total += n
     return total
