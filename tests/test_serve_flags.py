@@ -562,6 +562,38 @@ def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(t
         assert r.status_code == 200 and r.json()["results"][0] == [["rows", 1024.0]], r.text[:300]
 
 
+def test_a_small_requests_large_answer_is_encoded_in_pieces_off_the_loop(tmp_path, monkeypatch):
+    """The answer's size decides, on both transports: one REST row whose answer is 20,000 floats
+    is encoded in pieces (rest_api._encoded), as a large body's is; gRPC's the same values."""
+    import grpc
+    import tensorflow as tf
+    from serving_models import save_predict
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+    from tfpipe.serve.transports import rest_api
+
+    encoded = []
+    real = rest_api._encoded
+    monkeypatch.setattr(rest_api, "_encoded", lambda pieces: encoded.append(1) or real(pieces))
+    save_predict(str(tmp_path / "m" / "1"), lambda x: {"y": tf.tile(x, [20_000])})
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
+                        model_base_path=str(tmp_path / "m"), file_system_poll_wait_seconds=0)
+    with ServerThread(opts) as s:
+        url = f"http://127.0.0.1:{s.rest_port}/v1/models/m:predict"
+        r = requests.post(url, json={"instances": [1.5]}, timeout=30)
+        assert r.status_code == 200 and r.json() == {"predictions": [1.5] * 20_000} and encoded == [1]
+        r = requests.post(url, json={"instances": [1.5], "signature_name": "nope"}, timeout=30)
+        assert r.status_code == 400 and encoded == [1]  # (an error is small)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "m"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.5], np.float32)))
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        assert tf.make_ndarray(answer.outputs["y"]).tolist() == [1.5] * 20_000
+
+
 def test_a_fill_out_request_batching_would_refuse_is_refused_before_its_tensors_are_built(tmp_path, monkeypatch):
     """With batching on, a gRPC Predict declaring more rows than max_batch_size is INVALID_ARGUMENT
     in the batcher's words, and its one value is never filled out to its declared shape."""

@@ -128,25 +128,22 @@ def tensor_to_numpy(proto, name: str = "", bounded: bool = True, left: list[int]
     return np.concatenate([arr, np.repeat(arr[-1:], n - len(arr))]).reshape(shape)
 
 
-def declared_rows(request: predict_pb2.PredictRequest) -> int | None:
-    """The rows a Predict's tensors declare (the first dimension they share), as batching counts
-    them; None when they share none (a scalar, different first dimensions)."""
-    rows = {proto.tensor_shape.dim[0].size if proto.tensor_shape.dim else None for proto in request.inputs.values()}
-    return rows.pop() if len(rows) == 1 else None
-
-
-def declared_elements(request: predict_pb2.PredictRequest) -> int:
-    """How many elements a Predict's tensors declare, all together: what decoding it builds, which
-    TensorFlow's fill-out rule may make far more than the request's bytes (nothing is checked
-    here: predict_inputs refuses what is wrong; of a tensor of more dimensions than it takes, only
-    as many are counted, so that the count costs little however many a request declares)."""
-    total = 0
+def declared_shape(request: predict_pb2.PredictRequest) -> tuple[int | None, int]:
+    """What a Predict's tensors declare, in one pass over them: the rows (the first dimension they
+    share, as batching counts them; None when they share none: a scalar, different first
+    dimensions) and how many elements in all, what decoding builds, which TensorFlow's fill-out
+    rule may make far more than the request's bytes. Nothing is checked here (predict_inputs
+    refuses what is wrong); of a tensor of more dimensions than it takes, only as many are
+    counted, so that the count costs little however many a request declares."""
+    firsts, elements = set(), 0
     for proto in request.inputs.values():
+        dims = proto.tensor_shape.dim
+        firsts.add(dims[0].size if dims else None)
         n = 1
-        for d in proto.tensor_shape.dim[:MAX_TENSOR_RANK + 1]:
+        for d in dims[:MAX_TENSOR_RANK + 1]:
             n *= max(d.size, 0)
-        total += n
-    return total
+        elements += n
+    return (firsts.pop() if len(firsts) == 1 else None), elements
 
 
 def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:

@@ -52,6 +52,12 @@ class Prediction:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
 
+    def large_answer(self) -> bool:
+        """Whether its outputs are over OFF_LOOP_BYTES: the transports then encode them on a worker
+        thread, in pieces (a small request's answer may be large: TensorFlow's fill-out, a model
+        whose outputs are larger than its inputs)."""
+        return sum(v.nbytes for v in self.outputs.values()) > OFF_LOOP_BYTES
+
 
 class Inference:
     """`per_model_batching`: each version batches with its own batching_params.pbtxt (and

@@ -33,8 +33,7 @@ from tensorflow_serving.apis import (
 
 from tfpipe.serve.codecs.tensor_proto import (
     classification_result,
-    declared_elements,
-    declared_rows,
+    declared_shape,
     input_examples,
     model_spec,
     predict_inputs,
@@ -95,14 +94,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         async def run():
             spec = spec_of(request.model_spec)
+            rows, elements = declared_shape(request)
             # Large: many bytes, or many elements declared (a small request that TensorFlow's fill-out
             # makes large; 8 bytes an element, a number's or a string's reference in numpy)
-            large = request.ByteSize() > OFF_LOOP_BYTES or declared_elements(request) * 8 > OFF_LOOP_BYTES
+            large = request.ByteSize() > OFF_LOOP_BYTES or elements * 8 > OFF_LOOP_BYTES
             with large_request() if large else contextlib.nullcontext():
                 p = await self.inference.predict(spec, request.model_spec.signature_name,
                                                  lambda _: predict_inputs(request), request.output_filter,
                                                  self.executor, client=self._client(context), decode_off_loop=large,
-                                                 rows=declared_rows(request))
+                                                 rows=rows)
 
             def answer() -> predict_pb2.PredictResponse:
                 response = predict_pb2.PredictResponse()
@@ -110,7 +110,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 for k, v in p.outputs.items():
                     tensor_proto(v, self.tensor_content, into=response.outputs[k])
                 return response
-            if sum(v.nbytes for v in p.outputs.values()) <= OFF_LOOP_BYTES:
+            if not p.large_answer():
                 response = answer()
                 self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
                 return response
@@ -118,7 +118,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
                 response = answer()
                 return response, response.SerializeToString()
-            with large_request():  # (a small request's answer may be large too: TensorFlow's fill-out)
+            with large_request():
                 response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
             self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
             return wire

@@ -479,8 +479,9 @@ class RestApi:
 
         p = await self.inference.predict(spec, signature_name, decode, unknown_signature=_unknown_signature,
                                          client=client, decode_off_loop=large)
-        if large:  # its answer is large too
-            answer = _json_chunks(await self._off_loop(lambda: _encoded(json_output_text(p.outputs, rows))))
+        if large or p.large_answer():
+            with large_request():
+                answer = _json_chunks(await self._off_loop(lambda: _encoded(json_output_text(p.outputs, rows))))
         else:
             answer = _json(json_outputs(p.outputs, rows))
         self._log("predict", spec[0], p.servable.version, p.signature.name, started,
