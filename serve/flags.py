@@ -156,6 +156,10 @@ TFPIPE_FLAGS: list[Flag] = [
          "RESOURCE_EXHAUSTED at once (a client retries it later), rather than queued in grpc core until core "
          "cancels a burst of them; the health service is not counted. 0: no bound (grpc core's own queue "
          "bounds then apply)", metavar="N", shown_default="10000"),
+    Flag("grpc_max_concurrent_streams", int, 32, "gRPC: the calls one connection may have open at once "
+         "(HTTP/2's MAX_CONCURRENT_STREAMS); a client queues the rest itself, so that the calls another connection "
+         "sends are not read behind thousands of this one's; 0: no bound (grpc core's default, as TF Serving)",
+         metavar="N"),
     Flag("max_call_rows", int, 1024, "With batching off: a request of more rows runs as successive model calls of "
          "at most N rows each, and other requests' calls run between them, so that one large request (or a small "
          "one that TensorFlow's fill-out makes large) cannot hold the model while the others wait; the answer is "

@@ -218,8 +218,16 @@ class EmbeddedServer:
         in_flight = max(0, o.grpc_max_calls_in_flight)
         pending = [("grpc.server.max_pending_requests", max(PENDING_CALLS, 2 * in_flight)),
                    ("grpc.server.max_pending_requests_hard_limit", max(3 * PENDING_CALLS // 2, 3 * in_flight))]
+        # The loop reads calls in the order they come: a connection that may open any number of calls
+        # at once puts every one of them ahead of another connection's next call. With a bound per
+        # connection the client queues the rest itself. Core's overload protection counts calls that
+        # are answered but not yet freed against the bound and refuses new ones (UNAVAILABLE) that a
+        # client sent within it: off, the bound is HTTP/2's own.
+        streams = [("grpc.max_concurrent_streams", o.grpc_max_concurrent_streams),
+                   ("grpc.http.overload_protection", 0)] if o.grpc_max_concurrent_streams > 0 else []
         options = dict([("grpc.max_receive_message_length", received),
-                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *pending, *self.channel_args])
+                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *pending, *streams,
+                        *self.channel_args])
         self.grpc = grpc.aio.server(options=list(options.items()))
         add_services(self.grpc, self.metrics,
                      PredictionService(self.inference, self.metrics, self._executors[0],

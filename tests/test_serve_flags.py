@@ -637,12 +637,18 @@ def test_a_fill_out_request_batching_would_refuse_is_refused_before_its_tensors_
             assert built == []  # refused before any tensor was made
 
 
-@pytest.mark.parametrize("calls, max_in_flight, rejected", [(3000, None, False), (16, 4, True)])
+@pytest.mark.parametrize("calls, options, rejected", [
+    (3000, {"grpc_max_concurrent_streams": 0}, False),  # all 3,000 reach the server at once
+    (3000, {}, False),  # 32 at a time: the client queues the others, and none is refused
+    (16, {"grpc_max_calls_in_flight": 4}, True),
+])
 def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_never_cancelled(
-        tmp_path, calls, max_in_flight, rejected):
+        tmp_path, calls, options, rejected):
     """3,000 Predicts at once on one channel: grpc core's default queue bounds (1,000, up to 3,000)
-    cancelled a burst of them; every one is answered. Past --grpc_max_calls_in_flight, a call is
-    RESOURCE_EXHAUSTED with the flag named, at once, and the others are answered."""
+    cancelled a burst of them, and core's overload protection refused calls a client sent within
+    the connection's bound of streams (UNAVAILABLE); every one is answered. Past
+    --grpc_max_calls_in_flight, a call is RESOURCE_EXHAUSTED with the flag named, at once, and the
+    others are answered."""
     import asyncio
     import collections
 
@@ -655,8 +661,7 @@ def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_neve
 
     save_slow(str(tmp_path / "m" / "1"), steps=2000 if rejected else 1)
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
-                        file_system_poll_wait_seconds=0,
-                        **({"grpc_max_calls_in_flight": max_in_flight} if max_in_flight else {}))
+                        file_system_poll_wait_seconds=0, **options)
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "m"
     request.inputs["x"].dtype = 1
@@ -685,6 +690,47 @@ def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_neve
     if rejected:
         assert details == {"Too many calls in flight: this server answers 4 at once (--grpc_max_calls_in_flight); "
                            "try again later"}
+
+
+def _http2_settings(port: int) -> dict[int, int]:
+    """The SETTINGS a server sends on a new HTTP/2 connection, read off the wire: {identifier: value}."""
+    import socket
+    import struct
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + struct.pack(">I", 0)[1:] + b"\x04\x00" + struct.pack(">I", 0))
+        buf = b""
+        while True:
+            while len(buf) < 9:
+                buf += s.recv(65536)
+            size, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+            while len(buf) < 9 + size:
+                buf += s.recv(65536)
+            payload, buf = buf[9:9 + size], buf[9 + size:]
+            if kind == 4 and not flags & 1:  # SETTINGS, not an ACK
+                return {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+                        for i in range(0, size, 6)}
+
+
+@pytest.mark.parametrize("options, streams", [
+    ({}, 32),
+    ({"grpc_max_concurrent_streams": 5}, 5),
+    ({"grpc_max_concurrent_streams": 0}, None),  # grpc core's default: no bound
+    ({"grpc_channel_arguments": "grpc.max_concurrent_streams=100"}, 100),  # the channel argument wins
+])
+def test_the_grpc_port_bounds_each_connections_open_calls(tmp_path, options, streams):
+    """--grpc_max_concurrent_streams is HTTP/2's MAX_CONCURRENT_STREAMS (setting 0x3), sent to every
+    client that connects: the calls one connection may have open at once."""
+    from serving_models import save_slow
+
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_slow(str(tmp_path / "m" / "1"), steps=1)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
+                        file_system_poll_wait_seconds=0, **options)
+    with ServerThread(opts) as s:
+        assert _http2_settings(s.grpc_port).get(0x3) == streams
 
 
 def test_a_models_own_warmup_records_are_filled_out_without_the_bound():
