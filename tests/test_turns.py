@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import numpy as np
@@ -189,3 +190,83 @@ def test_a_batch_takes_what_fits_in_turn_and_the_rest_keep_their_places(queued, 
         got.append(job)
     assert got == taken and list(waiting.order) == left_order
     assert waiting.count == len(queued) - len(taken)
+
+
+def test_large_requests_hold_the_lane_in_the_order_they_came():
+    """Lane(1): the first holds it; the others wait and take it one after another, in order; a
+    waiter cancelled before its turn never holds it, and its place goes to the next."""
+    import asyncio
+
+    from tfpipe.serve.core.large_requests import Lane
+
+    lane, held, log = Lane(1), [], []
+
+    async def request(name: str, leave: asyncio.Event):
+        async with lane.held():
+            held.append(name)
+            log.append(("in", name, len(held)))
+            await leave.wait()
+            held.remove(name)
+
+    async def main():
+        leaves = {n: asyncio.Event() for n in "abcd"}
+        tasks = {}
+        for n in "abcd":
+            tasks[n] = asyncio.create_task(request(n, leaves[n]))
+            await asyncio.sleep(0)  # each task reaches the lane before the next starts
+        assert log == [("in", "a", 1)] and lane.waiting == 3
+        tasks["b"].cancel()  # waiting: taken out of the queue
+        await asyncio.gather(tasks["b"], return_exceptions=True)
+        assert lane.waiting == 2
+        for n in "acd":
+            leaves[n].set()
+        await asyncio.gather(tasks["a"], tasks["c"], tasks["d"])
+        assert tasks["b"].cancelled()
+    asyncio.run(main())
+    assert log == [("in", "a", 1), ("in", "c", 1), ("in", "d", 1)]
+    assert lane._held == 0 and lane.waiting == 0
+
+
+def test_a_large_request_cancelled_as_its_turn_comes_gives_the_lane_on():
+    """The place handed to a waiter that is cancelled in the same moment goes on to the next one,
+    across event loops (gRPC's and REST's may differ): the lane is never left held by nobody."""
+    import asyncio
+
+    from tfpipe.serve.core.large_requests import Lane
+
+    lane = Lane(1)
+    entered = []
+
+    async def first(release: asyncio.Event):
+        async with lane.held():
+            await release.wait()
+
+    async def main():
+        release = asyncio.Event()
+        holder = asyncio.create_task(first(release))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(_enter(lane, entered, "second"))
+        await asyncio.sleep(0)
+        ready = threading.Event()
+        other = threading.Thread(target=lambda: asyncio.run(_enter(lane, entered, "other", ready)))
+        other.start()
+        ready.wait(10)
+        deadline = time.monotonic() + 10
+        while lane.waiting < 2 and time.monotonic() < deadline:  # the other loop's task reaches the lane
+            await asyncio.sleep(0.001)
+        assert lane.waiting == 2
+        release.set()  # the place is handed to `second`...
+        await holder
+        second.cancel()  # ...which is cancelled before it runs: the place goes on to `other`
+        await asyncio.gather(second, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, other.join, 10)
+        assert not other.is_alive()
+    asyncio.run(main())
+    assert entered == ["other"] and lane._held == 0 and lane.waiting == 0
+
+
+async def _enter(lane, entered: list, name: str, ready: threading.Event | None = None):
+    if ready is not None:
+        ready.set()
+    async with lane.held():
+        entered.append(name)

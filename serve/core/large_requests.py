@@ -13,17 +13,28 @@ waiting for the interpreter lock.
 
 What is large is the caller's to say: a request body or answer over OFF_LOOP_BYTES (inference.py),
 or a request that runs as several model calls (--max_call_rows).
+
+A transport answers a large request in `large_turn()`: at most `LARGE_AT_ONCE` of them (half the
+cores) are decoded, run and encoded at once in a process, the others waiting their turn, first
+come first served, without holding a thread. Each is seconds of CPU; at once they would take every
+core from the small requests, and hold as many parsed documents in memory, for no more large
+requests answered a second than one after another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import sys
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+
+from tfpipe.machine import cores
 
 LARGE_SWITCH_SECONDS = 0.0002
+LARGE_AT_ONCE = max(1, cores() // 2)
 
 _lock = threading.Lock()
 _in_flight = 0  # large requests being answered
@@ -51,3 +62,72 @@ def large_request() -> Iterator[None]:
                 sys.setswitchinterval(_switch_was)
                 if _gc_was_enabled:
                     gc.enable()
+
+
+class Lane:
+    """At most `width` holders at once, from tasks of any event loop; the others wait in the order
+    they came, each on a future of its own loop (no thread held)."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self._lock = threading.Lock()
+        self._held = 0
+        self._waiting: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._held < self.width and not self._waiting:
+                self._held, turn = self._held + 1, None
+            else:
+                turn = loop.create_future()
+                self._waiting.append((loop, turn))
+        if turn is not None:
+            try:
+                await turn
+            except asyncio.CancelledError:
+                with self._lock:
+                    waiting = (loop, turn) in self._waiting
+                    if waiting:
+                        self._waiting.remove((loop, turn))
+                if not waiting and turn.done() and not turn.cancelled():
+                    self._give_on()  # handed the place as it was cancelled (a cancelled turn is given on by _hand)
+                raise
+        try:
+            yield
+        finally:
+            self._give_on()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _give_on(self) -> None:
+        """A holder leaves: its place goes to the first waiting, else is free."""
+        with self._lock:
+            if not self._waiting:
+                self._held -= 1
+                return
+            loop, turn = self._waiting.popleft()
+        try:
+            loop.call_soon_threadsafe(self._hand, turn)
+        except RuntimeError:  # its loop is closed: the place goes on to the next
+            self._give_on()
+
+    def _hand(self, turn: asyncio.Future) -> None:
+        if turn.done():  # cancelled while the place came to it
+            self._give_on()
+        else:
+            turn.set_result(None)
+
+
+_lane = Lane(LARGE_AT_ONCE)
+
+
+@contextlib.asynccontextmanager
+async def large_turn() -> AsyncIterator[None]:
+    """A large request's answering, in its turn (see the module's docstring) and as a large request."""
+    async with _lane.held():
+        with large_request():
+            yield

@@ -41,7 +41,7 @@ from tfpipe.serve.codecs.tensor_proto import (
     tensor_proto,
 )
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
-from tfpipe.serve.core.large_requests import large_request
+from tfpipe.serve.core.large_requests import large_request, large_turn
 from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.codecs.model_info import metadata_response, spec_of, status_response
 from tfpipe.serve.errors import ServingError, capped, invalid
@@ -98,28 +98,28 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             # Large: many bytes, or many elements declared (a small request that TensorFlow's fill-out
             # makes large; 8 bytes an element, a number's or a string's reference in numpy)
             large = request.ByteSize() > OFF_LOOP_BYTES or elements * 8 > OFF_LOOP_BYTES
-            with large_request() if large else contextlib.nullcontext():
+            async with large_turn() if large else contextlib.nullcontext():
                 p = await self.inference.predict(spec, request.model_spec.signature_name,
                                                  lambda _: predict_inputs(request), request.output_filter,
                                                  self.executor, client=self._client(context), decode_off_loop=large,
                                                  rows=rows)
 
-            def answer() -> predict_pb2.PredictResponse:
-                response = predict_pb2.PredictResponse()
-                model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
-                for k, v in p.outputs.items():
-                    tensor_proto(v, self.tensor_content, into=response.outputs[k])
-                return response
-            if not p.large_answer():
-                response = answer()
-                self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
-                return response
+                def answer() -> predict_pb2.PredictResponse:
+                    response = predict_pb2.PredictResponse()
+                    model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
+                    for k, v in p.outputs.items():
+                        tensor_proto(v, self.tensor_content, into=response.outputs[k])
+                    return response
+                if not p.large_answer():
+                    response = answer()
+                    self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
+                    return response
 
-            def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
-                response = answer()
-                return response, response.SerializeToString()
-            with large_request():
-                response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
+                def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
+                    response = answer()
+                    return response, response.SerializeToString()
+                with large_request():
+                    response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
             self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
             return wire
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)

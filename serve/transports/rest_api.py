@@ -35,7 +35,7 @@ from tfpipe.serve.codecs.rest_json import (dumps, json_debug, json_examples, jso
 from tfpipe.serve.codecs.model_info import metadata_response, status_response
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
-from tfpipe.serve.core.large_requests import large_request
+from tfpipe.serve.core.large_requests import large_request, large_turn
 from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
@@ -381,7 +381,7 @@ class RestApi:
             if api in ("predict", "classify", "regress"):
                 raw = await self._body(request)
                 large = len(raw) > OFF_LOOP_BYTES
-                with large_request() if large else contextlib.nullcontext():
+                async with large_turn() if large else contextlib.nullcontext():
                     body = await self._off_loop(parse_json, raw) if large else parse_json(raw)
                     del raw  # (a large body's bytes need not wait for its answer)
                     client = request.headers.get(self.canary_key) if self.canary_key else None
