@@ -47,19 +47,19 @@ def main() -> None:
         d = image_data_dir(args.images, args.image_size)
         t = train(TrainConfig(data=d, out=os.path.join(work, f"train-images-{args.images}-{args.filters}"),
                               filters=parse_int_list(args.filters), batch_size=64, time_limit=args.time_limit),
-                  log=lambda _: None)
+                  log=lambda _: None).outputs.path
         name, what = "images", f"image CNN {args.filters}, {args.image_size}x{args.image_size} pixels"
     else:
         csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
         d = data(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=os.path.join(work, "data")),
-                 log=lambda _: None)
+                 log=lambda _: None).outputs.path
         t = train(TrainConfig(data=d, out=os.path.join(work, f"train-{args.hidden}"),
-                              hidden=parse_int_list(args.hidden), time_limit=60), log=lambda _: None)
+                              hidden=parse_int_list(args.hidden), time_limit=60), log=lambda _: None).outputs.path
         name, what = "taxi", f"Chicago taxi, hidden {args.hidden}"
     shutil.rmtree(os.path.join(work, "models", name), ignore_errors=True)
-    version = export(ExportConfig(model=t, data=d, base=os.path.join(work, "models"), name=name,
-                                  max_accuracy_drop=1.0), log=lambda _: None)
-    rows = {r["variant"]: r for r in json.load(open(os.path.join(version, "assets.extra", "export.json")))["variants"]}
+    done = export(ExportConfig(model=t, data=d, base=os.path.join(work, "models"), name=name,
+                               max_accuracy_drop=1.0), log=lambda _: None)
+    rows = {r["variant"]: r for r in json.load(open(done.manifest))["variants"]}
     f32, sm = rows["float32"], rows["savedmodel"]
     from tfpipe.train.devices import cpu_features
 

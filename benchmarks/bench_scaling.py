@@ -37,7 +37,7 @@ def data_dir(written: gallery.Written, root: str) -> str:
     from tfpipe.pipeline.job import run
 
     out = os.path.join(root, "data", written.entry.name)
-    return run(DataConfig(input=[written.path], label=written.entry.label, out=out), log=lambda _: None)
+    return run(DataConfig(input=[written.path], label=written.entry.label, out=out), log=lambda _: None).outputs.path
 
 
 def test_score(data: str, train_out: str, splits: dict) -> float:

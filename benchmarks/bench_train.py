@@ -58,7 +58,7 @@ def ensure_data(path: str | None) -> str:
 
     csv = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
     out = os.path.join(ROOT, ".bench", "chicago-data")
-    return run(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=out), log=lambda _: None)
+    return run(DataConfig(input=[csv], label="big_tipper", exclude=["tips"], out=out), log=lambda _: None).outputs.path
 
 
 def parse_then_batch(data) -> tf.data.Dataset:

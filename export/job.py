@@ -35,8 +35,14 @@ from tfpipe.train import model as _registers_custom_layers  # noqa: F401  (Imput
 from tfpipe.train.data import make_dataset
 
 
-def run(config: ExportConfig, log: Callable[[str], None] = print) -> str:
-    """Export; returns the directory the new version was published to: BASE/NAME/VERSION when it is
+def run(config: ExportConfig, log: Callable[[str], None] = print) -> StageResult:
+    """Export: a new version published, and its result (the version served after it, and the gate's
+    decision; code 1 when the gate held or refused the new version)."""
+    return result(_run(config, log))
+
+
+def _run(config: ExportConfig, log: Callable[[str], None]) -> str:
+    """Export; the directory the new version was published to: BASE/NAME/VERSION when it is
     served, BASE/NAME/candidates/VERSION when the gate held or refused it (tfpipe/versions.py)."""
     started = time.time()
     train_dir, data, model_dir = check_inputs(config)

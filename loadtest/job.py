@@ -37,10 +37,12 @@ COLUMNS = ["step", "users", "rate", "requests", "errors", "rps", "p50_ms", "p90_
 WORKER_WAIT_S = 600.0  # how long each step waits for workers from other machines
 
 
-def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
-    """Run every step; write results into config.out; 1 when an SLO is given and missed, else 0."""
+def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> StageResult:
+    """Run every step; write results into config.out. The result's code: 1 when an SLO is given and
+    missed, EXIT_INTERRUPTED when interrupted, else 0."""
     if config.worker:
-        return run_workers(config.master, max(1, config.workers), log)
+        return _unreported(config, run_workers(config.master, max(1, config.workers), log),
+                           "locust workers for a master elsewhere: the results are the master's")
     if config.replay:
         return run_replay(config, log)
     kind, address = parse_target(config.target)
@@ -65,7 +67,7 @@ def run(config: LoadtestConfig, log: Callable[[str], None] = print) -> int:
     if not steps:
         if interrupted:
             log("interrupted before any step measured a whole second: nothing to report")
-            return EXIT_INTERRUPTED
+            return _unreported(config, EXIT_INTERRUPTED, "interrupted before any step measured a whole second")
         raise LoadtestError("no step measured any request")
     return _report(config, kind, steps, interrupted, terms, baseline, log)
 
@@ -161,9 +163,9 @@ def _judge(step: dict, terms, baseline: dict | None) -> None:
 
 
 def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: bool, terms,
-            baseline: dict | None, log: Callable[[str], None], replay: dict | None = None) -> int:
+            baseline: dict | None, log: Callable[[str], None], replay: dict | None = None) -> StageResult:
     """Write results.json, results.csv and report.html, print the steps (or the replay's comparison
-    with its log); the exit code: 0, 1 when the SLO was missed, EXIT_INTERRUPTED."""
+    with its log); the result's code: 0, 1 when the SLO was missed, EXIT_INTERRUPTED."""
     knee = knee_of(steps)
     passed = knee is not None if terms else True
     if replay is not None:
@@ -185,12 +187,15 @@ def _report(config: LoadtestConfig, kind: str, steps: list[dict], interrupted: b
             + ", ".join(f"step {st['step']} {st['overhead_p50_ms']:+.3f} ms" for st in steps))
     log(f"wrote {os.path.join(config.out, 'results.json')}, results.csv and report.html"
         + (" (partial: interrupted)" if interrupted else ""))
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 0 if passed else 1
+    return result(config.out, EXIT_INTERRUPTED if interrupted else 0 if passed else 1)
 
 
-def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
+def _unreported(config: LoadtestConfig, code: int, why: str) -> StageResult:
+    """A run that wrote no results (no manifest)."""
+    return StageResult("", why, LoadtestOutputs(config.out, None), code)
+
+
+def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> StageResult:
     """`--replay PREFIX`: one open-model step that sends the logged requests at their recorded
     offsets (divided by --speed); results compare its rate and latency with the log's."""
     from tfpipe.loadtest.replay import read_items
@@ -223,7 +228,7 @@ def run_replay(config: LoadtestConfig, log: Callable[[str], None]) -> int:
     if result is None or not result["requests"]:
         if interrupted:
             log("interrupted before a whole second was measured: nothing to report")
-            return EXIT_INTERRUPTED
+            return _unreported(config, EXIT_INTERRUPTED, "interrupted before a whole second was measured")
         raise LoadtestError("the replay measured no request")
     step = _summarise(1, spec, result)
     sent = result.get("replay", {})

@@ -301,7 +301,7 @@ def image_strata(units: list[ImageUnit], config: DataConfig) -> dict[str, np.nda
 
 # ---- the launcher ------------------------------------------------------------------------------
 
-def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
+def run_images(config: DataConfig, log: Callable[[str], None] = print) -> str:
     """Run the image data stage; returns the output directory (published atomically)."""
     started = time.time()
     if not config.out:

@@ -32,8 +32,9 @@ from tfpipe.pipeline.schema_inference import infer_schema
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, environment_main, human_bytes,
                                     in_environment, print_summary, publish, published_names, read_data_manifest,
-                                    read_split_stats, read_unit_summaries, run_in_environment, run_to_temp, tally,
-                                    write_outputs)
+                                    read_split_stats, read_unit_summaries, result, run_in_environment, run_to_temp,
+                                    tally, write_outputs)
+from tfpipe.stage import StageResult
 from tfpipe.pipeline.transforms import TFRecordsFromUnits, class_key, row_hashes, split_texts, strata_bounds
 
 _SHARD_BYTES = 32 << 20  # input bytes per shard when --shards is not given
@@ -73,13 +74,18 @@ def build_pipeline(p: beam.Pipeline, plan: Plan, out_dir: str) -> None:
 
 # ---- the stage -----------------------------------------------------------------------------------
 
-def run(config: DataConfig, log: Callable[[str], None] = print) -> str:
-    """Run the data stage; returns the output directory (published atomically)."""
+def run(config: DataConfig, log: Callable[[str], None] = print) -> StageResult:
+    """Run the data stage: its output directory published atomically, and its result."""
+    return result(_run(config, log))
+
+
+def _run(config: DataConfig, log: Callable[[str], None]) -> str:
+    """The data stage; the output directory."""
     if config.environment and not in_environment(config.environment):
         return run_in_environment(config, log)
     config = config.model_copy(update={"format": found_format(config.format, config.input)})
     if config.format == "images":
-        from tfpipe.pipeline.image_job import run as run_images
+        from tfpipe.pipeline.image_job import run_images
 
         return run_images(config, log)
     started = time.time()

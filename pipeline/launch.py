@@ -550,13 +550,14 @@ class progress:
 
 
 def result(out: str) -> StageResult:
-    """The data stage's output for `tfpipe run`: its counts in one line, its fingerprint."""
-    with open(os.path.join(out, "data.json")) as f:
-        m = json.load(f)
+    """The data stage's output: its counts in one line, its fingerprint."""
+    path = FileSystems.join(out, "data.json")
+    with FileSystems.open(path) as f:
+        m = json.loads(f.read())
     c = m["counts"]
     noun = "images" if m.get("kind") == "images" else "rows"
     summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
                + (f"; {c['unlabelled']:,} unlabelled set aside" if c.get("unlabelled") else "")
                + f"; {c['bad']:,} dead-lettered")
-    return StageResult(os.path.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]),
+    return StageResult(path, summary, DataOutputs(out, m["fingerprint"]),
                        notes=tuple(m.get("notices") or ()))

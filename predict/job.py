@@ -46,6 +46,7 @@ from tfpipe.predict.config import PredictConfig
 from tfpipe.predict.errors import PredictError
 from tfpipe.predict.model import (IMAGE_INPUT, Answered, ModelVersion, Rows, Scored, TableModelHandler, UnitRows,
                                   resolve)
+from tfpipe.stage import StageOutputs, StageResult
 from tfpipe.versions import served
 
 IMAGE_UNIT = 256  # images per work unit
@@ -331,7 +332,13 @@ def workdir_model(workdir: str) -> str:
     return os.path.join(models, names[0])
 
 
-def run(config: PredictConfig, log: Callable[[str], None] = print) -> str:
+def run(config: PredictConfig, log: Callable[[str], None] = print) -> StageResult:
+    """Batch inference: the output directory published atomically, and its result."""
+    return result(_run(config, log))
+
+
+def _run(config: PredictConfig, log: Callable[[str], None]) -> str:
+    """Batch inference; the output directory."""
     if config.environment and not in_environment(config.environment):
         return run_in_environment(config, log, "predict", PredictError)
     started = time.time()
@@ -521,15 +528,14 @@ class RowProgress(progress):
                          f"about {left:.0f} s left")
 
 
-def result(out: str):
-    """For `tfpipe run` and the CLI: the counts in one line."""
-    from tfpipe.stage import StageResult
-
-    with open(os.path.join(out, "predict.json")) as f:
-        m = json.load(f)
+def result(out: str) -> StageResult:
+    """The batch inference's output: the counts in one line."""
+    path = FileSystems.join(out, "predict.json")
+    with FileSystems.open(path) as f:
+        m = json.loads(f.read())
     c = m["counts"]
-    return StageResult(os.path.join(out, "predict.json"),
-                       f"{c['read']:,} rows -> {c['predicted']:,} predicted, {c['bad']:,} dead-lettered", None)
+    return StageResult(path, f"{c['read']:,} rows -> {c['predicted']:,} predicted, {c['bad']:,} dead-lettered",
+                       StageOutputs(out))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ class Target:
 
 def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, log: Log = print,
         data: str | None = None, models_config: str | None = None) -> str:
-    """Decide, promote or hold, and publish `out` (rollout.json, and the rounds' load tests). `data`:
+    """Decide, promote or hold, and publish `out` (rollout.json, and the rounds' load tests); its
+    result (code 1 when this step held the new version). `data`:
     the new data directory, compared with the served version's data (reported, not a gate).
     `models_config`: the run's generated models.config, whose NAME-candidate entry goes once the
     new version is judged (a server started on it later, or tensorflow_model_server, would look
@@ -105,7 +106,7 @@ def run(config: RolloutConfig, seen: Versions, target: Target | None, out: str, 
             remove_candidate(models_config, seen.name)
         log(f"{record['decision']}: {record['reason']}")
         write_json(os.path.join(tmp, "rollout.json"), record)
-    return out
+    return result(out)
 
 
 def serving_gate(config: RolloutConfig, seen: Versions, target: Target, out: str, log: Log) -> dict[str, Any]:

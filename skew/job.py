@@ -59,8 +59,9 @@ def check_inputs(cfg: SkewConfig):
     return data
 
 
-def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
-    """0 when every feature is within its threshold, 1 when one is not."""
+def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> StageResult:
+    """The check, published into cfg.out; the result's code: 0 when every feature is within its
+    threshold, 1 when one is not."""
     from tfpipe.pipeline.stats import SplitStatsFn
     from tfpipe.skew.columns import read_split, read_traffic
 
@@ -102,7 +103,7 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
                                         every_bound=every))
     flagged = [f["name"] for f in features if f["flagged"]]
     noisy = [f["name"] for f in features if f["verdict"] == "within noise"]
-    result = {
+    checked = {
         "stage": "skew", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "data": os.path.abspath(data.path), "logs": cfg.logs, "model": model or next(iter(models), None),
         "log": {"files": len(read.files), "records": len(read.records), "truncated": read.truncated,
@@ -118,11 +119,11 @@ def run(cfg: SkewConfig, log: Callable[[str], None] = print) -> int:
                             "effective_rows drawn from it (per feature: its share of rows with a value)"},
         "features": features, "flagged": flagged, "within_noise": noisy, "passed": not flagged,
     }
-    for line in summary_lines(result):
+    for line in summary_lines(checked):
         log(line)
-    _publish(result, cfg.out)
+    _publish(checked, cfg.out)
     log(f"wrote {os.path.join(cfg.out, 'skew.json')} and skew.html")
-    return 1 if flagged else 0
+    return result(cfg.out, 1 if flagged else 0)
 
 
 def _read_logs(cfg: SkewConfig, log: Callable[[str], None]):

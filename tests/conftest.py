@@ -405,7 +405,7 @@ def penguins_data(tmp_path_factory, penguins_csv) -> str:
         from tfpipe.pipeline.job import run
 
         return run(DataConfig(input=[penguins_csv], label="species", out=str(folder / "data"), shards=2),
-                   log=lambda _: None)
+                   log=lambda _: None).outputs.path
 
     return built_once(tmp_path_factory, "penguins-data", build)
 
@@ -460,8 +460,9 @@ def keyword_model(tmp_path_factory) -> str:
 
         quiet = lambda _: None  # noqa: E731
         data = data_stage(DataConfig(input=[keyword_table(str(folder / "t.csv"))], label="label",
-                                     out=str(folder / "data")), log=quiet)
-        model = train(TrainConfig(data=data, out=str(folder / "train"), epochs=20, learning_rate=0.05), log=quiet)
+                                     out=str(folder / "data")), log=quiet).outputs.path
+        model = train(TrainConfig(data=data, out=str(folder / "train"), epochs=20, learning_rate=0.05),
+                      log=quiet).outputs.path
         export(ExportConfig(model=model, data=data, base=str(folder / "models"), name="kw", tflite=""), log=quiet)
         return str(folder / "models" / "kw")
 

@@ -28,7 +28,7 @@ from tfpipe.stage import DataOutputs
 
 def run_stage(log=None, **kw) -> str:
     lines = log if log is not None else []
-    return run(DataConfig(**kw), log=lines.append)
+    return run(DataConfig(**kw), log=lines.append).outputs.path
 
 
 def load(out: str, name: str) -> dict:

@@ -278,7 +278,7 @@ def test_images_on_a_remote_filesystem(tmp_path, monkeypatch):
     _folder(tmp_path / "src", per_class=4)
     out = run(DataConfig(format="images", input=["testfs://src"], out="testfs://runs/images", min_size="8x8",
                          max_bad_fraction=0.5),
-              log=lambda _: None)
+              log=lambda _: None).outputs.path
     assert out == "testfs://runs/images"
     manifest = json.loads((tmp_path / "runs" / "images" / "data.json").read_text())
     assert manifest["counts"]["read"] == 16 and manifest["counts"]["bad"] == 4  # 3 classes x 4 + 4 bad files

@@ -64,7 +64,7 @@ def test_a_whole_number_label_written_as_decimals_trains_as_classes_and_the_run_
         education = "" if i % 13 == 0 else f"{1 + i % 5}.0"
         lines.append(f"{i + 1};{1 + i % 6};{20 + i % 40};{education}")
     path.write_text("\n".join(lines) + "\n")
-    out = run(DataConfig(input=[str(path)], label="education", out=str(tmp_path / "d")), log=lambda _: None)
+    out = run(DataConfig(input=[str(path)], label="education", out=str(tmp_path / "d")), log=lambda _: None).outputs.path
     m = json.load(open(os.path.join(out, "data.json")))
     assert m["counts"]["bad"] == 0 and m["counts"]["unlabelled"] == 16
     schema = json.load(open(os.path.join(out, "schema.json")))
@@ -109,7 +109,7 @@ def test_an_excel_workbooks_first_sheet_is_read_as_a_table(tmp_path):
     path = tmp_path / "births.xlsx"
     wb.save(path)
     log: list[str] = []
-    out = run(DataConfig(input=[str(path)], label="births", out=str(tmp_path / "d")), log=log.append)
+    out = run(DataConfig(input=[str(path)], label="births", out=str(tmp_path / "d")), log=log.append).outputs.path
     m = json.load(open(os.path.join(out, "data.json")))
     assert m["counts"]["read"] == 60 and m["counts"]["bad"] == 0
     schema = json.load(open(os.path.join(out, "schema.json")))

@@ -24,7 +24,7 @@ from tfpipe.pipeline.schema_inference import id_like_name, infer_schema
 
 
 def run_stage(log=None, **kw) -> str:
-    return run(DataConfig(**kw), log=(log if log is not None else []).append)
+    return run(DataConfig(**kw), log=(log if log is not None else []).append).outputs.path
 
 
 def load(out: str, name: str) -> dict:

@@ -175,7 +175,7 @@ def test_each_output_format_reads_back_the_same_answers(scored, keyword_model, t
         os.makedirs(tmp_path / "run" / "export" / "models" / "load-results")  # not a model: no version in it
         os.symlink(keyword_model, tmp_path / "run" / "export" / "models" / "kw")
         config = PredictConfig(workdir=str(tmp_path / "run"), input=[str(source)], output_format=fmt, key="from")
-    got_dir = run(config, log=lambda _: None)
+    got_dir = run(config, log=lambda _: None).outputs.path
     assert got_dir == str(tmp_path / ("o" if fmt == "parquet" else "run/predict"))
     folder = os.path.join(got_dir, "predictions")
     if fmt == "parquet":
@@ -231,7 +231,7 @@ def test_the_prediction_log_is_the_request_logs_format_which_skew_reads(scored, 
         for g in good.values():
             f.write(json.dumps(_instance(g)) + "\n")
     got = run(PredictConfig(model=keyword_model, input=[str(source)], out=str(tmp_path / "o"), prediction_log=True),
-              log=lambda _: None)
+              log=lambda _: None).outputs.path
     records = read_log(os.path.join(got, "prediction_logs", "log")).records
     assert len(records) == len(good)
     first = prediction_log_pb2.PredictionLog.FromString(records[0])

@@ -25,7 +25,7 @@ def _data(csv_path: str, out: str, **settings) -> str:
     from tfpipe.pipeline.config import DataConfig
     from tfpipe.pipeline.job import run
 
-    return run(DataConfig(input=[csv_path], label="species", out=out, **settings), log=lambda _: None)
+    return run(DataConfig(input=[csv_path], label="species", out=out, **settings), log=lambda _: None).outputs.path
 
 
 def _train(data: str, out: str, epochs: int) -> str:

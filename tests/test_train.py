@@ -82,7 +82,7 @@ def test_chicago_taxi_quality(tmp_path, chicago_csv):
     from tfpipe.pipeline.job import run
 
     data = run(DataConfig(input=[chicago_csv], label="big_tipper", exclude=["tips"], out=str(tmp_path / "d")),
-               log=lambda _: None)
+               log=lambda _: None).outputs.path
     res = train(data, tmp_path / "t", "--time-limit", "60")
     assert res.returncode == 0, res.stderr
     m = load(tmp_path / "t")

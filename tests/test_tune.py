@@ -210,6 +210,12 @@ def test_without_data_or_payload_the_warmup_records_are_the_requests(tmp_path):
     (trial,) = json.loads((out / "tune.json").read_text())["trials"]
     (level,) = trial["levels"]
     assert level["requests"] > 0 and level["errors"] == 0
+    from tfpipe.tune.job import result  # what `tfpipe run` and the CLI's exit code read of it
+
+    done = result(str(out))
+    label = json.loads((out / "tune.json").read_text())["best"]["label"]
+    assert (done.code, done.outputs.path, done.outputs.best) == (0, str(out), label)
+    assert done.summary.startswith(f"1 trial(s); best {label}: ") and done.summary.endswith("req/s within the SLO")
 
 
 def test_warmup_rows_come_out_as_rest_instances(tmp_path):

@@ -101,7 +101,8 @@ def _section(args: argparse.Namespace, config: Config, section: str, model: type
 def cmd_stage(stage: "_StageCommand", args: argparse.Namespace, extra: list[str]) -> int:
     """A stage's command: its config section with the flags over it, options it does not know
     passed on to Beam (`accepts_extra`), its inputs checked before the stage (and TensorFlow or
-    Beam with it) is imported, then the stage's run; the exit code as `stage.ends` says."""
+    Beam with it) is imported, then the stage's run; the exit code is its result's (an SLO missed,
+    a feature skewed, no tune candidate within the SLO, an export the gate held or refused: 1)."""
     module, _, cls = stage.config.partition(":")
     cfg = _section(args, load_config(args.config), stage.name, getattr(importlib.import_module(module), cls))
     if extra:
@@ -113,12 +114,7 @@ def cmd_stage(stage: "_StageCommand", args: argparse.Namespace, extra: list[str]
     # user as exceptions (the data stage's Beam logs stay, for --debug to show)
     with quiet_native_stderr(stage.quiet and not args.debug):
         job = importlib.import_module(stage.job)
-        done = job.run(cfg, log=lambda line: print(line, flush=True))
-        if stage.ends == "code":  # the stage's own exit code: an SLO missed, a feature skewed, no candidate
-            return done
-        if stage.ends == "gate":  # the export's gate held or refused the new version: 1
-            return job.result(done).code
-        return 0
+        return job.run(cfg, log=lambda line: print(line, flush=True)).code
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
@@ -221,7 +217,6 @@ class _StageCommand:
     description: str
     epilog: str
     check: str | None = None  # "module:function" checking the config's paths before the stage is imported
-    ends: Literal["zero", "code", "gate"] = "zero"  # the exit code: 0, what run returns, result(run(...)).code
     quiet: bool = True  # native code's writes to fd 2 silenced (TensorFlow's chatter), as without --debug
     accepts_extra: bool = False  # options it does not know are passed on (Beam's)
     flag_options: tuple[tuple[str, Any], ...] = ()  # add_model_flags' keyword arguments
@@ -286,7 +281,7 @@ _STAGE_COMMANDS = (
             "status is 1."),
         epilog=("examples: tfpipe export --model runs/taxi/train --data runs/taxi/data --base runs/taxi/models; "
                 "tfpipe export ... --thresholds 'accuracy>=0.8' 'accuracy>=baseline-0.01' --slice company"),
-        check="tfpipe.export.inputs:check_inputs", ends="gate",
+        check="tfpipe.export.inputs:check_inputs",
     ),
     _StageCommand(
         "loadtest", "tfpipe.loadtest.config:LoadtestConfig", "tfpipe.loadtest.job",
@@ -308,7 +303,6 @@ _STAGE_COMMANDS = (
             '--sweep 1,2,4,8 --duration 10s --slo "p99<20ms,errors<0.1%"; '
             'tfpipe loadtest --replay logs/taxi --target http://127.0.0.1:8501 '
             '--grpc-target grpc://127.0.0.1:8500 --speed 2'),
-        ends="code",
     ),
     _StageCommand(
         "skew", "tfpipe.skew.config:SkewConfig", "tfpipe.skew.job",
@@ -328,7 +322,7 @@ _STAGE_COMMANDS = (
         epilog=(
             "example: tfpipe skew --data runs/taxi/data --logs /var/log/tfpipe/taxi --threshold 0.1 "
             "trip_miles=0.2"),
-        check="tfpipe.skew.job:check_inputs", ends="code",
+        check="tfpipe.skew.job:check_inputs",
     ),
     _StageCommand(
         "predict", "tfpipe.predict.config:PredictConfig", "tfpipe.predict.job",
@@ -374,7 +368,7 @@ _STAGE_COMMANDS = (
             '--model_name taxi --model_base_path ... --enable_batching '
             '--batching_parameters_file runs/taxi-tune/batching.config'),
         flag_options=(("underscores", True),),
-        check="tfpipe.tune.job:check_inputs", ends="code",
+        check="tfpipe.tune.job:check_inputs",
     ),
 )
 

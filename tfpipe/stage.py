@@ -81,6 +81,13 @@ class SkewOutputs(StageOutputs):
 
 
 @dataclass(frozen=True)
+class TuneOutputs(StageOutputs):
+    """The tune's directory (batching.config, tune.json) and its best candidate's label."""
+
+    best: str
+
+
+@dataclass(frozen=True)
 class RolloutOutputs(StageOutputs):
     """The rollout step's directory, its decision on the new version (published, promoted, held,
     refused) and the version served after it."""

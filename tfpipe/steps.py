@@ -104,33 +104,31 @@ def data_sources(config: Config) -> dict[str, Any]:
 
 def run_data(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     from tfpipe.pipeline.job import run
-    from tfpipe.pipeline.launch import result
 
     # The run owns the cache (it decided this step runs): the stage's own, for `tfpipe data` on
     # its own, is bypassed.
-    run(config.data.model_copy(update={"out": inputs.path("data"), "force": True}), log=log)
-    return result(inputs.path("data"))
+    return run(config.data.model_copy(update={"out": inputs.path("data"), "force": True}), log=log)
 
 
 # ---- train and export --------------------------------------------------------------------------------
 
 def run_train(config: Config, inputs: StepInputs, log: Log) -> StageResult:
-    from tfpipe.train.job import result, run
+    from tfpipe.train.job import run
 
     data = inputs.of("data", DataOutputs)
-    run(config.train.model_copy(update={"data": data.path, "out": inputs.path("train"), "force": True}), log=log)
-    return result(inputs.path("train"))
+    return run(config.train.model_copy(update={"data": data.path, "out": inputs.path("train"), "force": True}),
+               log=log)
 
 
 def run_export(config: Config, inputs: StepInputs, log: Log) -> StageResult:
-    from tfpipe.export.job import result, run
+    from tfpipe.export.job import run
 
     cfg = config.export.model_copy(update={"model": inputs.of("train", TrainOutputs).path,
                                            "data": inputs.of("data", DataOutputs).path,
                                            "base": inputs.path("export", "models"),
                                            # the run's rollout step promotes, after its serving gate
                                            "serving_gate": config.rollout.serving_gate})
-    done = result(run(cfg, log=log))
+    done = run(cfg, log=log)
     # The version's folder moves when it is promoted or rolled back (candidates/N <-> N): the run keeps
     # (and fingerprints) a copy of its export.json where it stays.
     kept = inputs.path("export", "export.json")
@@ -183,7 +181,7 @@ def tune_batching(config: Config, inputs: StepInputs, export: ExportOutputs, log
     cfg = config.tune.model_copy(update={"model_name": export.name, "model_base_path": os.path.dirname(export.path),
                                          "data": inputs.of("data", DataOutputs).path, "payload": None, "out": out,
                                          "protocol": config.serve.protocol, "skip_workers": True})
-    if run(cfg, log=lambda line: log("  " + line)):
+    if run(cfg, log=lambda line: log("  " + line)).code:
         log("  no candidate met the [tune] SLO: serving with the best of them anyway")
     return best(out)
 
@@ -201,7 +199,7 @@ def traffic_prefix(workdir: str) -> str:
 
 def run_loadtest(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     from tfpipe.errors import EXIT_INTERRUPTED
-    from tfpipe.loadtest.job import result, run
+    from tfpipe.loadtest.job import run
 
     export = inputs.of("export", ExportOutputs)
     deployment = inputs.server()
@@ -218,15 +216,15 @@ def run_loadtest(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     shutil.rmtree(os.path.dirname(traffic), ignore_errors=True)
     images = config.data.format == "images"
     with contextlib.nullcontext() if images else deployment.logging_requests(export.name, traffic):
-        code = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
-    if code == EXIT_INTERRUPTED:
+        done = run(cfg, log=log)  # publishes `out` whole (an interrupted run too: EXIT_INTERRUPTED)
+    if done.code == EXIT_INTERRUPTED:
         raise KeyboardInterrupt
-    return result(out, code)
+    return done
 
 
 def run_skew(config: Config, inputs: StepInputs, log: Log) -> StageResult:
     from tfpipe.errors import RunError
-    from tfpipe.skew.job import result, run, skipped
+    from tfpipe.skew.job import run, skipped
 
     out = inputs.path("skew")
     if config.data.format == "images":
@@ -238,7 +236,7 @@ def run_skew(config: Config, inputs: StepInputs, log: Log) -> StageResult:
         raise RunError(f"the load test's request log is gone ({os.path.dirname(logs)}): run again with --from loadtest")
     cfg = config.skew.model_copy(update={"data": inputs.of("data", DataOutputs).path, "logs": logs,
                                          "model": inputs.of("export", ExportOutputs).name, "out": out})
-    return result(out, run(cfg, log=log))
+    return run(cfg, log=log)
 
 
 # ---- rollout ------------------------------------------------------------------------------------------
@@ -249,7 +247,7 @@ def rollout_settings(config: Config) -> dict[str, Any]:
 
 
 def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
-    from tfpipe.rollout.job import Target, Versions, result, run
+    from tfpipe.rollout.job import Target, Versions, run
 
     from tfpipe.versions import VersionError, candidates, version_path
 
@@ -271,9 +269,8 @@ def run_rollout(config: Config, inputs: StepInputs, log: Log) -> StageResult:
                         inputs.of("data", DataOutputs).path, config.loadtest.users, config.loadtest.slo,
                         shadowing=server.shadowing)
     out = inputs.path("rollout")
-    run(config.rollout, seen, target, out, log=lambda line: log("  " + line), data=inputs.of("data", DataOutputs).path,
-        models_config=inputs.path("serve", "models.config"))
-    return result(out)
+    return run(config.rollout, seen, target, out, log=lambda line: log("  " + line),
+               data=inputs.of("data", DataOutputs).path, models_config=inputs.path("serve", "models.config"))
 
 
 REGISTRY = (

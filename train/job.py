@@ -75,8 +75,13 @@ class _Model:
     label_scale: LabelScale | None = None  # a regression's: the trainer's standard units
 
 
-def run(config: TrainConfig, log: Callable[[str], None] = print) -> str:
-    """Train; returns the output directory (published atomically)."""
+def run(config: TrainConfig, log: Callable[[str], None] = print) -> StageResult:
+    """Train: the output directory published atomically, and its result."""
+    return result(_run(config, log))
+
+
+def _run(config: TrainConfig, log: Callable[[str], None]) -> str:
+    """Train; the output directory."""
     started = time.time()
     data = check_inputs(config)
     out = os.path.abspath(config.out)

@@ -25,6 +25,7 @@ from typing import Any
 
 from tfpipe.files import cache_key, publish_dir, read_json, resume_dir, write_json
 from tfpipe.machine import cores as machine_cores
+from tfpipe.stage import StageResult, TuneOutputs
 from tfpipe.tune.config import TuneConfig
 from tfpipe.tune.errors import TuneError
 from tfpipe.tune.search import Candidate, CoarseToFine
@@ -86,8 +87,9 @@ def fingerprint(cfg: TuneConfig, cores: int) -> str:
                      {"model": [cfg.model_name, cfg.model_base_path], "data": cfg.data, "payload": cfg.payload})
 
 
-def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
-    """0 when the best candidate met the SLO at some level, 1 when no candidate did."""
+def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> StageResult:
+    """The trials, published into cfg.out; the result's code: 0 when the best candidate met the SLO
+    at some level, 1 when no candidate did."""
     check_inputs(cfg)
     cores = cfg.cores or machine_cores()
     work = work_dir(cfg.out)
@@ -99,12 +101,25 @@ def run(cfg: TuneConfig, log: Callable[[str], None] = print) -> int:
             raise TuneError(f"another tfpipe tune is writing {cfg.out} (its trials are in {work})") from None
         if not (cfg.data or cfg.payload or cfg.warmup_records):
             cfg = cfg.model_copy(update={"warmup_records": warmup_version(cfg, log)})
-        result = _tune(cfg, cores, work, log)
+        tuned = _tune(cfg, cores, work, log)
     shutil.rmtree(work, ignore_errors=True)
-    for line in summary_lines(result):
+    for line in summary_lines(tuned):
         log(line)
     log(f"wrote {os.path.join(cfg.out, 'batching.config')}, tune.json and tune.html")
-    return 0 if result["best"]["score_rps"] > 0 else 1
+    return result(cfg.out)
+
+
+def result(out: str) -> StageResult:
+    """A published tune's best candidate, in one line; code 1 when no candidate met the SLO."""
+    path = os.path.join(out, "tune.json")
+    r = read_json(path)
+    if r is None:
+        raise TuneError(f"{out} holds no tune.json (not a tune's output, or an interrupted one)")
+    best = r["best"]
+    met = best["score_rps"] > 0
+    summary = (f"{len(r['trials'])} trial(s); best {best['label']}: "
+               + (f"{best['score_rps']:.0f} req/s within the SLO" if met else "no candidate met the SLO"))
+    return StageResult(path, summary, TuneOutputs(out, best["label"]), 0 if met else 1)
 
 
 def _tune(cfg: TuneConfig, cores: int, work: str, log: Callable[[str], None]) -> dict[str, Any]:
