@@ -345,7 +345,6 @@ def greedy(grpc_port: int, rest_port: int):
         answers, n = collections.Counter(), 0
 
         async def run():
-            nonlocal n
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
 

@@ -160,6 +160,10 @@ TFPIPE_FLAGS: list[Flag] = [
          "(HTTP/2's MAX_CONCURRENT_STREAMS); a client queues the rest itself, so that the calls another connection "
          "sends are not read behind thousands of this one's; 0: no bound (grpc core's default, as TF Serving)",
          metavar="N"),
+    Flag("large_requests_at_once", int, 0, "Large requests (a REST body or a gRPC Predict over 64 KiB, or one "
+         "declaring as many elements) answered at once per process; the others wait their turn, in the order they "
+         "came, without holding a thread. 0: half the cores, at least one", metavar="N",
+         shown_default="half the cores"),
     Flag("max_call_rows", int, 1024, "With batching off: a request of more rows runs as successive model calls of "
          "at most N rows each, and other requests' calls run between them, so that one large request (or a small "
          "one that TensorFlow's fill-out makes large) cannot hold the model while the others wait; the answer is "

@@ -37,6 +37,7 @@ from tfpipe.serve.core.manager import ManagerOptions, ModelManager
 from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
+from tfpipe.serve.core import large_requests
 from tfpipe.serve.core.turns import Turns
 from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections
 from tfpipe.serve.errors import ServeError, ServingError
@@ -132,6 +133,7 @@ class EmbeddedServer:
             self.canary = Canary(self.manager, canary_options, self.metrics, log)
             self.manager.on_poll.append(self.canary.polled)
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
+        large_requests.at_once(opts.large_requests_at_once)
         self._executors = [Turns(opts.grpc_max_threads, cores(), name="tfpipe-grpc"),
                            Turns(opts.rest_api_num_threads, cores(), name="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],

@@ -733,6 +733,27 @@ def test_the_grpc_port_bounds_each_connections_open_calls(tmp_path, options, str
         assert _http2_settings(s.grpc_port).get(0x3) == streams
 
 
+@pytest.mark.parametrize("given, width", [(None, "default"), (3, 3)])
+def test_large_requests_at_once_sets_the_processs_lane(tmp_path, given, width):
+    """--large_requests_at_once is how many large requests the server's process answers at once
+    (0, the default: half the cores); the lane's order is tests/test_turns.py's."""
+    from serving_models import save_slow
+
+    from tfpipe.serve.core import large_requests
+    from tfpipe.serve.flags import ServeOptions
+    from tfpipe.serve.server import ServerThread
+
+    save_slow(str(tmp_path / "m" / "1"), steps=1)
+    opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
+                        file_system_poll_wait_seconds=0,
+                        **({"large_requests_at_once": given} if given is not None else {}))
+    try:
+        with ServerThread(opts):
+            assert large_requests._lane.width == (large_requests.LARGE_AT_ONCE if width == "default" else width)
+    finally:
+        large_requests.at_once(0)
+
+
 def test_a_models_own_warmup_records_are_filled_out_without_the_bound():
     """Warmup records come with the model, as trusted as it is: filled out as TF Serving fills them."""
     from tensorflow_serving.apis import predict_pb2

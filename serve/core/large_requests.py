@@ -14,8 +14,8 @@ waiting for the interpreter lock.
 What is large is the caller's to say: a request body or answer over OFF_LOOP_BYTES (inference.py),
 or a request that runs as several model calls (--max_call_rows).
 
-A transport answers a large request in `large_turn()`: at most `LARGE_AT_ONCE` of them (half the
-cores) are decoded, run and encoded at once in a process, the others waiting their turn, first
+A transport answers a large request in `large_turn()`: at most `at_once(n)` of them (by default
+LARGE_AT_ONCE, half the cores) are decoded, run and encoded at once in a process, the others waiting their turn, first
 come first served, without holding a thread. Each is seconds of CPU; at once they would take every
 core from the small requests, and hold as many parsed documents in memory, for no more large
 requests answered a second than one after another.
@@ -123,6 +123,12 @@ class Lane:
 
 
 _lane = Lane(LARGE_AT_ONCE)
+
+
+def at_once(n: int) -> None:
+    """How many large requests are answered at once in this process (--large_requests_at_once;
+    0: LARGE_AT_ONCE). Set as the server starts, before any request."""
+    _lane.width = n if n > 0 else LARGE_AT_ONCE
 
 
 @contextlib.asynccontextmanager
