@@ -1,7 +1,8 @@
 """GetModelMetadata and GetModelStatus, one implementation for both APIs (as TF Serving's
 get_model_metadata_impl and get_model_status_impl): TF Serving's messages built from what the
 core's model manager knows. gRPC answers with them, REST builds the same request from its URL
-and renders the answer as JSON. A ModelSpec message read as (name, version, label): `spec_of`."""
+and renders the answer as JSON. A ModelSpec message read as the core's ModelSpec: `spec_of`, and
+written from one: `fill_spec`."""
 
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.tensor_proto import model_spec
-from tfpipe.serve.core.manager import ModelManager
+from tfpipe.serve.core.manager import ModelManager, ModelSpec
 from tfpipe.serve.errors import invalid, quoted
 
 
-def spec_of(spec, named: bool = True) -> tuple[str, int | None, str | None]:
-    """A ModelSpec's (name, version, label); `named`: an empty name is INVALID_ARGUMENT here."""
+def spec_of(spec, named: bool = True) -> ModelSpec:
+    """A ModelSpec message as the core's; `named`: an empty name is INVALID_ARGUMENT here."""
     if named and not spec.name:
         raise invalid("ModelSpec has no name specified.")
     choice = spec.WhichOneof("version_choice")
-    return (spec.name, spec.version.value if choice == "version" else None,
-            spec.version_label if choice == "version_label" else None)
+    return ModelSpec(spec.name, spec.version.value if choice == "version" else None,
+                     spec.version_label if choice == "version_label" else None)
+
+
+def fill_spec(into, spec: ModelSpec) -> None:
+    """A request's ModelSpec message from the core's (a REST request's, for its log)."""
+    into.name = spec.name
+    if spec.version is not None:
+        into.version.value = spec.version
+    if spec.label:
+        into.version_label = spec.label
 
 
 def metadata_response(manager: ModelManager, request) -> get_model_metadata_pb2.GetModelMetadataResponse:

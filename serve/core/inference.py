@@ -9,7 +9,9 @@ both call one predictor, classifier, regressor and metadata/status implementatio
 Both transports live on the server's asyncio loop. `predict` never runs TensorFlow on the
 loop: a model call goes to a worker thread (`--rest_api_num_threads` for REST,
 `--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the loop waits
-without holding a thread. `classify`, `regress` and `multi_inference` run on a worker thread.
+without holding a thread. `classify`, `regress` and `multi_inference` read their examples and
+run on a worker thread (the transport's, which it passes; the core's by default), awaited the same
+way; with batching on, that thread waits for the batch.
 
 With batching off, a request of more rows than `call_rows` (--max_call_rows) is answered by
 successive model calls of at most that many rows, each a call of its own for TensorFlow's thread
@@ -33,12 +35,11 @@ from tfpipe.serve.core.batcher import BatchScheduler
 from tfpipe.serve.core.batching import BatchOptions, batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
 from tfpipe.serve.core.large_requests import large_request
-from tfpipe.serve.core.manager import ModelManager
+from tfpipe.serve.core.manager import ModelManager, ModelSpec
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
 from tfpipe.serve.core.shadow import Shadow, classification_view
 from tfpipe.serve.errors import ServingError, invalid, quoted, unimplemented
 
-Spec = tuple[str, "int | None", "str | None"]  # a request's model: name, version, label
 # A request larger than this is decoded (and a REST body parsed) on a worker thread rather than on
 # the loop that every connection shares; a smaller one takes less time than the thread hop costs.
 OFF_LOOP_BYTES = 64 * 1024
@@ -75,26 +76,40 @@ class Inference:
         self.shadow, self.canary = shadow, canary
         self._options: dict[int, BatchOptions | None] = {}
 
-    # ---- blocking: called on the caller's thread -------------------------------------
+    # ---- Classify, Regress and MultiInference: decoded and answered on a worker thread ----------
 
-    def classify(self, name, version, label, signature_name: str, examples: list[bytes], client: str | None = None):
-        servable, sig, (classes, scores) = self._on_examples(
-            "classify", (name, version, label), client, examples,
-            lambda s, run=None: s.classify(signature_name, examples, run), classification_view)
-        return servable, sig, classes, scores
+    async def classify(self, spec: ModelSpec, signature_name: str, decode: Callable[[], list[bytes]],
+                       client: str | None = None, executor: Executor | None = None):
+        """A Classify: the request's examples (`decode()`) read and classified on `executor` (the
+        transport's threads; the core's by default). (servable, signature, examples, classes, scores)."""
+        def run():
+            examples = decode()
+            servable, sig, (classes, scores) = self._on_examples(
+                "classify", spec, client, examples,
+                lambda s, run=None: s.classify(signature_name, examples, run), classification_view)
+            return servable, sig, examples, classes, scores
+        return await self._on_thread(run, executor)
 
-    def regress(self, name, version, label, signature_name: str, examples: list[bytes], client: str | None = None):
-        servable, sig, (values,) = self._on_examples(
-            "regress", (name, version, label), client, examples,
-            lambda s, run=None: s.regress(signature_name, examples, run), lambda values: {"outputs": values})
-        return servable, sig, values
+    async def regress(self, spec: ModelSpec, signature_name: str, decode: Callable[[], list[bytes]],
+                      client: str | None = None, executor: Executor | None = None):
+        """A Regress, as `classify`. (servable, signature, examples, values)."""
+        def run():
+            examples = decode()
+            servable, sig, (values,) = self._on_examples(
+                "regress", spec, client, examples,
+                lambda s, run=None: s.regress(signature_name, examples, run), lambda values: {"outputs": values})
+            return servable, sig, examples, values
+        return await self._on_thread(run, executor)
 
-    def _on_examples(self, api: str, spec: Spec, client: str | None, examples: list[bytes], call, view):
-        """A Classify or Regress: `call(servable, runner)` answers (signature, *result), `view(*result)`
-        is the result as named outputs (what the canary checks and compares, and the shadow too).
-        Returns the servable that answered, the signature and the result."""
+    async def _on_thread(self, fn: Callable, executor: Executor | None):
+        return await asyncio.get_running_loop().run_in_executor(executor or self.executor, fn)
+
+    def _on_examples(self, api: str, spec: ModelSpec, client: str | None, examples: list[bytes], call, view):
+        """On a worker thread, a Classify or Regress: `call(servable, runner)` answers (signature,
+        *result), `view(*result)` is the result as named outputs (what the canary checks and
+        compares, and the shadow too). Returns the servable that answered, the signature and the result."""
         servable = self.manager.resolve(*spec)
-        unversioned = spec[1] is None and not spec[2]
+        unversioned = spec.unversioned
         candidate = self.canary.pick(servable, client) if unversioned and self.canary is not None else None
         why = None
         if candidate is not None:
@@ -119,10 +134,15 @@ class Inference:
                 self.shadow.examples(api, servable, sig.name, examples, tuple(result), seconds)
         return servable, sig, result
 
-    def multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
-        """tasks: (model_spec fields, signature name, method) per task, all of one model.
-        Checked as TF Serving checks them, then each task's signature runs on the examples.
-        Returns the servable and, per task, ('classify', classes, scores) or ('regress', values)."""
+    async def multi_inference(self, tasks: Callable[[], list[tuple]], decode: Callable[[], list[bytes]],
+                              executor: Executor | None = None) -> tuple[Servable, list[tuple]]:
+        """`tasks()`: (ModelSpec, signature name, method) per task, all of one model; `decode()`: the
+        examples. Both read, checked as TF Serving checks them, and each task's signature run on
+        the examples on `executor`, as `classify`. Returns the servable and, per task,
+        ('classify', classes, scores) or ('regress', values)."""
+        return await self._on_thread(lambda: self._multi_inference(tasks(), decode()), executor)
+
+    def _multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
         names = set()
         for (name, _, _), signature_name, _ in tasks:
             if not name:
@@ -155,7 +175,7 @@ class Inference:
 
     # ---- what the transports call ---------------------------------------------------------
 
-    async def predict(self, spec: Spec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
+    async def predict(self, spec: ModelSpec, signature_name: str, decode: Callable[[Signature], dict[str, np.ndarray]],
                       output_filter=(), executor: Executor | None = None,
                       unknown_signature: Callable[[str], ServingError] | None = None,
                       client: str | None = None, decode_off_loop: bool = False,
@@ -171,7 +191,7 @@ class Inference:
         that batching would refuse is refused before its tensors are built (TensorFlow's fill-out
         can make a small request's tensors large)."""
         servable = self.manager.resolve(*spec)
-        unversioned = spec[1] is None and not spec[2]
+        unversioned = spec.unversioned
         options = self.batcher.options if self.batcher is not None and not self.per_model_batching else None
         if rows is not None and options is not None and rows > options.max_batch_size:
             raise invalid(f"Task size {rows} is larger than maximum input batch size {options.max_batch_size}")
@@ -248,18 +268,6 @@ class Inference:
             if joined is not None:
                 return joined
         return servable.run(sig, inputs)
-
-    async def classify_async(self, spec: Spec, signature_name: str, examples: list[bytes],
-                             client: str | None = None):
-        """`classify` on a REST thread, awaited on the loop."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.classify, *spec, signature_name, examples, client)
-
-    async def regress_async(self, spec: Spec, signature_name: str, examples: list[bytes],
-                            client: str | None = None):
-        """`regress` on a REST thread, awaited on the loop."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.regress, *spec, signature_name, examples, client)
 
     # ---- batching ----------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -50,6 +51,20 @@ from tfpipe.serve.metrics import rss_bytes
 START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
 FAILED = "UNKNOWN"  # the error code a failed load reports in status
 _INT64 = re.compile(r"^\s*[+-]?\d+\s*$")
+
+
+class ModelSpec(NamedTuple):
+    """The model a request names, as the codecs read it from TF Serving's ModelSpec (a message, or
+    a REST path): a version, a label, or neither (the latest available)."""
+
+    name: str
+    version: int | None = None
+    label: str | None = None
+
+    @property
+    def unversioned(self) -> bool:
+        """Neither a version nor a label: what the canary and the shadow may take."""
+        return self.version is None and not self.label
 
 
 @dataclass

@@ -67,13 +67,6 @@ async def _answer(metrics: Metrics, api: str, name: str, context, handler):
     return response
 
 
-def _blocking(executor: Executor, run):
-    """A coroutine function that runs the blocking `run()` on `executor` (--grpc_max_threads)."""
-    async def on_thread():
-        return await asyncio.get_running_loop().run_in_executor(executor, run)
-    return on_thread
-
-
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """`tensor_content`: Predict answers carry numbers as tensor_content bytes
     (--enable_serialization_as_tensor_content) rather than typed value fields. `executor`:
@@ -106,13 +99,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
                 def answer() -> predict_pb2.PredictResponse:
                     response = predict_pb2.PredictResponse()
-                    model_spec(response.model_spec, spec[0], p.servable.version, p.signature.name)
+                    model_spec(response.model_spec, spec.name, p.servable.version, p.signature.name)
                     for k, v in p.outputs.items():
                         tensor_proto(v, self.tensor_content, into=response.outputs[k])
                     return response
                 if not p.large_answer():
                     response = answer()
-                    self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
+                    self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
                     return response
 
                 def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
@@ -120,7 +113,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                     return response, response.SerializeToString()
                 with large_request():
                     response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
-            self._log(started, spec[0], p.servable.version, p.signature.name, "predict", request, response)
+            self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
             return wire
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
 
@@ -151,25 +144,33 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         client = self._client(context)
 
-        def run():  # on a --grpc_max_threads thread: the examples' decoding too
+        async def run():  # the examples' decoding and the model call on a --grpc_max_threads thread
             spec = spec_of(request.model_spec)
-            servable, sig, *result = call(*spec, request.model_spec.signature_name, input_examples(request.input),
-                                          client)
-            response = respond(*result)
-            model_spec(response.model_spec, spec[0], servable.version, sig.name)
-            self._log(started, spec[0], servable.version, sig.name, api, request, response)
+            servable, sig, _, *result = await call(spec, request.model_spec.signature_name,
+                                                   lambda: input_examples(request.input), client, self.executor)
+
+            def answer():
+                response = respond(*result)
+                model_spec(response.model_spec, spec.name, servable.version, sig.name)
+                return response
+            if request.ByteSize() > OFF_LOOP_BYTES:  # many examples: an answer as large, built off the loop
+                response = await asyncio.get_running_loop().run_in_executor(self.executor, answer)
+            else:
+                response = answer()
+            self._log(started, spec.name, servable.version, sig.name, api, request, response)
             return response
-        return await _answer(self.metrics, api, request.model_spec.name, context, _blocking(self.executor, run))
+        return await _answer(self.metrics, api, request.model_spec.name, context, run)
 
     async def MultiInference(self, request, context):
         started = time.time_ns(), time.perf_counter_ns()
 
-        def run():
+        async def run():
             if not request.tasks:
                 raise invalid("Tasks is empty")
-            tasks = [(spec_of(t.model_spec, named=False), t.model_spec.signature_name, t.method_name)
-                     for t in request.tasks]
-            servable, results = self.inference.multi_inference(tasks, input_examples(request.input))
+            servable, results = await self.inference.multi_inference(
+                lambda: [(spec_of(t.model_spec, named=False), t.model_spec.signature_name, t.method_name)
+                         for t in request.tasks],
+                lambda: input_examples(request.input), self.executor)
             response = inference_pb2.MultiInferenceResponse()
             for task, result in zip(request.tasks, results, strict=True):
                 out = response.results.add()
@@ -182,7 +183,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                       "multi_inference", request, response)
             return response
         name = request.tasks[0].model_spec.name if request.tasks else ""
-        return await _answer(self.metrics, "multi_inference", name, context, _blocking(self.executor, run))
+        return await _answer(self.metrics, "multi_inference", name, context, run)
 
     async def GetModelMetadata(self, request, context):
         async def run():  # no model call: answered on the loop
@@ -202,15 +203,18 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         return await _answer(self.metrics, "model_status", request.model_spec.name, context, run)
 
     async def HandleReloadConfigRequest(self, request, context):
-        def run():  # waits for the new models to load
-            if request.config.WhichOneof("config") is None:
-                raise invalid("ReloadConfigRequest has no config")
+        def reload():  # on a --grpc_max_threads thread: it waits for the new models to load
             self.reload(request.config)
             self.log(f"reloaded model config: {[c.name for c in request.config.model_config_list.config]}")
+
+        async def run():
+            if request.config.WhichOneof("config") is None:
+                raise invalid("ReloadConfigRequest has no config")
+            await asyncio.get_running_loop().run_in_executor(self.executor, reload)
             response = model_management_pb2.ReloadConfigResponse()
             response.status.error_code = 0
             return response
-        return await _answer(self.metrics, "reload_config", "", context, _blocking(self.executor, run))
+        return await _answer(self.metrics, "reload_config", "", context, run)
 
 
 # Each method's request and response messages and its name in the metrics.

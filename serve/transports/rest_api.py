@@ -32,10 +32,11 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 from tfpipe.serve.codecs.json_text import parse_json
 from tfpipe.serve.codecs.rest_json import (dumps, json_debug, json_examples, json_inputs, json_output_text,
                                            json_outputs)
-from tfpipe.serve.codecs.model_info import metadata_response, status_response
+from tfpipe.serve.codecs.model_info import fill_spec, metadata_response, status_response
 from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.large_requests import large_request, large_turn
+from tfpipe.serve.core.manager import ModelSpec
 from tfpipe.serve.core.turns import PEER
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
@@ -377,7 +378,7 @@ class RestApi:
             if parsed is None:
                 raise invalid(f"Malformed request: {quoted(request.method)} {quoted(raw_path)}")
             name, version, label, api = parsed
-            spec = (name, version, label)
+            spec = ModelSpec(name, version, label)
             if api in ("predict", "classify", "regress"):
                 raw = await self._body(request)
                 large = len(raw) > OFF_LOOP_BYTES
@@ -394,7 +395,7 @@ class RestApi:
                 raise invalid("Missing model name in request.")
             elif api == "metadata":
                 req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-                _fill_spec(req.model_spec, *spec)
+                fill_spec(req.model_spec, spec)
                 resp = metadata_response(self.inference.manager, req)
                 sig_map = get_model_metadata_pb2.SignatureDefMap()
                 resp.metadata["signature_def"].Unpack(sig_map)
@@ -402,7 +403,7 @@ class RestApi:
                                   "metadata": {"signature_def": _proto_json(sig_map)}})
             else:
                 req = get_model_status_pb2.GetModelStatusRequest()
-                _fill_spec(req.model_spec, *spec)
+                fill_spec(req.model_spec, spec)
                 response = _json(_proto_json(status_response(self.inference.manager, req)))
         except ServingError as e:
             status = e.code.name
@@ -484,7 +485,7 @@ class RestApi:
                 answer = _json_chunks(await self._off_loop(lambda: _encoded(json_output_text(p.outputs, rows))))
         else:
             answer = _json(json_outputs(p.outputs, rows))
-        self._log("predict", spec[0], p.servable.version, p.signature.name, started,
+        self._log("predict", spec.name, p.servable.version, p.signature.name, started,
                   lambda: _predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
                                           p.outputs),
                   rest_format="instances" if rows else "inputs")
@@ -493,15 +494,15 @@ class RestApi:
     async def classify(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
                        large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
-        examples = await self._off_loop(json_examples, body) if large else json_examples(body)
-        servable, sig, classes, scores = await self.inference.classify_async(spec, signature_name, examples, client)
+        servable, sig, examples, classes, scores = await self.inference.classify(
+            spec, signature_name, lambda: json_examples(body), client)
 
         def answered():  # (the result, its JSON value)
             result = classification_result(classes, scores)
             return result, {"results": [[[c.label, c.score] for c in row.classes] for row in result.classifications]}
 
         result, answer = await self._answer(answered, large)
-        self._log("classify", spec[0], servable.version, sig.name, started,
+        self._log("classify", spec.name, servable.version, sig.name, started,
                   lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
@@ -509,15 +510,15 @@ class RestApi:
     async def regress(self, spec, body: dict, started: tuple[int, int], client: str | None = None,
                       large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
-        examples = await self._off_loop(json_examples, body) if large else json_examples(body)
-        servable, sig, values = await self.inference.regress_async(spec, signature_name, examples, client)
+        servable, sig, examples, values = await self.inference.regress(
+            spec, signature_name, lambda: json_examples(body), client)
 
         def answered():  # (the result, its JSON value)
             result = regression_result(values)
             return result, {"results": [r.value for r in result.regressions]}
 
         result, answer = await self._answer(answered, large)
-        self._log("regress", spec[0], servable.version, sig.name, started,
+        self._log("regress", spec.name, servable.version, sig.name, started,
                   lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
@@ -548,12 +549,12 @@ def _predict_protos(spec, signature_name: str, inputs: dict, version: int, used:
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest()
-    _fill_spec(request.model_spec, *spec)
+    fill_spec(request.model_spec, spec)
     request.model_spec.signature_name = signature_name
     for k, v in inputs.items():
         request.inputs[k].CopyFrom(tensor_proto(v, content=True))
     response = predict_pb2.PredictResponse()
-    model_spec(response.model_spec, spec[0], version, used)
+    model_spec(response.model_spec, spec.name, version, used)
     for k, v in outputs.items():
         response.outputs[k].CopyFrom(tensor_proto(v, content=True))
     return request, response
@@ -566,27 +567,19 @@ def _example_protos(api: str, spec, signature_name: str, examples: list[bytes], 
 
     module = classification_pb2 if api == "classify" else regression_pb2
     request = module.ClassificationRequest() if api == "classify" else module.RegressionRequest()
-    _fill_spec(request.model_spec, *spec)
+    fill_spec(request.model_spec, spec)
     request.model_spec.signature_name = signature_name
     for raw in examples:
         request.input.example_list.examples.add().ParseFromString(raw)
     response = module.ClassificationResponse() if api == "classify" else module.RegressionResponse()
     response.result.CopyFrom(result)
-    model_spec(response.model_spec, spec[0], version, used)
+    model_spec(response.model_spec, spec.name, version, used)
     return request, response
 
 
 def _unknown_signature(key: str) -> ServingError:
     """A signature the SavedModel lacks, as TF Serving's JSON decoding words it."""
     return invalid(f'Serving signature name: "{quoted(key)}" not found in signature def')
-
-
-def _fill_spec(spec, name: str, version: int | None, label: str | None) -> None:
-    spec.name = name
-    if version is not None:
-        spec.version.value = version
-    if label:
-        spec.version_label = label
 
 
 def pending(connection) -> bool:
