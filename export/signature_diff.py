@@ -79,7 +79,7 @@ def read_saved_model(saved_model_dir: str) -> saved_model_pb2.SavedModel:
 
 def meta_graph(proto: saved_model_pb2.SavedModel, tags: tuple[str, ...] = SERVE_TAGS) -> meta_graph_pb2.MetaGraphDef:
     """The MetaGraphDef whose tag set is exactly `tags`, as TensorFlow's loader picks it;
-    LookupError naming the tag sets there are if none is. (serve/core/servable.py's own: the
+    LookupError naming the tag sets there are if none is. (serve/core/saved_model.py's own: the
     export stage may not import the serving one.)"""
     for g in proto.meta_graphs:
         if set(g.meta_info_def.tags) == set(tags):

@@ -254,7 +254,7 @@ def signature_inputs(model_path: str, signature: str) -> dict[str, Any]:
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from tfpipe.serve.core.servable import meta_graph
+    from tfpipe.serve.core.saved_model import meta_graph
 
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(model_path, "saved_model.pb"), "rb") as f:

@@ -350,16 +350,17 @@ def _fuzz_body(rng: random.Random) -> str:
 
 def test_the_servers_signature_call_answers_like_the_public_call(models):
     """The server calls a signature with same-dtype inputs packed into one tensor and no
-    Python argument binding (Servable._flat_caller); it answers exactly as the public
+    Python argument binding (saved_model.flat_caller); it answers exactly as the public
     `signatures[key](**tensors)` does, and inputs with different row counts are a clear 400."""
     from tfpipe.serve.errors import ServingError
-    from tfpipe.serve.core.servable import Servable, _keyword_caller
+    from tfpipe.serve.core.saved_model import keyword_caller
+    from tfpipe.serve.core.servable import Servable
 
     version = next(p for p in (models / "penguins").iterdir() if p.name.isdigit())
     servable = Servable("penguins", int(version.name), str(version))
     sig = servable.signature("")
-    assert "_flat_caller" in sig.call.__qualname__  # the packed path was built for this model
-    public = _keyword_caller(sig.function, sig.inputs)
+    assert "flat_caller" in sig.call.__qualname__  # the packed path was built for this model
+    public = keyword_caller(sig.function, sig.inputs)
     rng = np.random.default_rng(3)
     words = np.array([b"Biscoe", b"Dream", b"Torgersen", b"male", b"female", b"", b"unseen"], dtype=object)
     inputs = {}

@@ -1201,7 +1201,7 @@ def _example(**features):
 def test_an_examples_numbers_move_to_the_list_the_model_parses(features, key, want, expected):
     from tensorflow.core.example import example_pb2
 
-    from tfpipe.serve.core.servable import as_numbers
+    from tfpipe.serve.core.examples import as_numbers
 
     got = as_numbers([_example(**features)], key, want)
     if expected is None:
@@ -1214,7 +1214,7 @@ def test_an_examples_numbers_move_to_the_list_the_model_parses(features, key, wa
 
 
 def test_a_string_that_is_not_an_example_is_left_to_the_models_refusal():
-    from tfpipe.serve.core.servable import as_numbers
+    from tfpipe.serve.core.examples import as_numbers
 
     assert as_numbers([b"\xff\xff"], "x", "float") is None
 

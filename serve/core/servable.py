@@ -1,13 +1,10 @@
-"""One loaded version of a SavedModel: its signatures, how to call them, and its warmup.
-
-Reads any SavedModel laid out for TF Serving, not only tfpipe's: TF1 graphs saved with
-SavedModelBuilder as well as `tf.saved_model.save`; the meta graph is the one whose tags
-are --saved_model_tags; calls go through `tf.saved_model.load(...).signatures`.
+"""One loaded version of a SavedModel: its signatures, their inputs checked and their calls
+(loading and calling: saved_model.py; Classify and Regress's rules: examples.py).
 
 As in TF Serving, the tensors of a request go to the model as they are: their names and
 dtypes are checked against the signature, their shapes are not; the model's own ops accept
 or refuse them (a refusal is INVALID_ARGUMENT). When the shapes match the signature, the
-call takes a faster path (`_flat_caller`).
+call takes a faster path (`saved_model.flat_caller`).
 """
 
 from __future__ import annotations
@@ -16,19 +13,18 @@ import itertools
 import math
 import operator
 import os
-import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from google.protobuf.message import DecodeError
-from tensorflow.core.example import example_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from tfpipe.serve.core import tf_internals
-from tfpipe.serve.errors import ServingError, invalid, precondition, quoted, with_code
+from tfpipe.serve.core.examples import classification_outputs, regression_outputs, run_examples
+from tfpipe.serve.core.saved_model import (fed_dtype, first_line, flat_caller, keyword_caller, load_saved_model,
+                                           meta_graph, tensor_shape)
+from tfpipe.serve.errors import invalid, precondition, quoted, with_code
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT, CLASSIFY, REGRESS = ("tensorflow/serving/predict", "tensorflow/serving/classify",
@@ -67,7 +63,7 @@ class Signature:
     max_ranks: dict[str, int] = field(default_factory=dict)  # the most dimensions each input may have
     ranks_known: bool = True  # every input's shape has a rank in the signature
     defaults: dict[str, np.ndarray] = field(default_factory=dict)
-    call: Any = None  # inputs whose shapes match the signature -> outputs (see _flat_caller)
+    call: Any = None  # inputs whose shapes match the signature -> outputs (see saved_model.flat_caller)
     call_any: Any = None  # inputs of any shape -> outputs (the public call)
     splits: bool = True  # its outputs have one row per input row, so a call can be cut by rows (Inference)
     _vectors: Any = None  # shapes_match's getter of the inputs of shape [None], built at its first call
@@ -93,86 +89,6 @@ class Signature:
         return True
 
 
-def _shape(info) -> tf.TensorShape:
-    if info.tensor_shape.unknown_rank or not info.HasField("tensor_shape"):  # TF 1.0's TensorInfo had none
-        return tf.TensorShape(None)
-    return tf.TensorShape([d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
-
-
-def _fed_dtype(fn, name: str, info) -> tf.DType:
-    """The dtype the loaded function takes for input `name`: the signature's, unless the graph's
-    tensor says otherwise (TF 1.0's saved_model_half_plus_three declares its serialized tf.Examples
-    DT_FLOAT; TF Serving feeds what the graph takes)."""
-    try:
-        spec = fn.structured_input_signature[1].get(name)
-    except (AttributeError, IndexError, TypeError):
-        spec = None
-    return spec.dtype if isinstance(spec, tf.TensorSpec) else tf.as_dtype(info.dtype)
-
-
-def load_saved_model(path: str, tags: tuple[str, ...], proto: saved_model_pb2.SavedModel) -> tuple[Any, dict[str, str]]:
-    """The loaded SavedModel and the signatures that could not be loaded (key -> why).
-
-    A TF2 SavedModel (`proto`, the parsed saved_model.pb, has one meta graph with an object graph,
-    TensorFlow's own test) loads with tf.saved_model.load. A TF1 graph loads signature by
-    signature, as TF Serving's session only meets a signature's ops when it is called:
-    TensorFlow's own loader gives up on the whole model when one signature cannot be pruned from
-    the graph. Graphs of TensorFlow 1.0 (TF Serving's saved_model_half_plus_three) also
-    need their old meaning kept: a signature tensor without a shape, and a Placeholder whose shape
-    is empty, are of unknown shape there; newer TensorFlow reads both as scalars, and then cannot
-    feed a scalar to ParseExample."""
-    tags = list(tags)
-    if len(proto.meta_graphs) == 1 and proto.meta_graphs[0].HasField("object_graph_def"):
-        return tf.saved_model.load(path, tags=tags), {}
-    broken: dict[str, str] = {}
-
-    class PerSignatureLoader(tf_internals.v1_loader_base()):
-        def get_meta_graph_def_from_tags(self, tags):
-            graph = meta_graph_pb2.MetaGraphDef()
-            graph.CopyFrom(super().get_meta_graph_def_from_tags(tags))
-            for sig in graph.signature_def.values():
-                for info in list(sig.inputs.values()) + list(sig.outputs.values()):
-                    if not info.HasField("tensor_shape"):  # no shape given: any shape, not a scalar
-                        info.tensor_shape.unknown_rank = True
-            if graph.graph_def.versions.producer < 22:
-                # Before GraphDef version 22 a Placeholder's empty shape meant "unknown" (TensorFlow's
-                # version.h); TensorFlow imports it so, but pruning copies the op into a new graph,
-                # where it would become a scalar.
-                for node in graph.graph_def.node:
-                    shape = node.attr["shape"].shape if node.op == "Placeholder" and "shape" in node.attr else None
-                    if shape is not None and not shape.dim and not shape.unknown_rank:
-                        shape.unknown_rank = True
-            return graph
-
-        def _extract_signatures(self, wrapped, meta_graph_def):
-            functions = {}
-            for key, sig in meta_graph_def.signature_def.items():
-                one = meta_graph_pb2.MetaGraphDef()
-                one.signature_def[key].CopyFrom(sig)
-                try:
-                    functions.update(super()._extract_signatures(wrapped, one))
-                except Exception as e:  # noqa: BLE001 (whatever stops one signature stops only it)
-                    broken[key] = _first_line(e)
-            return functions
-
-    loaded = PerSignatureLoader(path).load(tags=tags)
-    if not loaded.signatures and broken:
-        key, why = next(iter(broken.items()))
-        raise ValueError(f"no signature of the SavedModel could be loaded ({key}: {why})")
-    return loaded, broken
-
-
-def meta_graph(proto: saved_model_pb2.SavedModel, tags: tuple[str, ...]) -> meta_graph_pb2.MetaGraphDef:
-    """The MetaGraphDef whose tag set is exactly `tags`, as TensorFlow's loader picks it."""
-    for g in proto.meta_graphs:
-        if set(g.meta_info_def.tags) == set(tags):
-            return g
-    found = "; ".join("{ " + " ".join(sorted(g.meta_info_def.tags)) + " }" for g in proto.meta_graphs) or "none"
-    raise LookupError(f"Could not find meta graph def matching supplied tags: {{ {' '.join(sorted(tags))} }}. "
-                      f"The SavedModel has tag-sets: {found}. To inspect available tag-sets in the SavedModel, "
-                      "please use the SavedModel CLI: `saved_model_cli`")
-
-
 class Servable:
     """A SavedModel version ready to answer; thread-safe (TF functions are)."""
 
@@ -195,7 +111,7 @@ class Servable:
             if key.startswith("__") or key not in loaded.signatures:
                 continue
             s = Signature(key, sig_def, loaded.signatures[key])
-            s.inputs = {k: (_fed_dtype(s.function, k, v), _shape(v)) for k, v in sig_def.inputs.items()}
+            s.inputs = {k: (fed_dtype(s.function, k, v), tensor_shape(v)) for k, v in sig_def.inputs.items()}
             s.input_dtypes = {k: dtype for k, (dtype, _) in s.inputs.items()}
             s.outputs = {k: tf.as_dtype(v.dtype) for k, v in sig_def.outputs.items()}
             s.numpy_dtypes = {k: np.dtype(object) if d == tf.string else np.dtype(d.as_numpy_dtype)
@@ -204,8 +120,8 @@ class Servable:
             s.max_ranks = {k: MAX_RANK if dims is None else len(dims) + 1 for k, dims in s.dims.items()}
             s.ranks_known = all(dims is not None for dims in s.dims.values())
             s.defaults = {k: tf.make_ndarray(v) for k, v in getattr(sig_def, "defaults", {}).items()}
-            s.call_any = _keyword_caller(s.function, s.inputs)
-            s.call = _flat_caller(s.function, s.inputs) or s.call_any
+            s.call_any = keyword_caller(s.function, s.inputs)
+            s.call = flat_caller(s.function, s.inputs) or s.call_any
             self.signatures[key] = s
         LIVE.add(self)
 
@@ -272,13 +188,13 @@ class Servable:
         try:
             result = call(inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-            raise invalid(_first_line(e)) from None
+            raise invalid(first_line(e)) from None
         except tf.errors.UnimplementedError as e:
             if matching and sig.ranks_known:
-                raise with_code(e.error_code, _first_line(e)) from None
-            raise invalid(_first_line(e)) from None
+                raise with_code(e.error_code, first_line(e)) from None
+            raise invalid(first_line(e)) from None
         except tf.errors.OpError as e:
-            raise with_code(e.error_code, _first_line(e)) from None
+            raise with_code(e.error_code, first_line(e)) from None
         names = output_filter or list(result)
         out = {k: result[k].numpy() for k in names}
         for k, v in out.items():
@@ -338,142 +254,22 @@ class Servable:
     def classify(self, sig_name: str, serialized: list[bytes], run=None
                  ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
         sig = self.classification_signature(sig_name)
-        out = self._run_examples(sig, serialized, run or self.run)
+        out = run_examples(serialized, lambda inputs: self.check_inputs(sig, inputs),
+                           lambda checked: (run or self.run)(sig, checked))
         return sig, *classification_outputs(out, len(serialized))
 
     def regress(self, sig_name: str, serialized: list[bytes], run=None) -> tuple[Signature, np.ndarray]:
         sig = self.regression_signature(sig_name)
-        out = self._run_examples(sig, serialized, run or self.run)
+        out = run_examples(serialized, lambda inputs: self.check_inputs(sig, inputs),
+                           lambda checked: (run or self.run)(sig, checked))
         return sig, regression_outputs(out, len(serialized))
 
-    def _run_examples(self, sig: Signature, serialized: list[bytes], run) -> dict[str, np.ndarray]:
-        """The signature on the examples. A number sent as the other numeric list is that number
-        (as :predict takes either): where the model's ParseExample refuses a feature's int64_list
-        for a float, or a float_list of whole numbers for an int64, that feature's values are sent
-        again as the list it parses, key by key. (TF Serving refuses the request; REST's JSON
-        makes an int64_list of `48` and a float_list of `48.0`.)"""
-        if not serialized:
-            raise invalid("Input is empty.")
-        converted: set[str] = set()
-        while True:
-            value = np.empty(len(serialized), dtype=object)
-            value[:] = serialized
-            try:
-                return run(sig, self.check_inputs(sig, {"inputs": value}))
-            except ServingError as e:
-                found = _NUMBER_KIND.search(e.message)
-                if found is None or found["key"] in converted:
-                    raise
-                converted.add(found["key"])
-                fixed = as_numbers(serialized, found["key"], found["want"] or found["want2"])
-                if fixed is None:  # a value with a fraction for an int64: the model's refusal stands
-                    raise
-                serialized = fixed
-
-
-def classification_outputs(out: dict[str, np.ndarray], examples: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """A classification signature's classes and scores, checked as TF Serving checks them."""
-    classes, scores = out.get("classes"), out.get("scores")
-    for name, value, dtype in (("classes", classes, "DT_STRING"), ("scores", scores, "DT_FLOAT")):
-        if value is None:
-            continue
-        if value.ndim != 2:
-            raise invalid(f"Expected Tensor shape: [batch_size num_classes] but got {list(value.shape)}")
-        if (dtype == "DT_STRING") != (value.dtype.kind in "OSU") or (dtype == "DT_FLOAT" and value.dtype != np.float32):
-            raise invalid(f"Expected {name} Tensor of {dtype}. Got: {value.dtype.name}")
-        if value.shape[0] != examples:
-            raise invalid(f"Expected {name} output batch size of {examples}. Got: {value.shape[0]}")
-    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
-        raise invalid(f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. "
-                      f"{scores.shape[1]}")
-    return classes, scores
-
-
-def regression_outputs(out: dict[str, np.ndarray], examples: int) -> np.ndarray:
-    values = out["outputs"]
-    if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)):
-        raise invalid(f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
-                      f"{list(values.shape)}")
-    if values.shape[0] != examples:
-        raise invalid(f"Input batch size did not match output batch size: {examples} vs. {values.shape[0]}")
-    if values.dtype != np.float32:
-        raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {values.dtype.name}")
-    return values.reshape(examples)
 
 
 def _debug(proto) -> str:
     from google.protobuf import text_format
 
     return text_format.MessageToString(proto, as_one_line=True)
-
-
-def _keyword_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
-    """The public way, `fn(**tensors)`: loaded signatures take tensors of any shape and leave
-    them to the graph's ops, as a TF Serving session run does."""
-    def call(inputs: dict[str, np.ndarray]):
-        return fn(**{k: tf.constant(v, dtype=specs[k][0]) for k, v in inputs.items()})
-    return call
-
-
-def _flat_caller(fn, specs: dict[str, tuple[tf.DType, tf.TensorShape]]):
-    """The signature called the way TF Serving runs a session: few input tensors, no argument
-    binding in Python. Two costs of the public `fn(**tensors)` are left out:
-      * binding and re-checking the keyword arguments (the callers have checked names and
-        dtypes already, and call this only when the shapes match the signature);
-      * one tensor per input, a fixed cost each: inputs of shape [None] that share a dtype go
-        in as one [batch, k] tensor, split into columns inside the graph.
-    (benchmarks/bench_serve.py measures the server; a test checks both calls answer the same, bit for bit.)
-    Built when the loaded function exposes what it needs; otherwise None (the public call)."""
-    try:
-        args, kwargs = fn.structured_input_signature
-        # The loaded function's own argument names may differ from the SignatureDef's keys (TF makes
-        # 'x.MAML1' the argument x_MAML1): it is called by the keys below, as the public call is,
-        # and tracing `graph` fails (the public call stays) if it does not take them.
-        if args or len(kwargs) != len(specs):
-            return None
-        columns: dict[tf.DType, list[str]] = {}
-        for k in sorted(specs):
-            dtype, shape = specs[k]
-            if shape.rank == 1 and shape[0] is None:
-                columns.setdefault(dtype, []).append(k)
-        packed = [(d, ks) for d, ks in columns.items() if len(ks) > 1]
-        in_packs = {k for _, ks in packed for k in ks}
-        single = [k for k in sorted(specs) if k not in in_packs]
-
-        def graph(*tensors):
-            kw = {}
-            for (_, ks), t in zip(packed, tensors, strict=False):
-                kw.update(zip(ks, tf.unstack(t, num=len(ks), axis=1), strict=True))
-            kw.update(zip(single, tensors[len(packed):], strict=True))
-            return fn(**kw)
-
-        in_specs = ([tf.TensorSpec([None, len(ks)], d) for d, ks in packed]
-                    + [tf.TensorSpec(specs[k][1], specs[k][0]) for k in single])
-        concrete = tf.function(graph, autograph=False).get_concrete_function(*in_specs)
-        if len(in_specs) + len(concrete.captured_inputs) != len(concrete.inputs):
-            return None
-        call_preflattened = tf_internals.preflattened_call(concrete)
-    except Exception:  # noqa: BLE001 (any reason this path cannot be built: the public call stays)
-        return None
-    eager_tensor, device_name = tf_internals.EagerTensor, tf_internals.device_name
-    packs = [(operator.itemgetter(*ks), len(ks), d.as_datatype_enum) for d, ks in packed]
-    singles = [(k, specs[k][0].as_datatype_enum) for k in single]
-
-    def call(inputs: dict[str, np.ndarray]):
-        device = device_name()
-        flat = []
-        for take, width, e in packs:
-            columns = take(inputs)
-            rows = len(columns[0])
-            if any(len(c) != rows for c in columns):
-                rows = {k: len(v) for k, v in inputs.items() if k in in_packs}
-                raise invalid(f"inputs have different numbers of rows: {rows}") from None
-            # [batch, width], one column per input: the columns end to end, then transposed (one
-            # copy; numpy's stack costs a call per column)
-            flat.append(eager_tensor(np.ascontiguousarray(np.concatenate(columns).reshape(width, rows).T), device, e))
-        flat += [eager_tensor(inputs[k], device, e) for k, e in singles]
-        return call_preflattened(flat + concrete.captured_inputs)
-    return call
 
 
 def coerce(value: np.ndarray, dtype: tf.DType, name: str) -> np.ndarray:
@@ -523,48 +319,3 @@ def _shape_text(dims: list[int | None] | None) -> str:
     return "unknown" if dims is None else "[" + ",".join("-1" if d is None else str(d) for d in dims) + "]"
 
 
-_SCAFFOLD = ("Graph execution error", "Detected at node", "<stack traces", "File ", "[[", "Cause:", "To silence")
-
-
-# ParseExample's refusal of one numeric list where the model parses the other, in its two wordings (a
-# fixed-length feature's and a ragged one's): the feature's name and the list the model parses
-_NUMBER_KIND = re.compile(r"Key: (?P<key>.+?), Index: \d+\.\s+Data types don't match\. (?:Data type: (?:int64|float) "
-                          r"but expected type: (?P<want>float|int64)|Expected type: (?P<want2>float|int64), "
-                          r"Actual type: (?:int64|float))")
-
-
-def as_numbers(serialized: list[bytes], key: str, want: str) -> list[bytes] | None:
-    """The examples with feature `key`'s numbers in a float_list (`want` "float") or an int64_list
-    ("int64"); None when a float with a fraction (or beyond int64) would have to become an int, or
-    a string is not an Example."""
-    out = []
-    for raw in serialized:
-        try:
-            ex = example_pb2.Example.FromString(raw)
-        except DecodeError:  # not an Example at all: the model's refusal stands
-            return None
-        feature = ex.features.feature.get(key)
-        kind = None if feature is None else feature.WhichOneof("kind")
-        if want == "float" and kind == "int64_list":
-            values = list(feature.int64_list.value)
-            feature.float_list.value[:] = values  # the kind is a oneof: setting floats clears the ints
-            raw = ex.SerializeToString()
-        elif want == "int64" and kind == "float_list":
-            values = list(feature.float_list.value)
-            if not all(math.isfinite(v) and v.is_integer() and -2**63 <= v < 2**63 for v in values):
-                return None
-            feature.int64_list.value[:] = [int(v) for v in values]
-            raw = ex.SerializeToString()
-        out.append(raw)
-    return out
-
-
-def _first_line(e: Exception) -> str:
-    """The op's own words: TensorFlow wraps them in 'Graph execution error:', the node and its
-    Python stack, and prefixes them with the function's name."""
-    text = getattr(e, "message", None) or str(e)
-    for line in text.splitlines():
-        line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line.strip())
-        if line and not line.startswith(_SCAFFOLD):
-            return line
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__

@@ -17,7 +17,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 
 # Raw eager tensors from numpy arrays: EagerTensor(array, device name, dtype enum) skips
-# tf.constant's conversion dispatch, a large part of a small request's cost (servable._flat_caller).
+# tf.constant's conversion dispatch, a large part of a small request's cost (saved_model.flat_caller).
 EagerTensor = ops.EagerTensor
 
 
@@ -38,7 +38,7 @@ def clear_kernel_cache() -> None:
 
 def preflattened_call(concrete) -> Callable[[list], Any]:
     """A concrete function's call on its flat inputs (arguments then captures), without
-    binding and checking structured arguments in Python (servable._flat_caller)."""
+    binding and checking structured arguments in Python (saved_model.flat_caller)."""
     return concrete._inference_function.call_preflattened
 
 
