@@ -4,7 +4,7 @@ The boundary: string lookups cannot become builtin TFLite ops, so a device app t
 string feature into its vocabulary index itself (vocabularies.json: index = position + 1,
 0 for a value not in the list, exactly as the StringLookup layers do). Everything else
 stays in the .tflite file: imputation of missing numbers (pass NaN), normalisation and
-clipping (whose constants survive float16, see train.model.ImputeNormalize), embeddings or
+clipping (whose constants survive float16, see train.layers.ImputeNormalize), embeddings or
 one-hot, the dense layers and the head. Numbers go in as float32.
 """
 

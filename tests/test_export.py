@@ -237,7 +237,7 @@ def test_numeric_block_computes_exactly_what_each_feature_layer_does():
     """The TFLite numeric block runs every feature's normalisation as one vector chain; each
     column must equal its own layer: timestamps, tiny and huge spreads, NaN, clipping."""
     from tfpipe.export.tflite import NumericBlock
-    from tfpipe.train.model import ImputeNormalize
+    from tfpipe.train.layers import ImputeNormalize
 
     norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0), ImputeNormalize(11.8, 142.0, True, clip=5.0),
              ImputeNormalize(-87.65, 0.0009, True, clip=5.0), ImputeNormalize(0.0, 1.0, False),  # saved unclipped
@@ -266,7 +266,7 @@ def test_numeric_block_gives_each_feature_its_quantile_bins_as_its_own_layer_doe
     """Features with quantile bins beside plain ones: every column of the block is the one its
     feature's layer makes, in the order device_model reads them back (`columns`)."""
     from tfpipe.export.tflite import NumericBlock
-    from tfpipe.train.model import ImputeNormalize, quantile_knots
+    from tfpipe.train.layers import ImputeNormalize, quantile_knots
 
     money = {"min": 0.0, "max": 9e4, "quantiles": {"0.01": 1.0, "0.25": 20.0, "0.5": 60.0, "0.75": 300.0, "0.99": 8e3}}
     norms = [ImputeNormalize(1.4085e9, 8.5e14, False, clip=5.0),

@@ -64,7 +64,7 @@ def test_a_user_error_keeps_its_own_first_line():
 # ---- a regression's target in standard units ------------------------------------------------------------
 
 def test_a_log_target_is_answered_in_the_labels_units():
-    from tfpipe.train.model import Denormalize
+    from tfpipe.train.layers import Denormalize
 
     z = np.array([-1.0, 0.0, 2.0], np.float32)
     got = np.asarray(Denormalize(12.0, 0.4, log=True)(z), np.float64)
@@ -78,7 +78,7 @@ def test_a_log_target_is_answered_in_the_labels_units():
     ({"0.01": 61_000, "0.5": 160_000, "0.99": 450_000}, False, False),  # below 0 somewhere: no log
 ])
 def test_a_skewed_label_is_learnt_in_log_scale(quantiles, log1p, skewed):
-    from tfpipe.train.model import label_scale, skewed_label
+    from tfpipe.train.losses import label_scale, skewed_label
 
     label = {"mean": 180_000.0, "std": 80_000.0, "quantiles": {k: float(v) for k, v in quantiles.items()},
              "log1p": {"mean": 12.0, "variance": 0.16} if log1p else None}
@@ -101,7 +101,7 @@ def test_a_skewed_label_is_learnt_in_log_scale(quantiles, log1p, skewed):
 def test_denormalize_gives_the_labels_units_with_every_constant_exact_in_float16(mean, std):
     import numpy as np
 
-    from tfpipe.train.model import Denormalize
+    from tfpipe.train.layers import Denormalize
 
     layer = Denormalize(mean, std)
     z = np.array([-3.0, -0.5, 0.0, 1.25, 4.0], np.float32)
@@ -118,7 +118,7 @@ def test_a_regressions_labels_are_standardised_for_the_trainer_only():
 
     from tfpipe.pipeline.schema import Feature, Label, Schema
     from tfpipe.train.data import label_encoder
-    from tfpipe.train.model import LabelScale
+    from tfpipe.train.losses import LabelScale
 
     schema = Schema([Feature("x", "float")], Label("price", "float", "regression"))
     y = np.array([300_000.0, 500_000.0, 900_000.0], np.float32)
@@ -138,7 +138,7 @@ def test_a_regressions_labels_are_standardised_for_the_trainer_only():
 def test_regression_metrics_are_per_example_and_in_the_labels_units(true, pred, scale, mae, rmse):
     import numpy as np
 
-    from tfpipe.train.model import LabelScale, loss_and_metrics
+    from tfpipe.train.losses import LabelScale, loss_and_metrics
 
     _, (m_mae, m_rmse) = loss_and_metrics("regression", LabelScale(*scale))
     # in two batches of unequal size: a per-batch mean would weigh the single row as much as the pair
@@ -484,7 +484,7 @@ def test_a_heavy_tailed_column_is_taken_in_log_scale(values, heavy):
 def test_log_scaling_normalises_log1p_with_its_own_moments():
     import numpy as np
 
-    from tfpipe.train.model import ImputeNormalize
+    from tfpipe.train.layers import ImputeNormalize
 
     x = np.array([0.0, 9.0, 99.0, np.nan, -1.0], np.float32)
     out = np.asarray(ImputeNormalize(2.0, 4.0, True, clip=5.0, log1p=True)(x))
@@ -504,14 +504,14 @@ def test_log_scaling_normalises_log1p_with_its_own_moments():
     ({"min": -1.0, "max": np.e ** 4 - 1, "quantiles": {"0.5": np.e ** 2 - 1}}, True, [-5.0, -4.0, -3.0]),
 ])
 def test_quantile_bins_are_cut_at_the_training_quantiles_in_z(stats, log1p, knots):
-    from tfpipe.train.model import quantile_knots
+    from tfpipe.train.layers import quantile_knots
 
     got = quantile_knots(stats, 10.0, 4.0, log1p)
     assert got == (None if knots is None else pytest.approx(knots))
 
 
 def test_quantile_bins_say_where_a_value_falls_among_the_training_values():
-    from tfpipe.train.model import ImputeNormalize
+    from tfpipe.train.layers import ImputeNormalize
 
     layer = ImputeNormalize(10.0, 4.0, True, clip=5.0, knots=[-5.0, -3.0, 0.0, 5.0])  # x at 0, 4, 10, 20
     x = np.array([-100.0, 0.0, 2.0, 4.0, 7.0, 15.0, 20.0, 1e9, np.nan], np.float32)
@@ -591,13 +591,13 @@ def _even(low: float, high: float) -> dict[str, float]:
     ({"min": None, "max": None, "count": 0}, None),
 ])
 def test_which_integer_columns_are_read_as_levels_too(stats, expected):
-    from tfpipe.train.model import int_levels
+    from tfpipe.train.layers import int_levels
 
     assert int_levels(stats) == expected
 
 
 def test_int_levels_map_each_whole_number_and_send_the_rest_to_zero():
-    from tfpipe.train.model import IntLevels
+    from tfpipe.train.layers import IntLevels
 
     x = np.array([1, 2, 7, 0, 8, np.nan, 3.5, -1, 6], np.float64)
     assert np.asarray(IntLevels(1, 7)(x)).tolist() == [1, 2, 7, 0, 0, 0, 0, 0, 6]

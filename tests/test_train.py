@@ -370,7 +370,8 @@ def test_an_ensemble_trains_each_member_on_its_own_error_and_answers_their_mean(
     from tfpipe.export.tflite import device_model
     from tfpipe.pipeline.schema import Feature, Label, Schema
     from tfpipe.train.errors import TrainError
-    from tfpipe.train.model import TRAINER, build_models, make_loss
+    from tfpipe.train.losses import make_loss
+    from tfpipe.train.model import TRAINER, build_models
 
     schema = Schema([Feature("x", "float")], Label("y", "float", "regression"))
     stats = {"features": {"x": {"mean": 0.0, "variance": 1.0}}, "label": {"mean": 100.0, "std": 10.0}}

@@ -49,7 +49,7 @@ def raw_inputs(parsed: dict[str, Any], schema: Schema) -> dict[str, tf.Tensor]:
 
 def label_encoder(schema: Schema, scale=None):
     """Maps raw label values to what the loss expects: class index or float target; with
-    `scale` (train.model.LabelScale: mean, std, log), a regression target in standard units, of
+    `scale` (train.losses.LabelScale: mean, std, log), a regression target in standard units, of
     log(1 + y) when `log`, as the trainer learns it."""
     label = schema.label
     if label.task == "regression":
@@ -85,7 +85,7 @@ def make_dataset(
     """Batches of (inputs, label). `shard=(n, i)` keeps every n-th file from the i-th, so each
     worker of a multi-worker run reads its own files; `preprocess` maps raw inputs to features.
     `cache` keeps the preprocessed examples in memory after the first pass, so later epochs
-    only shuffle and batch (for data that fits). `label_scale` (train.model.LabelScale) gives a
+    only shuffle and batch (for data that fits). `label_scale` (train.losses.LabelScale) gives a
     regression's labels in standard units (the trainer's); without it, in their own units."""
     if shard is not None:
         n, i = shard

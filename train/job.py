@@ -30,7 +30,8 @@ from tfpipe.train.datadir import DataDir, check_inputs
 from tfpipe.train.devices import (choose_precision, choose_strategy, choose_xla, cpu_features, setup_gpus,
                                   worker_position)
 from tfpipe.train.errors import DivergedError, TrainError
-from tfpipe.train.model import LabelScale, build_models, label_scale, loss_and_metrics
+from tfpipe.train.losses import LabelScale, label_scale, loss_and_metrics
+from tfpipe.train.model import build_models
 from tfpipe.train.callbacks import EpochLog, callbacks, gpu_sampler, min_delta
 from tfpipe.train.resume import publish_work, resumed_epoch, work_dir
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfpipe.files import write_json
 from tfpipe.train.errors import DivergedError
-from tfpipe.train.model import loss_and_metrics, make_loss
+from tfpipe.train.losses import loss_and_metrics, make_loss
 
 BACKUP_WEIGHTS = "latest.weights.h5"  # BackupAndRestore's names, so resume reads either
 BACKUP_META = "training_metadata.json"
@@ -68,7 +68,7 @@ def fit_multiworker(strategy: tf.distribute.Strategy, trainer: keras.Model, trai
                     min_epochs: int = 0, min_delta: float = 0.0, work: str, examples: int, learning_rate: float,
                     on_epoch: Callable[[dict[str, Any]], None], log, label_scale=None) -> bool:
     """Train `trainer` (built and compiled in `strategy.scope()`) on per-worker datasets;
-    `label_scale`: a regression label's (train.model.LabelScale), MAE and RMSE in its units.
+    `label_scale`: a regression label's (train.losses.LabelScale), MAE and RMSE in its units.
     Whether the time limit ended it."""
     train_step, train_metrics = _train_step(strategy, trainer, task, label_scale)
 
