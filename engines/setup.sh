@@ -25,7 +25,7 @@ python3.11 -m venv "$venv"
 "$venv/bin/pip" install -q -r "$requirements"
 "$venv/bin/pip" install -q --no-deps -e .
 beam_version="$("$venv/bin/python" -c 'import apache_beam; print(apache_beam.__version__)')"
-jars="$("$venv/bin/python" -c 'from tfpipe.pipeline.launch import jars_dir; print(jars_dir())')"
+jars="$("$venv/bin/python" -c 'from tfpipe.pipeline.runner import jars_dir; print(jars_dir())')"
 mkdir -p "$jars"
 for engine in flink spark; do
   jar="$jars/beam-$engine-job-server-$beam_version.jar"

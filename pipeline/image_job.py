@@ -39,9 +39,9 @@ from tfpipe.pipeline.config import DataConfig, parse_size
 from tfpipe.pipeline.errors import DataError
 from tfpipe.pipeline.images import ImageInfo, ImageStats, Rejection, image_example, inspect_image
 from tfpipe.pipeline.inputs import is_remote
-from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, print_summary, publish, published_names,
-                                    read_data_manifest, read_split_stats, read_unit_summaries, run_to_temp, tally,
-                                    write_outputs)
+from tfpipe.pipeline.outputs import (check_counts, data_manifest, print_summary, publish, published_names,
+                                     read_data_manifest, read_split_stats, read_unit_summaries, tally, write_outputs)
+from tfpipe.pipeline.runner import beam_options, run_to_temp
 from tfpipe.pipeline.stats import QUANTILES
 from tfpipe.pipeline.transforms import (BAD, FIRST_BAD, BadRows, SplitBatch, UnitEnd, WriteDeadLetter, WriteShards,
                                         assign_splits, row_hashes, split_bounds, strata_bounds, write_split_stats)

@@ -30,10 +30,10 @@ from tfpipe.pipeline.validation import Validator
 from tfpipe.pipeline.schema import Schema, load_schema
 from tfpipe.pipeline.schema_inference import infer_schema
 from tfpipe.pipeline.stats import QUANTILES
-from tfpipe.pipeline.launch import (beam_options, check_counts, data_manifest, environment_main, human_bytes,
-                                    in_environment, print_summary, publish, published_names, read_data_manifest,
-                                    read_split_stats, read_unit_summaries, result, run_in_environment, run_to_temp,
-                                    tally, write_outputs)
+from tfpipe.pipeline.outputs import (check_counts, data_manifest, human_bytes, print_summary, publish,
+                                     published_names, read_data_manifest, read_split_stats, read_unit_summaries, result,
+                                     tally, write_outputs)
+from tfpipe.pipeline.runner import beam_options, environment_main, in_environment, run_in_environment, run_to_temp
 from tfpipe.stage import StageResult
 from tfpipe.pipeline.transforms import TFRecordsFromUnits, class_key, row_hashes, split_texts, strata_bounds
 

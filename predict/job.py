@@ -34,8 +34,9 @@ from apache_beam.ml.inference.base import RunInference
 from tfpipe import __version__
 from tfpipe.pipeline.autodetect import delimiter_name, shown_delimiter
 from tfpipe.pipeline.inputs import InputFile, WorkUnit, is_remote, plan_units, resolve_inputs, scan_file
-from tfpipe.pipeline.launch import beam_options, deadletter_files, environment_main, human_bytes, in_environment, \
-    match, progress, publish, read_unit_summaries, run_in_environment, run_to_temp, write_outputs
+from tfpipe.pipeline.outputs import deadletter_files, human_bytes, match, publish, read_unit_summaries, write_outputs
+from tfpipe.pipeline.runner import beam_options, environment_main, in_environment, progress, run_in_environment, \
+    run_to_temp
 from tfpipe.pipeline.readers import read_segment
 from tfpipe.pipeline.validation import Validator
 from tfpipe.pipeline.schema import Schema

@@ -579,7 +579,7 @@ def test_corrupt_inputs_are_user_errors(tmp_path, penguins_csv):
 def test_the_data_result_summarises_its_own_output(penguins_data):
     """What tfpipe run shows and keeps of the data stage, read by the stage itself: the 344
     penguins rows and where each went."""
-    from tfpipe.pipeline.launch import result
+    from tfpipe.pipeline.outputs import result
 
     r = result(penguins_data)
     m = re.fullmatch(r"344 rows -> train (\d+), eval (\d+), test (\d+); (\d+) dead-lettered", r.summary)

@@ -29,7 +29,7 @@ FN_API = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
      "PortableRunner", 2),
 ])
 def test_runner_options(args, runner, want_runner, want_name, want_workers, tmp_path, monkeypatch):
-    from tfpipe.pipeline.launch import beam_options
+    from tfpipe.pipeline.runner import beam_options
 
     monkeypatch.setenv("TFPIPE_ENGINE_JARS", str(tmp_path))
     for engine in ("flink", "spark"):
@@ -51,7 +51,7 @@ def test_runner_options(args, runner, want_runner, want_name, want_workers, tmp_
 
 def test_a_job_server_jar_given_is_kept_and_a_missing_one_says_how_to_build_it(tmp_path, monkeypatch):
     from tfpipe.pipeline.errors import DataError
-    from tfpipe.pipeline.launch import beam_options
+    from tfpipe.pipeline.runner import beam_options
 
     monkeypatch.setenv("TFPIPE_ENGINE_JARS", str(tmp_path / "none"))
     with pytest.raises(DataError, match=r"SparkRunner needs Beam.s Spark job server .* engines/setup.sh builds it "

@@ -81,7 +81,7 @@ def _beam_flags(extra: list[str]) -> list[str]:
     """The flags among `extra` that Beam's pipeline options do not know, as `tfpipe data` decides
     (an option's flag, such as --extra_package, may differ from its name, extra_packages)."""
     from tfpipe.pipeline.errors import DataError
-    from tfpipe.pipeline.launch import check_beam_args
+    from tfpipe.pipeline.runner import check_beam_args
 
     try:
         check_beam_args(extra)

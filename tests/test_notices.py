@@ -56,7 +56,7 @@ def test_a_whole_number_label_written_as_decimals_trains_as_classes_and_the_run_
     are in data.json and in the StageResult the run prints under the data line."""
     from tfpipe.pipeline.config import DataConfig
     from tfpipe.pipeline.job import run
-    from tfpipe.pipeline.launch import result
+    from tfpipe.pipeline.outputs import result
 
     path = tmp_path / "bfi.csv"
     lines = ["row;A1;age;education"]

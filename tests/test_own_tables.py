@@ -178,7 +178,7 @@ def test_unlabelled_rows_are_not_bad_rows_and_all_unlabelled_is_an_error(tmp_pat
     # 10% without a label: far over --max-bad-fraction 0.01, and not a bad row among them
     _semicolon_table(src, rows=50, unlabelled=range(0, 50, 10))
     out = run_stage(input=[str(src)], label="bought", out=str(tmp_path / "d"), max_bad_fraction=0.01)
-    from tfpipe.pipeline.launch import result
+    from tfpipe.pipeline.outputs import result
 
     summary = result(out).summary
     assert re.fullmatch(r"50 rows -> train \d+, eval \d+, test \d+; 5 unlabelled set aside; 0 dead-lettered",

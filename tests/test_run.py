@@ -412,7 +412,7 @@ def test_each_steps_stored_outputs_are_what_its_stage_reads_from_its_own_files(f
     steps are cached does), they equal what the stage's own reader gives from its files now."""
     from tfpipe.export.job import result as export_result
     from tfpipe.loadtest.job import result as loadtest_result
-    from tfpipe.pipeline.launch import result as data_result
+    from tfpipe.pipeline.outputs import result as data_result
     from tfpipe.rollout.job import result as rollout_result
     from tfpipe.serve.deploy import result as serve_result
     from tfpipe.skew.job import result as skew_result
