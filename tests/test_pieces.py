@@ -313,7 +313,7 @@ def test_deadlines_time_out_only_the_requests_past_theirs_on_one_timer():
     client gone) stays a CancelledError."""
     import asyncio
 
-    from tfpipe.serve.transports.rest_api import Deadlines
+    from tfpipe.serve.transports.deadlines import Deadlines
 
     async def main():
         d = Deadlines(0.2)
@@ -375,12 +375,12 @@ def test_a_requests_rows_are_cut_into_calls_and_the_answers_joined(inputs, rows,
 def test_a_large_answer_written_in_pieces_is_the_text_of_one_dumps(body, monkeypatch):
     import json
 
-    from tfpipe.serve.transports import rest_api
+    from tfpipe.serve.transports import rest_answers
 
-    pieces = list(rest_api._text_in_pieces(body, items=4))
+    pieces = list(rest_answers.text_in_pieces(body, items=4))
     assert "".join(pieces) == json.dumps(body, allow_nan=True)
-    monkeypatch.setattr(rest_api, "ANSWER_CHUNK_BYTES", 16)
-    chunks = rest_api._encoded(iter(pieces))
+    monkeypatch.setattr(rest_answers, "ANSWER_CHUNK_BYTES", 16)
+    chunks = rest_answers.encoded(iter(pieces))
     assert b"".join(chunks) == json.dumps(body, allow_nan=True).encode()
     assert all(len(c) >= 16 for c in chunks[:-1]) and (len(chunks) > 1) == (len(json.dumps(body)) > 16)
 

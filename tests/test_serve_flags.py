@@ -564,7 +564,7 @@ def test_a_large_body_read_off_the_loop_is_answered_and_refused_as_a_small_one(t
 
 def test_a_small_requests_large_answer_is_encoded_in_pieces_off_the_loop(tmp_path, monkeypatch):
     """The answer's size decides, on both transports: one REST row whose answer is 20,000 floats
-    is encoded in pieces (rest_api._encoded), as a large body's is; gRPC's the same values."""
+    is encoded in pieces (rest_answers.encoded), as a large body's is; gRPC's the same values."""
     import grpc
     import tensorflow as tf
     from serving_models import save_predict
@@ -575,8 +575,8 @@ def test_a_small_requests_large_answer_is_encoded_in_pieces_off_the_loop(tmp_pat
     from tfpipe.serve.transports import rest_api
 
     encoded = []
-    real = rest_api._encoded
-    monkeypatch.setattr(rest_api, "_encoded", lambda pieces: encoded.append(1) or real(pieces))
+    real = rest_api.encoded
+    monkeypatch.setattr(rest_api, "encoded", lambda pieces: encoded.append(1) or real(pieces))
     save_predict(str(tmp_path / "m" / "1"), lambda x: {"y": tf.tile(x, [20_000])})
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="m",
                         model_base_path=str(tmp_path / "m"), file_system_poll_wait_seconds=0)

@@ -21,19 +21,18 @@ import sys
 import termios
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
 from typing import Any
 
-from aiohttp import payload, web
+from aiohttp import web
 from aiohttp.http import HttpVersion11
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from tfpipe.serve.codecs.json_text import parse_json
-from tfpipe.serve.codecs.rest_json import (dumps, json_debug, json_examples, json_inputs, json_output_text,
-                                           json_outputs)
+from tfpipe.serve.codecs.rest_json import json_debug, json_examples, json_inputs, json_output_text, json_outputs
 from tfpipe.serve.codecs.model_info import fill_spec, metadata_response, status_response
-from tfpipe.serve.codecs.tensor_proto import classification_result, model_spec, regression_result, tensor_proto
+from tfpipe.serve.codecs.rest_protos import example_protos, predict_protos
+from tfpipe.serve.codecs.tensor_proto import classification_result, regression_result
 from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.large_requests import large_request, large_turn
 from tfpipe.serve.core.manager import ModelSpec
@@ -42,6 +41,8 @@ from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quo
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
 from tfpipe.serve.transports.aiohttp_internals import queued_requests
+from tfpipe.serve.transports.deadlines import Deadlines
+from tfpipe.serve.transports.rest_answers import encoded, error_response, json_chunks, json_response, text_in_pieces
 
 _PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
                               r"(classify|regress|predict)", re.IGNORECASE)
@@ -50,83 +51,6 @@ _STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/l
 _API_PATH = re.compile(r"/v1/.*", re.IGNORECASE)
 CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET",
                 "Access-Control-Allow-Headers": "Content-Type"}
-
-
-
-def _json(body, status: int = 200) -> web.Response:
-    return _json_text(dumps(body), status)
-
-
-def _text_in_pieces(body, items: int = 1024) -> Iterator[str]:
-    """The text of `dumps(body)` in pieces, every list of more than `items` items written `items`
-    at a time: one json.dumps call holds Python's GIL until it returns, so a large answer written in
-    one call would keep the loop (every other connection) waiting for all of it."""
-    if isinstance(body, dict):
-        yield "{"
-        for i, (k, v) in enumerate(body.items()):
-            yield (", " if i else "") + dumps(k) + ": "
-            yield from _text_in_pieces(v, items)
-        yield "}"
-    elif isinstance(body, list) and len(body) > items:
-        yield "["
-        for i in range(0, len(body), items):
-            yield (", " if i else "") + dumps(body[i:i + items])[1:-1]
-        yield "]"
-    else:
-        yield dumps(body)
-
-
-# A large answer is encoded, and written to its connection, in chunks of about this many bytes.
-ANSWER_CHUNK_BYTES = 1 << 20
-
-
-def _encoded(pieces: Iterable[str]) -> list[bytes]:
-    """Text pieces as UTF-8 chunks of about ANSWER_CHUNK_BYTES each (on a REST thread)."""
-    chunks, held, size = [], [], 0
-    for piece in pieces:
-        held.append(piece)
-        size += len(piece)
-        if size >= ANSWER_CHUNK_BYTES:
-            chunks.append("".join(held).encode("utf-8"))
-            held, size = [], 0
-    if held or not chunks:
-        chunks.append("".join(held).encode("utf-8"))
-    return chunks
-
-
-class _Chunks(payload.Payload):
-    """An answer already encoded, in chunks: written a chunk at a time, each waiting for the
-    connection to take it, rather than as one write that copies the whole answer on the loop."""
-
-    def __init__(self, chunks: list[bytes]):
-        super().__init__(chunks, content_type="application/json; charset=utf-8")
-        self._size = sum(map(len, chunks))
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return b"".join(self._value).decode(encoding, errors)
-
-    async def write(self, writer) -> None:
-        await self.write_with_length(writer, None)
-
-    async def write_with_length(self, writer, content_length: int | None) -> None:
-        left = self._size if content_length is None else content_length
-        for chunk in self._value:
-            if left <= 0:
-                break
-            await writer.write(chunk[:left] if len(chunk) > left else chunk)
-            left -= len(chunk)
-
-
-def _json_chunks(chunks: list[bytes]) -> web.Response:
-    return web.Response(body=_Chunks(chunks))
-
-
-def _json_text(text: str, status: int = 200) -> web.Response:
-    return web.Response(text=text, status=status, content_type="application/json")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": capped(message)}, status)
 
 
 def _proto_json(message) -> dict:
@@ -177,65 +101,6 @@ async def _expect(request: web.BaseRequest, draining: bool) -> bool:
         request.writer.output_size = 0  # the answer's own size starts after it
         return True
     return False
-
-
-class Deadlines:
-    """The REST timeout of every request in flight on one timer. All requests get the same timeout,
-    so their deadlines come in the order they started: a dict in that order, and one loop timer at
-    the oldest deadline, which cancels the requests past theirs and moves to the next. A request
-    costs a dict entry instead of asyncio.timeout's own timer, context manager and heap entry per
-    request, which showed in a profile of small requests."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self._deadlines: dict[asyncio.Task, float] = {}
-        self._expired: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
-
-    async def run(self, work):
-        """`work`'s answer, awaited on the calling task; TimeoutError once the timeout has passed
-        (another cancellation stays a cancellation)."""
-        task = asyncio.current_task()
-        self.start(task)
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if self.expired(task):
-                raise TimeoutError from None
-            raise
-        finally:
-            self.end(task)
-
-    def start(self, task: asyncio.Task) -> None:
-        loop = task.get_loop()
-        deadline = loop.time() + self.seconds
-        self._deadlines[task] = deadline
-        if self._timer is None:
-            self._timer = loop.call_at(deadline, self._fire, loop)
-
-    def end(self, task: asyncio.Task) -> None:
-        self._deadlines.pop(task, None)
-        self.expired(task)  # in case the work swallowed the cancellation: forget it all the same
-
-    def expired(self, task: asyncio.Task) -> bool:
-        """Whether `task` was cancelled for its deadline (once: the task is uncancelled and forgotten)."""
-        if task not in self._expired:
-            return False
-        self._expired.discard(task)
-        task.uncancel()
-        return True
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        now = loop.time()
-        while self._deadlines:
-            task, deadline = next(iter(self._deadlines.items()))
-            if deadline > now:
-                self._timer = loop.call_at(deadline, self._fire, loop)
-                return
-            del self._deadlines[task]
-            self._expired.add(task)
-            task.cancel()
 
 
 def _peer(request: web.BaseRequest) -> str:
@@ -334,17 +199,17 @@ class RestApi:
             else:
                 response = await self.dispatch(request)
         except web.HTTPException as e:  # aiohttp's own: 413 over the size limit, 417, ...
-            response = _error(e.status, e.reason if e.status != 413 else
+            response = error_response(e.status, e.reason if e.status != 413 else
                               f"Request body too large (limit {self.max_body_bytes} bytes)")
         except _NotRead:  # nothing of the body has come: the client sends the request again, elsewhere
-            response = _error(503, "The server is shutting down and did not read this request: send it again")
+            response = error_response(503, "The server is shutting down and did not read this request: send it again")
             response.force_close()
             await response.prepare(request)
             await response.write_eof()
             request.protocol.force_close()
             return response
         except _SlowBody:  # the connection goes, with a 408 if the client still reads
-            response = _error(408, f"Request body not received within {self.read_timeout:g} s "
+            response = error_response(408, f"Request body not received within {self.read_timeout:g} s "
                                    "(--rest_read_timeout_seconds)")
             response.force_close()
             await response.prepare(request)
@@ -361,10 +226,10 @@ class RestApi:
         raw_path = request.raw_path.split("?", 1)[0]
         if self.metrics_path and request.path == self.metrics_path:
             if request.method != "GET":
-                return _error(405, f"Malformed request: {request.method} {quoted(request.path)}")
+                return error_response(405, f"Malformed request: {request.method} {quoted(request.path)}")
             return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
         if not _API_PATH.fullmatch(raw_path):
-            return _error(404, f"Not found: {quoted(request.method)} {quoted(request.path)}")
+            return error_response(404, f"Not found: {quoted(request.method)} {quoted(request.path)}")
         t0 = time.perf_counter()
         started = time.time_ns(), time.perf_counter_ns()
         PEER.set(_peer(request))  # (this request's task: its work takes its connection's turns)
@@ -399,15 +264,15 @@ class RestApi:
                 resp = metadata_response(self.inference.manager, req)
                 sig_map = get_model_metadata_pb2.SignatureDefMap()
                 resp.metadata["signature_def"].Unpack(sig_map)
-                response = _json({"model_spec": _proto_json(resp.model_spec),
+                response = json_response({"model_spec": _proto_json(resp.model_spec),
                                   "metadata": {"signature_def": _proto_json(sig_map)}})
             else:
                 req = get_model_status_pb2.GetModelStatusRequest()
                 fill_spec(req.model_spec, spec)
-                response = _json(_proto_json(status_response(self.inference.manager, req)))
+                response = json_response(_proto_json(status_response(self.inference.manager, req)))
         except ServingError as e:
             status = e.code.name
-            response = _error(e.http_status, e.message)
+            response = error_response(e.http_status, e.message)
         except web.HTTPException as e:  # 413 from the body reader: answered by the middleware
             self.metrics.request(name, api, f"HTTP_{e.status}", time.perf_counter() - t0)
             raise
@@ -419,15 +284,15 @@ class RestApi:
             raise
         except _Undecodable as e:
             status = "INVALID_ARGUMENT"
-            response = _error(400, f"The request body could not be decoded as its Content-Encoding ({capped(str(e))}) "
+            response = error_response(400, f"The request body could not be decoded as its Content-Encoding ({capped(str(e))}) "
                                    "says")
             response.force_close()  # what is left of such a body on the connection cannot be read past
         except TimeoutError:
             status = "DEADLINE_EXCEEDED"
-            response = _error(504, "Request timed out (--rest_api_timeout_in_ms)")
+            response = error_response(504, "Request timed out (--rest_api_timeout_in_ms)")
         except Exception as e:  # a bug, not bad input
             status = "INTERNAL"
-            response = _error(500, f"{type(e).__name__}: {e}")
+            response = error_response(500, f"{type(e).__name__}: {e}")
         if body is not None and large:
             held, body = [body], None
             with contextlib.suppress(RuntimeError):  # (the threads stopped: the server is closing)
@@ -482,11 +347,11 @@ class RestApi:
                                          client=client, decode_off_loop=large)
         if large or p.large_answer():
             with large_request():
-                answer = _json_chunks(await self._off_loop(lambda: _encoded(json_output_text(p.outputs, rows))))
+                answer = json_chunks(await self._off_loop(lambda: encoded(json_output_text(p.outputs, rows))))
         else:
-            answer = _json(json_outputs(p.outputs, rows))
+            answer = json_response(json_outputs(p.outputs, rows))
         self._log("predict", spec.name, p.servable.version, p.signature.name, started,
-                  lambda: _predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
+                  lambda: predict_protos(spec, signature_name, p.inputs, p.servable.version, p.signature.name,
                                           p.outputs),
                   rest_format="instances" if rows else "inputs")
         return answer
@@ -503,7 +368,7 @@ class RestApi:
 
         result, answer = await self._answer(answered, large)
         self._log("classify", spec.name, servable.version, sig.name, started,
-                  lambda: _example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
+                  lambda: example_protos("classify", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
 
@@ -519,7 +384,7 @@ class RestApi:
 
         result, answer = await self._answer(answered, large)
         self._log("regress", spec.name, servable.version, sig.name, started,
-                  lambda: _example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
+                  lambda: example_protos("regress", spec, signature_name, examples, servable.version, sig.name,
                                           result))
         return answer
 
@@ -528,53 +393,18 @@ class RestApi:
         and encoded on a REST thread, in pieces."""
         if not large:
             result, value = answer()
-            return result, _json(value)
+            return result, json_response(value)
 
-        def encoded():
+        def built():
             result, value = answer()
-            return result, _encoded(_text_in_pieces(value))
-        result, chunks = await self._off_loop(encoded)
-        return result, _json_chunks(chunks)
+            return result, encoded(text_in_pieces(value))
+        result, chunks = await self._off_loop(built)
+        return result, json_chunks(chunks)
 
     def _log(self, api: str, model: str, version: int, used: str, started: tuple[int, int], build,
              rest_format: str = "") -> None:
         if self.logs is not None:
             self.logs.record(model, version, used, api, "rest", started, build, rest_format)
-
-
-def _predict_protos(spec, signature_name: str, inputs: dict, version: int, used: str, outputs: dict):
-    """The PredictRequest and PredictResponse a REST :predict stands for (TF Serving turns its
-    JSON into the same messages before it runs and logs them). Numbers go in tensor_content,
-    the cheapest form to build: this runs on the log's writer thread, beside requests."""
-    from tensorflow_serving.apis import predict_pb2
-
-    request = predict_pb2.PredictRequest()
-    fill_spec(request.model_spec, spec)
-    request.model_spec.signature_name = signature_name
-    for k, v in inputs.items():
-        request.inputs[k].CopyFrom(tensor_proto(v, content=True))
-    response = predict_pb2.PredictResponse()
-    model_spec(response.model_spec, spec.name, version, used)
-    for k, v in outputs.items():
-        response.outputs[k].CopyFrom(tensor_proto(v, content=True))
-    return request, response
-
-
-def _example_protos(api: str, spec, signature_name: str, examples: list[bytes], version: int, used: str, result):
-    """The Classification/RegressionRequest and response of a REST :classify or :regress
-    (the examples with their context already merged in)."""
-    from tensorflow_serving.apis import classification_pb2, regression_pb2
-
-    module = classification_pb2 if api == "classify" else regression_pb2
-    request = module.ClassificationRequest() if api == "classify" else module.RegressionRequest()
-    fill_spec(request.model_spec, spec)
-    request.model_spec.signature_name = signature_name
-    for raw in examples:
-        request.input.example_list.examples.add().ParseFromString(raw)
-    response = module.ClassificationResponse() if api == "classify" else module.RegressionResponse()
-    response.result.CopyFrom(result)
-    model_spec(response.model_spec, spec.name, version, used)
-    return request, response
 
 
 def _unknown_signature(key: str) -> ServingError:
