@@ -77,12 +77,17 @@ class _Model:
 
 
 def run(config: TrainConfig, log: Callable[[str], None] = print) -> StageResult:
-    """Train: the output directory published atomically, and its result."""
-    return result(_run(config, log))
+    """Train: the output directory published atomically, and its result. A worker of multi-worker
+    training other than the chief publishes nothing: its result has no manifest."""
+    out = _run(config, log)
+    if out is None:
+        return StageResult("", f"trained as worker of a multi-worker run; its chief publishes {config.out}",
+                           TrainOutputs(os.path.abspath(config.out), ""))
+    return result(out)
 
 
-def _run(config: TrainConfig, log: Callable[[str], None]) -> str:
-    """Train; the output directory."""
+def _run(config: TrainConfig, log: Callable[[str], None]) -> str | None:
+    """Train; the output directory (None on a worker that is not the chief)."""
     started = time.time()
     data = check_inputs(config)
     out = os.path.abspath(config.out)
@@ -125,7 +130,7 @@ def _run(config: TrainConfig, log: Callable[[str], None]) -> str:
                      reuse=rt.workers == 1, scale=built.label_scale)
     if rt.worker != 0:  # in multi-worker training only the chief publishes
         shutil.rmtree(work, ignore_errors=True)
-        return out
+        return None
     manifest = {
         "stage": "train",
         "tfpipe_version": __version__,
