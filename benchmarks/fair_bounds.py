@@ -9,10 +9,13 @@ without it, measured in one run, as ratios.
 - large: four REST clients each sending bodies of 10,000 rows (1.4 MB, a large request) as fast as
   they are answered, batching off, with the default `--large_requests_at_once` (half the cores)
   and with `--large_requests_at_once=64` (as many as come). Bodies a second.
+- calls: 32 gRPC channels each keeping one Predict in flight, batching off, with the default
+  `--max_concurrent_model_calls` (four a core) and with 64 (no bound here), then with one a core
+  (what the server ran before). Answers a second.
 
 The penguins model of benchmarks/hostile.py (built into .bench/hostile/ on the first run). Each
-case runs the bounded server and the unbounded one in turns, `--rounds` times, and prints each
-round's figures and the ratio of the medians (bounded over unbounded: below 1, the bound costs).
+case runs the default server and the other in turns, `--rounds` times, and prints each round's
+figures and the ratio of the medians (default over other: below 1, the default costs).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import hostile  # noqa: E402  (the model, the server's start, the row)
+from tfpipe.machine import cores  # noqa: E402
 
 
 def one_channel(grpc_port: int, seconds: float) -> float:
@@ -52,6 +56,31 @@ def one_channel(grpc_port: int, seconds: float) -> float:
                     answered += 1
             await asyncio.gather(*[one() for _ in range(64)])
             return answered / seconds
+    return asyncio.run(run())
+
+
+def many_channels(grpc_port: int, seconds: float) -> float:
+    """Answers a second to 32 channels, each keeping one Predict in flight."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    request = hostile.row_request()
+
+    async def run() -> float:
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") for _ in range(32)]
+        stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in channels]
+        await asyncio.gather(*[s.Predict(request, timeout=60) for s in stubs])
+        answered, until = 0, time.perf_counter() + seconds
+
+        async def one(stub):
+            nonlocal answered
+            while time.perf_counter() < until:
+                await stub.Predict(request, timeout=60)
+                answered += 1
+        await asyncio.gather(*[one(s) for s in stubs])
+        for c in channels:
+            await c.close()
+        return answered / seconds
     return asyncio.run(run())
 
 
@@ -78,10 +107,13 @@ def large_bodies(rest_port: int, seconds: float) -> float:
     return answered[0] / seconds
 
 
-CASES = [  # name, batching, the bounded server's flags, the unbounded one's, measure(grpc, rest, seconds)
+CASES = [  # name, batching, the default server's flags, the other's, measure(grpc, rest, seconds)
     ("streams, batching on", True, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: one_channel(g, s)),
     ("streams, batching off", False, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: one_channel(g, s)),
     ("large, batching off", False, [], ["--large_requests_at_once=64"], lambda g, r, s: large_bodies(r, s)),
+    ("calls, against none", False, [], ["--max_concurrent_model_calls=64"], lambda g, r, s: many_channels(g, s)),
+    ("calls, against 1 a core", False, [], [f"--max_concurrent_model_calls={cores()}"],
+     lambda g, r, s: many_channels(g, s)),
 ]
 
 
@@ -100,7 +132,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     base = hostile.model_base()
-    print(f"{'case':<24} {'bounded':>9} {'unbounded':>10} {'ratio':>6}  rounds (bounded / unbounded)")
+    print(f"{'case':<24} {'default':>9} {'other':>10} {'ratio':>6}  rounds (default / other)")
     for name, batching, bounded, unbounded, fn in CASES:
         got: dict[str, list[float]] = {"b": [], "u": []}
         for _ in range(args.rounds):

@@ -164,6 +164,8 @@ TFPIPE_FLAGS: list[Flag] = [
          "declaring as many elements) answered at once per process; the others wait their turn, in the order they "
          "came, without holding a thread. 0: half the cores, at least one", metavar="N",
          shown_default="half the cores"),
+    Flag("max_concurrent_model_calls", int, 0, "Unbatched model calls each transport runs at once; the others "
+         "wait, taken in turns by connection. 0: four per core", metavar="N", shown_default="four per core"),
     Flag("max_call_rows", int, 1024, "With batching off: a request of more rows runs as successive model calls of "
          "at most N rows each, and other requests' calls run between them, so that one large request (or a small "
          "one that TensorFlow's fill-out makes large) cannot hold the model while the others wait; the answer is "

@@ -38,7 +38,7 @@ from tfpipe.serve.core.servable import LIVE, Servable, ServableSettings
 from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
 from tfpipe.serve.core import large_requests
-from tfpipe.serve.core.turns import Turns
+from tfpipe.serve.core.turns import CALLS_PER_CORE, Turns
 from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
@@ -134,8 +134,9 @@ class EmbeddedServer:
             self.manager.on_poll.append(self.canary.polled)
         self.batcher = BatchScheduler(self.batch_options, on_batch=self.metrics.batch) if self.batch_options else None
         large_requests.at_once(opts.large_requests_at_once)
-        self._executors = [Turns(opts.grpc_max_threads, cores(), name="tfpipe-grpc"),
-                           Turns(opts.rest_api_num_threads, cores(), name="tfpipe-rest")]
+        calls = opts.max_concurrent_model_calls if opts.max_concurrent_model_calls > 0 else CALLS_PER_CORE * cores()
+        self._executors = [Turns(opts.grpc_max_threads, calls, name="tfpipe-grpc"),
+                           Turns(opts.rest_api_num_threads, calls, name="tfpipe-rest")]
         self.inference = Inference(self.manager, self.batcher, self._executors[1],
                                    per_model_batching=settings.per_model_batching, shadow=self.shadow,
                                    canary=self.canary, call_rows=max(0, opts.max_call_rows))

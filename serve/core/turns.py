@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from queue import SimpleQueue
 from typing import Any
 
 PEER: contextvars.ContextVar[str] = contextvars.ContextVar("tfpipe_peer", default="")
@@ -70,22 +71,35 @@ class Waiting:
         return left
 
 
+# Unbatched model calls a transport runs at once, per core (Turns' call_slots, server.py; by default
+# of --max_concurrent_model_calls). With
+# one a core, TensorFlow spread each call's ops over its threads and the server spent more CPU a
+# request (benchmarks/fair_bounds.py); with no bound, a connection keeping dozens of calls in
+# flight slowed every other connection's call as much as its own.
+CALLS_PER_CORE = 4
+
+
 class Turns(Executor):
     """A pool of up to `threads` threads (started as jobs need them) whose `submit`, from any
     thread, queues the job under the submitting context's PEER. `calls`: the same threads' model
-    calls (inference.py), in turns of their own and at most `call_slots` at once (one per core):
-    more at once only share the cores, so that a connection with many calls in flight slowed every
-    other connection's call as much as its own. The other jobs (a large request's decoding,
-    Classify waiting for its batch, a config reload) may block without using a core: they may
-    take every thread."""
+    calls (inference.py), in turns of their own and at most `call_slots` at once (CALLS_PER_CORE
+    a core): beyond that they only share the cores, so that a connection with many calls in
+    flight would slow every other connection's call as much as its own. The other jobs (a large
+    request's decoding, Classify waiting for its batch, a config reload) may block without using
+    a core: they may take every thread."""
 
     def __init__(self, threads: int, call_slots: int | None = None, name: str = "tfpipe-turns"):
         self.threads, self.name = max(1, threads), name
         self.call_slots = self.threads if call_slots is None else max(1, min(call_slots, self.threads))
-        self._cv = threading.Condition()
+        # The queues and counts are under one plain lock; an idle thread sleeps on `_wake`, a queue
+        # implemented in C, given one token per thread to wake. (A threading.Condition's wait and
+        # notify are Python code, a cost every request paid on a busy server, in CPU and in
+        # requests a second.)
+        self._lock = threading.Lock()
+        self._wake: SimpleQueue = SimpleQueue()
         self._jobs, self._calls = Waiting(), Waiting()
         self._started: list[threading.Thread] = []
-        self._idle = 0
+        self._idle = 0  # threads asleep on _wake, or about to be, with no token sent to them
         self._calls_running = 0
         self._closed = False
         self.calls = _Calls(self)
@@ -95,15 +109,17 @@ class Turns(Executor):
 
     def waiting(self) -> int:
         """Jobs and model calls not yet started."""
-        with self._cv:
+        with self._lock:
             return self._jobs.count + self._calls.count
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more jobs; the ones waiting are cancelled (a job under way finishes)."""
-        with self._cv:
+        with self._lock:
             self._closed = True
             left = self._jobs.clear() + self._calls.clear()
-            self._cv.notify_all()
+            sleeping, self._idle = self._idle, 0
+        for _ in range(sleeping):
+            self._wake.put(None)
         for future, *_ in left:
             future.cancel()
         if wait:
@@ -113,18 +129,22 @@ class Turns(Executor):
 
     def _submit(self, waiting: Waiting, fn, args, kwargs) -> Future:
         future: Future = Future()
-        with self._cv:
+        wake = False
+        with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             waiting.add(PEER.get(), (future, fn, args, kwargs))
             if waiting is self._calls and self._calls_running >= self.call_slots:
                 return future  # a call finishing takes it up
             if self._idle:
-                self._cv.notify()
+                self._idle -= 1
+                wake = True
             elif len(self._started) < self.threads:
                 t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._started)}", daemon=True)
                 self._started.append(t)
                 t.start()
+        if wake:
+            self._wake.put(None)
         return future
 
     def _next(self) -> tuple[bool, tuple] | None:
@@ -139,17 +159,18 @@ class Turns(Executor):
     def _work(self) -> None:
         call = False
         while True:
-            with self._cv:
+            with self._lock:
                 if call:
                     self._calls_running -= 1
+                    call = False
                 got = self._next()
-                while got is None and not self._closed:
-                    self._idle += 1
-                    self._cv.wait()
-                    self._idle -= 1
-                    got = self._next()
                 if got is None:
-                    return
+                    if self._closed:
+                        return
+                    self._idle += 1
+            if got is None:
+                self._wake.get()  # a token: a job came (or the pool closed); another thread may take it first
+                continue
             call, (future, fn, args, kwargs) = got
             if future.set_running_or_notify_cancel():
                 try:
@@ -169,7 +190,7 @@ class _Calls(Executor):
         return self.turns._submit(self.turns._calls, fn, args, kwargs)
 
     def waiting(self) -> int:
-        with self.turns._cv:
+        with self.turns._lock:
             return self.turns._calls.count
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
