@@ -91,10 +91,8 @@ class Turns(Executor):
     def __init__(self, threads: int, call_slots: int | None = None, name: str = "tfpipe-turns"):
         self.threads, self.name = max(1, threads), name
         self.call_slots = self.threads if call_slots is None else max(1, min(call_slots, self.threads))
-        # The queues and counts are under one plain lock; an idle thread sleeps on `_wake`, a queue
-        # implemented in C, given one token per thread to wake. (A threading.Condition's wait and
-        # notify are Python code, a cost every request paid on a busy server, in CPU and in
-        # requests a second.)
+        # The queues and counts are under one lock; an idle thread sleeps on `_wake`, which is given
+        # one token for each thread to wake (any sleeping thread takes it).
         self._lock = threading.Lock()
         self._wake: SimpleQueue = SimpleQueue()
         self._jobs, self._calls = Waiting(), Waiting()
