@@ -236,7 +236,7 @@ class Denormalize(layers.Layer):
 
     def call(self, z):
         z = ops.cast(z, "float32")
-        if len(z.shape) == 2:  # an ensemble's members, one a column (see _members): their mean
+        if len(z.shape) == 2:  # an ensemble's members, one a column (see model.py's _members): their mean
             z = ops.mean(z, axis=-1)
         for factor in self._shrink:
             z = z * factor

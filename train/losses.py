@@ -51,7 +51,7 @@ def skewed_label(label: dict[str, Any]) -> bool:
 def label_scale(train_stats: dict[str, Any], target: str = "auto", ensemble: int = 1) -> LabelScale:
     """A regression label's scale over the training split: its mean and std (std 1 when it does
     not vary), or those of log(1 + y) for a skewed label learnt by one network (`target` auto)
-    or when told (log). An ensemble (see _members) learns a skewed label in its own scale too:
+    or when told (log). An ensemble (see model.py's _members) learns a skewed label in its own scale too:
     the log target's answer, exp of a mean log, falls below the mean that a squared error
     rewards, and the ensemble's mean steadies what the label's scale leaves noisier in one
     network."""
@@ -64,7 +64,7 @@ def label_scale(train_stats: dict[str, Any], target: str = "auto", ensemble: int
 
 
 class _EachMember:
-    """A regression loss that takes an ensemble's (batch, members) predictions (see _members)
+    """A regression loss that takes an ensemble's (batch, members) predictions (see model.py's _members)
     with the (batch,) label: the label is broadcast over the members and their losses averaged,
     so each member learns from its own error (the loss of their mean would train them as one
     network). One network's (batch,) predictions are taken as they are."""
