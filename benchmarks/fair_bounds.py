@@ -36,39 +36,16 @@ import hostile  # noqa: E402  (the model, the server's start, the row)
 from tfpipe.machine import cores  # noqa: E402
 
 
-def one_channel(grpc_port: int, seconds: float) -> float:
-    """Answers a second to one channel keeping 64 Predicts in flight."""
+def calls(grpc_port: int, seconds: float, channels: int, in_flight: int) -> float:
+    """Answers a second to `channels` channels, each keeping `in_flight` Predicts in flight."""
     import grpc
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     request = hostile.row_request()
 
     async def run() -> float:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            await stub.Predict(request, timeout=60)
-            answered, until = 0, time.perf_counter() + seconds
-
-            async def one():
-                nonlocal answered
-                while time.perf_counter() < until:
-                    await stub.Predict(request, timeout=60)
-                    answered += 1
-            await asyncio.gather(*[one() for _ in range(64)])
-            return answered / seconds
-    return asyncio.run(run())
-
-
-def many_channels(grpc_port: int, seconds: float) -> float:
-    """Answers a second to 32 channels, each keeping one Predict in flight."""
-    import grpc
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-    request = hostile.row_request()
-
-    async def run() -> float:
-        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") for _ in range(32)]
-        stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in channels]
+        opened = [grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") for _ in range(channels)]
+        stubs = [prediction_service_pb2_grpc.PredictionServiceStub(c) for c in opened]
         await asyncio.gather(*[s.Predict(request, timeout=60) for s in stubs])
         answered, until = 0, time.perf_counter() + seconds
 
@@ -77,8 +54,8 @@ def many_channels(grpc_port: int, seconds: float) -> float:
             while time.perf_counter() < until:
                 await stub.Predict(request, timeout=60)
                 answered += 1
-        await asyncio.gather(*[one(s) for s in stubs])
-        for c in channels:
+        await asyncio.gather(*[one(s) for s in stubs for _ in range(in_flight)])
+        for c in opened:
             await c.close()
         return answered / seconds
     return asyncio.run(run())
@@ -108,12 +85,12 @@ def large_bodies(rest_port: int, seconds: float) -> float:
 
 
 CASES = [  # name, batching, the default server's flags, the other's, measure(grpc, rest, seconds)
-    ("streams, batching on", True, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: one_channel(g, s)),
-    ("streams, batching off", False, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: one_channel(g, s)),
+    ("streams, batching on", True, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: calls(g, s, 1, 64)),
+    ("streams, batching off", False, [], ["--grpc_max_concurrent_streams=0"], lambda g, r, s: calls(g, s, 1, 64)),
     ("large, batching off", False, [], ["--large_requests_at_once=64"], lambda g, r, s: large_bodies(r, s)),
-    ("calls, against none", False, [], ["--max_concurrent_model_calls=64"], lambda g, r, s: many_channels(g, s)),
+    ("calls, against none", False, [], ["--max_concurrent_model_calls=64"], lambda g, r, s: calls(g, s, 32, 1)),
     ("calls, against 1 a core", False, [], [f"--max_concurrent_model_calls={cores()}"],
-     lambda g, r, s: many_channels(g, s)),
+     lambda g, r, s: calls(g, s, 32, 1)),
 ]
 
 

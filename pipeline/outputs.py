@@ -240,13 +240,13 @@ def match(pattern: str):
 
 def result(out: str) -> StageResult:
     """The data stage's output: its counts in one line, its fingerprint."""
-    path = FileSystems.join(out, "data.json")
-    with FileSystems.open(path) as f:
-        m = json.loads(f.read())
+    m = read_data_manifest(out)
+    if m is None:
+        raise DataError(f"{out} holds no data.json: not a data stage's output")
     c = m["counts"]
     noun = "images" if m.get("kind") == "images" else "rows"
     summary = (f"{c['read']:,} {noun} -> " + ", ".join(f"{k} {v:,}" for k, v in c["splits"].items())
                + (f"; {c['unlabelled']:,} unlabelled set aside" if c.get("unlabelled") else "")
                + f"; {c['bad']:,} dead-lettered")
-    return StageResult(path, summary, DataOutputs(out, m["fingerprint"]),
+    return StageResult(FileSystems.join(out, "data.json"), summary, DataOutputs(out, m["fingerprint"]),
                        notes=tuple(m.get("notices") or ()))
