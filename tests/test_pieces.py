@@ -117,13 +117,13 @@ def test_one_value_grpc_inputs_read_in_one_pass_as_tensor_to_numpy_reads_them(dt
                                                                                 content, taken):
     from tensorflow_serving.apis import predict_pb2
 
-    from tfpipe.serve.codecs.tensor_proto import _one_value_tensors, predict_inputs, tensor_to_numpy
+    from tfpipe.serve.codecs.tensor_proto import one_value_inputs, predict_inputs, tensor_to_numpy
 
     request = predict_pb2.PredictRequest()
     request.inputs["a"].CopyFrom(_one_input("DT_FLOAT", "float_val", [0.5], [1]))
     request.inputs["b"].CopyFrom(_one_input(dtype, field, values, dims, content))
     request.inputs["c"].CopyFrom(_one_input("DT_STRING", "string_val", [b"x"], [1]))
-    assert (_one_value_tensors(request.inputs) is not None) is taken
+    assert (one_value_inputs(request.inputs) is not None) is taken
     got = predict_inputs(request)
     assert list(got) == list(request.inputs)  # in the request's order
     for name, proto in request.inputs.items():

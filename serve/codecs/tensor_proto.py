@@ -149,20 +149,20 @@ def declared_shape(request: predict_pb2.PredictRequest) -> tuple[int | None, int
 def predict_inputs(request: predict_pb2.PredictRequest, bounded: bool = True) -> dict[str, np.ndarray]:
     """A Predict's tensors (`bounded`: see tensor_to_numpy; the fill-out bound is for all of them)."""
     inputs = request.inputs
-    fast = _one_value_tensors(inputs)
+    fast = one_value_inputs(inputs)
     if fast is not None:
         return fast
     left = [MAX_FILL_ELEMENTS]
     return {name: tensor_to_numpy(proto, name, bounded, left) for name, proto in inputs.items()}
 
 
-# the dtypes _one_value_tensors reads: their value field and numpy type
+# the dtypes one_value_inputs reads: their value field and numpy type
 _ONE_VALUE_FIELDS = {dt: _VALUE_FIELDS[dt] for dt in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_INT32,
                                                       types_pb2.DT_INT64, types_pb2.DT_BOOL)}
 _ONE_VALUE_FIELDS[types_pb2.DT_STRING] = ("string_val", object)
 
 
-def _one_value_tensors(inputs) -> dict[str, np.ndarray] | None:
+def one_value_inputs(inputs) -> dict[str, np.ndarray] | None:
     """The common gRPC request read in one pass: every input a shape [1] tensor holding its one
     value in its typed field (a row of one example, as clients send it), of a float, double,
     int32, int64, bool or string dtype. Each dtype's values become one array and each input a

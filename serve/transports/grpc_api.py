@@ -36,6 +36,7 @@ from tfpipe.serve.codecs.tensor_proto import (
     declared_shape,
     input_examples,
     model_spec,
+    one_value_inputs,
     predict_inputs,
     regression_result,
     tensor_proto,
@@ -87,13 +88,19 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         async def run():
             spec = spec_of(request.model_spec)
-            rows, elements = declared_shape(request)
-            # Large: many bytes, or many elements declared (a small request that TensorFlow's fill-out
-            # makes large; 8 bytes an element, a number's or a string's reference in numpy)
-            large = request.ByteSize() > OFF_LOOP_BYTES or elements * 8 > OFF_LOOP_BYTES
+            small = request.ByteSize() <= OFF_LOOP_BYTES
+            fast = one_value_inputs(request.inputs) if small else None
+            if fast:  # the common request (one value an input), read in the pass that would count it
+                rows, large, decode = 1, False, (lambda _: fast)
+            else:
+                rows, elements = declared_shape(request)
+                # Large: many bytes, or many elements declared (a small request that TensorFlow's
+                # fill-out makes large; 8 bytes an element, a number's or a string's reference in numpy)
+                large = not small or elements * 8 > OFF_LOOP_BYTES
+                decode = lambda _: predict_inputs(request)  # noqa: E731
             async with large_turn() if large else contextlib.nullcontext():
                 p = await self.inference.predict(spec, request.model_spec.signature_name,
-                                                 lambda _: predict_inputs(request), request.output_filter,
+                                                 decode, request.output_filter,
                                                  self.executor, client=self._client(context), decode_off_loop=large,
                                                  rows=rows)
 
