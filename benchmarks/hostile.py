@@ -1,5 +1,5 @@
-"""What one hostile client costs the others: a well-behaved client's latency while each attack of
-issue #45 is sent, and the server's memory.
+"""What one hostile client costs the others: a well-behaved client's latency while each attack below
+is sent, and the server's memory.
 
     python benchmarks/hostile.py [--workers 1 2] [--batching off on] [--seconds 8] [--attacks ...]
                                  [--serve-args=--max_call_rows=0]

@@ -211,8 +211,9 @@ class EmbeddedServer:
 
     async def _start_grpc(self) -> None:
         o = self.opts
-        # A request's bound is --max_request_bytes on both transports: grpc checks it after
-        # decompression, so a compressed request cannot inflate beyond it (TF Serving's is 2 GiB).
+        # A request's bound is --max_request_bytes on both transports (TF Serving's is 2 GiB): grpc
+        # core checks the bytes received, and leaves a compressed message to inflate to the handler,
+        # which checks the bound as it inflates, off the loop (grpc_calls.request_of).
         received = o.max_request_bytes if o.max_request_bytes > 0 else MAX_MESSAGE_BYTES
         # Calls the loop has not taken up yet wait in grpc core's queue; past its bounds (1,000, then
         # up to 3,000, by default) core cancels them: a good client's call CANCELLED in a burst.
@@ -228,7 +229,7 @@ class EmbeddedServer:
         # client sent within it: off, the bound is HTTP/2's own.
         streams = [("grpc.max_concurrent_streams", o.grpc_max_concurrent_streams),
                    ("grpc.http.overload_protection", 0)] if o.grpc_max_concurrent_streams > 0 else []
-        options = dict([("grpc.max_receive_message_length", received),
+        options = dict([("grpc.max_receive_message_length", received), ("grpc.per_message_decompression", 0),
                         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *pending, *streams,
                         *self.channel_args])
         self.grpc = grpc.aio.server(options=list(options.items()))
@@ -236,7 +237,7 @@ class EmbeddedServer:
                      PredictionService(self.inference, self.metrics, self._executors[0],
                                        o.enable_serialization_as_tensor_content, self.request_logs),
                      ModelService(self.inference, self.metrics, self._executors[0], self._reload, self.log),
-                     in_flight)
+                     in_flight, received)
         if o.enable_grpc_healthcheck_service:
             self.health = Health(dict.fromkeys(HEALTH_SERVICES, SERVING) | self._group_health(),
                                  refresh=self._group_health if self.group is not None else None)

@@ -132,6 +132,40 @@ def test_one_value_grpc_inputs_read_in_one_pass_as_tensor_to_numpy_reads_them(dt
         np.testing.assert_array_equal(got[name], want)
 
 
+def _requests_of_every_kind():
+    """One request of each message type the gRPC services take, as clients serialize them."""
+    from grpc_health.v1 import health_pb2
+    from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
+                                         inference_pb2, model_management_pb2, predict_pb2, regression_pb2)
+
+    spec = {"name": "m", "signature_name": "s"}
+    predict = predict_pb2.PredictRequest(model_spec=spec, output_filter=["y"])
+    predict.inputs["x"].CopyFrom(_one_input("DT_FLOAT", "float_val", [0.5], [1]))
+    return [predict, predict_pb2.PredictRequest(output_filter=["y"]), classification_pb2.ClassificationRequest(
+        model_spec=spec), regression_pb2.RegressionRequest(model_spec=spec), inference_pb2.MultiInferenceRequest(
+        tasks=[{"model_spec": spec}]), get_model_metadata_pb2.GetModelMetadataRequest(
+        model_spec=spec, metadata_field=["signature_def"]), get_model_status_pb2.GetModelStatusRequest(
+        model_spec=spec), model_management_pb2.ReloadConfigRequest(metric_names=["a"]),
+        health_pb2.HealthCheckRequest(service="x")]
+
+
+def test_a_compressed_grpc_message_is_told_by_its_first_bytes():
+    """grpc core hands compressed messages on as they came (grpc_calls): gzip and zlib streams, at every
+    level and of any text, are told apart from every request the services take, serialized."""
+    import gzip
+    import zlib
+
+    from tfpipe.serve.transports.grpc_calls import DEFLATE, GZIP, compression
+
+    for request in _requests_of_every_kind():
+        raw = request.SerializeToString()
+        assert raw and compression(raw) == 0, request
+        for level in range(10):
+            assert compression(gzip.compress(raw, compresslevel=level)) == GZIP
+            assert compression(zlib.compress(raw, level)) == DEFLATE
+    assert compression(b"") == 0 and compression(b"\x1f") == 0 and compression(b"\x78\x00") == 0
+
+
 # ---- model version policy ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("policy_text,on_disk,failed,expected", [

@@ -48,7 +48,7 @@ from tfpipe.serve.codecs.model_info import metadata_response, spec_of, status_re
 from tfpipe.serve.errors import ServingError, capped, invalid
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
-from tfpipe.serve.transports.grpc_calls import fail, parsed_request
+from tfpipe.serve.transports.grpc_calls import fail, request_of
 
 
 async def _answer(metrics: Metrics, api: str, name: str, context, handler):
@@ -245,17 +245,19 @@ _METHODS = {
 
 
 def add_services(server, metrics: Metrics, prediction: PredictionService, model: ModelService,
-                 max_in_flight: int = 0) -> None:
+                 max_in_flight: int, max_request_bytes: int) -> None:
     """Both services on `server`, as the generated add_*Servicer_to_server would add them except
     that the request bytes come to this code to parse: bytes that are not the method's request
     (random, cut short, bit-flipped) are INVALID_ARGUMENT naming the message type. grpcio's own
     deserializer answers them UNKNOWN ("Unexpected <class DecodeError>") before any code of ours runs.
     `max_in_flight` (--grpc_max_calls_in_flight; 0: no bound): a call that comes while as many are
-    being answered is RESOURCE_EXHAUSTED at once."""
+    being answered is RESOURCE_EXHAUSTED at once. `max_request_bytes`: the bound of a compressed
+    request's inflated bytes (grpc_calls.request_of; grpc core bounds the bytes received)."""
     for service, servicer in (("tensorflow.serving.PredictionService", prediction),
                               ("tensorflow.serving.ModelService", model)):
         handlers = {name: grpc.unary_unary_rpc_method_handler(
-                        _parsed(getattr(servicer, name), request, api, metrics, max_in_flight),
+                        _parsed(getattr(servicer, name), request, api, metrics, max_in_flight,
+                                max_request_bytes, servicer.executor),
                         request_deserializer=None,  # bytes in
                         response_serializer=functools.partial(_serialized, response))
                     for name, (request, response, api) in _METHODS[service].items()}
@@ -268,9 +270,10 @@ def _serialized(response_type, response) -> bytes:
     return response if type(response) is bytes else response_type.SerializeToString(response)
 
 
-def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int = 0):
-    """`method` (a servicer's coroutine) called on the request parsed from the call's bytes, unless
-    `max_in_flight` calls are being answered already."""
+def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int, max_request_bytes: int,
+            executor: Executor):
+    """`method` (a servicer's coroutine) called on the request read from the call's bytes (see
+    grpc_calls.request_of), unless `max_in_flight` calls are being answered already."""
 
     async def handler(raw: bytes, context):
         if max_in_flight and metrics.grpc_in_flight >= max_in_flight:
@@ -280,7 +283,7 @@ def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int
                  "(--grpc_max_calls_in_flight); try again later")
             return None
         PEER.set(context.peer())  # (this call's task: its work takes its connection's turns)
-        request = parsed_request(request_type, raw, context)
+        request = await request_of(request_type, raw, context, max_request_bytes, executor)
         if request is None:
             metrics.request("", api, "INVALID_ARGUMENT", 0.0)
             return None

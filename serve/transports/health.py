@@ -23,7 +23,8 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2
 
-from tfpipe.serve.transports.grpc_calls import parsed_request
+from tfpipe.serve.core.inference import OFF_LOOP_BYTES
+from tfpipe.serve.transports.grpc_calls import request_of
 
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = (health_pb2.HealthCheckResponse.SERVING,
                                          health_pb2.HealthCheckResponse.NOT_SERVING,
@@ -94,7 +95,7 @@ def add_health(server, health: Health) -> None:
 
     def parsing(method):
         async def handler(raw: bytes, context):
-            request = parsed_request(health_pb2.HealthCheckRequest, raw, context)
+            request = await request_of(health_pb2.HealthCheckRequest, raw, context, OFF_LOOP_BYTES)
             return None if request is None else await method(request, context)
         return handler
 
