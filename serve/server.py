@@ -241,7 +241,7 @@ class EmbeddedServer:
         if o.enable_grpc_healthcheck_service:
             self.health = Health(dict.fromkeys(HEALTH_SERVICES, SERVING) | self._group_health(),
                                  refresh=self._group_health if self.group is not None else None)
-            add_health(self.grpc, self.health)
+            add_health(self.grpc, self.health, received, self._executors[0])
         creds = self._credentials()
         self._add_probe_port(open_port=creds is None and o.port != 0)
         add = (lambda address: self.grpc.add_secure_port(address, creds)) if creds else self.grpc.add_insecure_port

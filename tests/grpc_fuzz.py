@@ -69,6 +69,7 @@ class Case:
 class Result:
     counts: Counter = field(default_factory=Counter)  # (kind, code) -> requests
     methods: Counter = field(default_factory=Counter)  # method name -> requests
+    encodings: Counter = field(default_factory=Counter)  # grpc.Compression name -> requests
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -338,10 +339,13 @@ def run(target: str, sigs: list[Signature], cases: int, seed: int, max_name: int
         progress=None, max_request_bytes: int | None = None) -> Result:
     """Send `cases` hostile requests to the server at `target`; count the answers by kind and code,
     and keep a line for each answer its case does not allow. A request over `max_request_bytes` (the
-    server's --max_request_bytes) may only get RESOURCE_EXHAUSTED."""
+    server's --max_request_bytes) may only get RESOURCE_EXHAUSTED. Each case goes plain or
+    compressed, with each of grpc's encodings in turn (a compressed case must get what the plain one
+    may: the server inflates it)."""
     import grpc
 
     rng = random.Random(seed)
+    encodings = (grpc.Compression.NoCompression, grpc.Compression.Gzip, grpc.Compression.Deflate)
     result = Result()
     started = time.monotonic()
     with channel(target) as ch:
@@ -352,20 +356,23 @@ def run(target: str, sigs: list[Signature], cases: int, seed: int, max_name: int
                 ch.unary_stream if case.method == HEALTH_WATCH else ch.unary_unary)(
                     case.method, request_serializer=None, response_deserializer=None))
             try:
+                encoding = encodings[i % len(encodings)]
                 if case.method == HEALTH_WATCH:  # its first answer, then the stream is left
-                    stream = call(case.payload, timeout=60)
+                    stream = call(case.payload, timeout=60, compression=encoding)
                     next(stream)
                     stream.cancel()
                 else:
-                    call(case.payload, timeout=60)
+                    call(case.payload, timeout=60, compression=encoding)
                 code, details = "OK", ""
             except grpc.RpcError as e:
                 code, details = e.code().name, e.details() or ""
             result.counts[(case.kind, code)] += 1
             result.methods[case.method.rsplit("/", 1)[1]] += 1
+            result.encodings[encoding.name] += 1
             over = max_request_bytes is not None and len(case.payload) > max_request_bytes
             if code not in (frozenset({"RESOURCE_EXHAUSTED"}) if over else case.allowed):
-                result.failures.append(f"{case.kind} {case.method.rsplit('/', 1)[1]} ({len(case.payload)} bytes): "
+                result.failures.append(f"{case.kind} {case.method.rsplit('/', 1)[1]} ({len(case.payload)} bytes, "
+                                       f"{encoding.name}): "
                                        f"{code} {details[:300]!r}")
             if progress is not None and (i + 1) % 2000 == 0:
                 progress(i + 1, result, time.monotonic() - started)
@@ -469,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in KINDS:
         print(f"  {kind}: " + ", ".join(f"{c} {n:,}" for (k, c), n in sorted(result.counts.items()) if k == kind))
     print("by method: " + ", ".join(f"{m} {n:,}" for m, n in sorted(result.methods.items())))
+    print("by encoding: " + ", ".join(f"{m} {n:,}" for m, n in sorted(result.encodings.items())))
     print(f"answers a case does not allow: {len(result.failures)}; server RSS {start / 2**20:.0f} MB at the start, "
           f"peak {peak / 2**20:.0f} MB (+{growth:.0f} MB); a good request afterwards answered: {alive}")
     for f in result.failures[:20]:

@@ -555,7 +555,8 @@ def test_grpc_requests_beyond_their_values_or_undecodable_are_refused_as_the_cli
 def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server):
     """tests/grpc_fuzz.py's hostile requests, a seeded round of 400 in the suite: undecodable bytes,
     shapes beyond their values, overflowing dims, wrong dtypes and ranks, huge names, missing inputs,
-    to every model and to the health service. Every answer is one its kind allows (never UNKNOWN or
+    to every model and to the health service, plain and compressed (gzip, deflate) in turn. Every
+    answer is one its kind allows (never UNKNOWN or
     INTERNAL), the server's peak RSS stays within 100 MB of where it started, and it answers good
     requests afterwards. The long run: `python tests/grpc_fuzz.py` (docs/benchmarks.md, gRPC fuzzing)."""
     import grpc_fuzz
@@ -572,6 +573,7 @@ def test_hostile_grpc_requests_are_refused_within_bounded_memory(hostile_server)
     assert not result.failures, result.failures[:10]
     assert result.total == 400 and {kind for kind, _ in result.counts} == set(grpc_fuzz.KINDS), result.counts
     assert result.methods["Check"] and result.methods["Watch"], result.methods
+    assert sorted(result.encodings.values()) == [133, 133, 134], result.encodings
     assert "UNKNOWN" not in result.by_code() and "INTERNAL" not in result.by_code()
     assert growth <= 100 * 2**20, growth / 2**20
     assert grpc_fuzz.answers_good_requests(target, sigs)

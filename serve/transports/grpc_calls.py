@@ -81,28 +81,27 @@ def _inflated_request(request_type, inflater, head: bytes, limit: int):
     return request_type.FromString(_inflate(inflater, head, limit))
 
 
-async def request_of(request_type, raw: bytes, context, limit: int, executor: Executor | None = None):
+async def request_of(request_type, raw: bytes, context, limit: int, executor: Executor):
     """The request of type `request_type` that a call's bytes carry, inflated first when the client
     compressed it, to at most `limit` bytes (--max_request_bytes; RESOURCE_EXHAUSTED past it, as
     grpc answers a message over its bound): on the loop up to OFF_LOOP_BYTES, beyond them inflated
-    and parsed on `executor` in a large request's turn (with no executor, no more are read). None,
-    with the call's status set, for bytes that are no such request or too many."""
+    and parsed on `executor` in a large request's turn. None, with the call's status set, for
+    bytes that are no such request or too many."""
     wbits = compression(raw)
     if not wbits:
         return parsed_request(request_type, raw, context)
-    cap = limit if executor is not None else min(limit, OFF_LOOP_BYTES)
-    first = min(OFF_LOOP_BYTES, cap)  # what the loop inflates
+    first = min(OFF_LOOP_BYTES, limit)  # what the loop inflates
     inflater = zlib.decompressobj(wbits)
     try:
         head = inflater.decompress(raw, first + 1)
-        if inflater.eof or len(head) <= first or first == cap:  # whole, cut short, or over the bound
-            body = _inflate(inflater, head, cap)
+        if inflater.eof or len(head) <= first or first == limit:  # whole, cut short, or over the bound
+            body = _inflate(inflater, head, limit)
         else:
             async with large_turn():  # a bomb inflates on a thread, one large request at a time
                 return await asyncio.get_running_loop().run_in_executor(
-                    executor, _inflated_request, request_type, inflater, head, cap)
+                    executor, _inflated_request, request_type, inflater, head, limit)
     except _TooLarge:
-        fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"Decompressed message larger than max ({cap} bytes)")
+        fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"Decompressed message larger than max ({limit} bytes)")
         return None
     except zlib.error as e:
         if wbits == DEFLATE:  # bytes that only began as a zlib header does

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-from tfpipe.serve.core.inference import OFF_LOOP_BYTES
 from tfpipe.serve.transports.grpc_calls import request_of
 
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = (health_pb2.HealthCheckResponse.SERVING,
@@ -88,14 +88,15 @@ class Health:
             await asyncio.shield(self._changed)
 
 
-def add_health(server, health: Health) -> None:
+def add_health(server, health: Health, max_request_bytes: int, executor: Executor) -> None:
     """`health` on a grpc.aio server, as a generic handler (see the module's docstring). The request
-    bytes come to this code to parse, as on the serving APIs: bytes that are no HealthCheckRequest
-    are INVALID_ARGUMENT, not grpcio's UNKNOWN."""
+    bytes come to this code to read, as on the serving APIs (grpc_calls.request_of, within
+    `max_request_bytes`, a large compressed one inflated on `executor`): bytes that are no
+    HealthCheckRequest are INVALID_ARGUMENT, not grpcio's UNKNOWN."""
 
     def parsing(method):
         async def handler(raw: bytes, context):
-            request = await request_of(health_pb2.HealthCheckRequest, raw, context, OFF_LOOP_BYTES)
+            request = await request_of(health_pb2.HealthCheckRequest, raw, context, max_request_bytes, executor)
             return None if request is None else await method(request, context)
         return handler
 
