@@ -233,7 +233,9 @@ PART_VALUES = 65536
 
 
 def _parts(flat: np.ndarray) -> list[np.ndarray]:
-    return [flat[i:i + PART_VALUES] for i in range(0, len(flat), PART_VALUES)] or [flat]
+    if len(flat) <= PART_VALUES:
+        return [flat]
+    return [flat[i:i + PART_VALUES] for i in range(0, len(flat), PART_VALUES)]
 
 
 def input_examples(inp: input_pb2.Input) -> list[bytes]:

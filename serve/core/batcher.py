@@ -70,7 +70,7 @@ class _Queue:
 
     def oldest(self) -> float:
         """The earliest deadline of the tasks waiting (each connection's first is its oldest)."""
-        return min(t.deadline for t in self.waiting.firsts())
+        return min(jobs[0].deadline for jobs in self.waiting.jobs.values())
 
     def ready(self, now: float) -> bool:
         return self.rows >= self.options.execution_size or self.oldest() <= now
@@ -172,7 +172,7 @@ class BatchScheduler:
             now = time.monotonic()
             ready = [(k, q) for k, q in self.queues.items() if q.waiting.count and q.ready(now)]
             if ready:
-                key, q = min(ready, key=lambda kq: kq[1].oldest())  # oldest first across queues
+                key, q = ready[0] if len(ready) == 1 else min(ready, key=lambda kq: kq[1].oldest())  # oldest first
                 batch = q.take()
                 if q.retired and not q.waiting.count:
                     del self.queues[key]

@@ -13,7 +13,6 @@ cost about a third more CPU per batched Predict (docs/benchmarks.md, Serving).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from concurrent.futures import Executor
@@ -98,31 +97,38 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 # fill-out makes large; 8 bytes an element, a number's or a string's reference in numpy)
                 large = not small or elements * 8 > OFF_LOOP_BYTES
                 decode = lambda _: predict_inputs(request)  # noqa: E731
-            async with large_turn() if large else contextlib.nullcontext():
-                p = await self.inference.predict(spec, request.model_spec.signature_name,
-                                                 decode, request.output_filter,
-                                                 self.executor, client=self._client(context), decode_off_loop=large,
-                                                 rows=rows)
-
-                def answer() -> predict_pb2.PredictResponse:
-                    response = predict_pb2.PredictResponse()
-                    model_spec(response.model_spec, spec.name, p.servable.version, p.signature.name)
-                    for k, v in p.outputs.items():
-                        tensor_proto(v, self.tensor_content, into=response.outputs[k])
-                    return response
-                if not p.large_answer():
-                    response = answer()
-                    self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
-                    return response
-
-                def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
-                    response = answer()
-                    return response, response.SerializeToString()
-                with large_request():
-                    response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
-            self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
-            return wire
+            if not large:
+                return await self._predicted(request, context, started, spec, decode, rows, False)
+            async with large_turn():
+                return await self._predicted(request, context, started, spec, decode, rows, True)
         return await _answer(self.metrics, "predict", request.model_spec.name, context, run)
+
+    async def _predicted(self, request, context, started: tuple[int, int], spec, decode, rows: int | None,
+                         large: bool):
+        """A Predict's answer: the request `decode`d (off the loop when `large`) and run; the
+        response built on the loop, or serialized off it when the answer is large."""
+        p = await self.inference.predict(spec, request.model_spec.signature_name, decode, request.output_filter,
+                                         self.executor, client=self._client(context), decode_off_loop=large,
+                                         rows=rows)
+
+        def answer() -> predict_pb2.PredictResponse:
+            response = predict_pb2.PredictResponse()
+            model_spec(response.model_spec, spec.name, p.servable.version, p.signature.name)
+            for k, v in p.outputs.items():
+                tensor_proto(v, self.tensor_content, into=response.outputs[k])
+            return response
+        if not p.large_answer():
+            response = answer()
+            self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
+            return response
+
+        def serialized() -> tuple[predict_pb2.PredictResponse, bytes]:
+            response = answer()
+            return response, response.SerializeToString()
+        with large_request():
+            response, wire = await asyncio.get_running_loop().run_in_executor(self.executor, serialized)
+        self._log(started, spec.name, p.servable.version, p.signature.name, "predict", request, response)
+        return wire
 
     async def Classify(self, request, context):
         return await self._on_examples("classify", request, context, self.inference.classify,
