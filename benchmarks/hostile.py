@@ -24,8 +24,10 @@ another:
 Each attack runs in a process of its own. Per window it prints the attack's requests, their bytes
 and answers, the server's resident memory at its peak over the baseline's (the process tree: every
 worker), and the well-behaved clients' p50, p99 and maximum (ms) and failures, of the requests due
-in the window. Exit 1 if a well-behaved request failed. The attacker's
-own requests are not counted: they may be refused (that is what they should get).
+in the window. The attacker's own requests are not counted: they may be refused (that is what
+they should get). Exit 1 if a well-behaved request failed, or if an attack's p99 is more than
+--bound-ms beyond the same server's p99 without one (the quiet window): the bound each attack
+must keep, measured here rather than in a timed test.
 """
 
 from __future__ import annotations
@@ -431,21 +433,31 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="each window's length")
     ap.add_argument("--attacks", nargs="+", choices=list(ATTACKS), default=list(ATTACKS))
     ap.add_argument("--serve-args", default="", help="more `tfpipe serve` flags, e.g. --serve-args=--max_call_rows=0")
+    ap.add_argument("--bound-ms", type=float, default=100.0,
+                    help="how far beyond its quiet p99 an attack may take the well-behaved p99 (default 100)")
     args = ap.parse_args()
     base = model_base()
-    failed = 0
+    failed, over = 0, []
     for workers in args.workers:
         for batching in args.batching:
             print(f"\n--workers={workers}, batching {batching} {args.serve_args}")
             print(f"{'attack':11} {'requests':>8} {'MB sent':>9} {'peak +MB':>9} {'p50 ms':>7} {'p99 ms':>7} "
                   f"{'max ms':>7} {'polite':>7}  attacker's answers")
+            quiet = None
             for r in run(base, workers, batching == "on", args.seconds, args.serve_args.split(), args.attacks):
                 failed += r["failed"]
+                if r["attack"] == "(none)":  # the quiet window, first
+                    quiet = r["p99"]
+                elif r["p99"] - quiet > args.bound_ms:
+                    over.append(f"{r['attack']} (--workers={workers}, batching {batching}): p99 {r['p99']:.1f} ms, "
+                                f"{r['p99'] - quiet:.1f} beyond the quiet {quiet:.1f}")
                 answers = ", ".join(f"{k} {v}" for k, v in sorted(r["answers"].items()))
                 print(f"{r['attack']:11} {r['requests']:8d} {r['bytes'] / 1e6:9.2f} {r['peak_mb']:9.0f} "
                       f"{r['p50']:7.1f} {r['p99']:7.1f} {r['max']:7.1f} {r['n'] - r['failed']:4d}/{r['n']:<4d} "
                       f"{answers}")
-    sys.exit(1 if failed else 0)
+    print(f"\nwell-behaved requests failed: {failed}; attacks beyond the quiet p99 by more than "
+          f"{args.bound_ms:g} ms: {len(over)}" + "".join(f"\n  {o}" for o in over))
+    sys.exit(1 if failed or over else 0)
 
 
 if __name__ == "__main__":
