@@ -1,13 +1,19 @@
 """The drain's socket-level part: a listening socket made to start no new connection, so that a
 stopping server answers what its kernel queued and resets no connection whose client already
 sent (EmbeddedServer.stop in serve/server.py accepts what was queued, until nothing new comes for
-HANDSHAKE_WAIT, then closes)."""
+HANDSHAKE_WAIT, then closes); and the probes of what a REST connection has received and not yet
+answered (`pending`, `unread_bytes`), by which the drain closes only connections with nothing left."""
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import socket
 import struct
+import sys
+import termios
+
+from tfpipe.serve.transports.aiohttp_internals import queued_requests
 
 SO_ATTACH_FILTER = 26  # Linux's socket option number (asm-generic/socket.h)
 HANDSHAKE_WAIT = 0.05  # s: the drain accepts until no connection has been queued for this long
@@ -38,3 +44,20 @@ def refuse_new_connections(sock) -> None:
         sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
     except OSError:
         pass
+
+
+def pending(connection) -> bool:
+    """Whether a connection has received more than the request it is answering: requests parsed
+    behind it, or bytes not yet read (the drain answers them before the connection closes)."""
+    return queued_requests(connection) > 0 or unread_bytes(connection.transport) > 0
+
+
+def unread_bytes(transport) -> int:
+    """Bytes a connection has received that nobody has read yet (0 for a closed one)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
+    except OSError:
+        return 0

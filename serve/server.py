@@ -39,7 +39,7 @@ from tfpipe.serve.core.canary import Canary, CanaryOptions
 from tfpipe.serve.core.shadow import Shadow, check_options
 from tfpipe.serve.core import large_requests
 from tfpipe.serve.core.turns import CALLS_PER_CORE, Turns
-from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections
+from tfpipe.serve.drain import HANDSHAKE_WAIT, refuse_new_connections, unread_bytes
 from tfpipe.serve.errors import ServeError, ServingError
 from tfpipe.serve.flags import ServeOptions, ignored_flag_notes
 from tfpipe.serve.metrics import Metrics
@@ -55,7 +55,7 @@ from tfpipe.serve.tfserving.configs import (
 from tfpipe.serve.transports.aiohttp_internals import waiting_for_request
 from tfpipe.serve.transports.grpc_api import ModelService, PredictionService, add_services
 from tfpipe.serve.transports.health import NOT_SERVING, SERVING, Health, add_health
-from tfpipe.serve.transports.rest_api import RestApi, unread_bytes
+from tfpipe.serve.transports.rest_api import RestApi
 from tfpipe.serve.worker_group import Group, announce_ready, worker_identity
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # tensorflow_model_server's gRPC message limit (SetMaxMessageSize)

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web, web_protocol
 
 from tfpipe.serve.transports import aiohttp_internals
-from tfpipe.serve.transports.rest_api import pending
+from tfpipe.serve.drain import pending
 
 PIPELINED = 3
 

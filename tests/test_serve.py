@@ -873,6 +873,51 @@ def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path
         assert predict("slow", 1.0).json() == {"predictions": [2.0]}  # and it recovers
 
 
+def test_batched_classify_and_regress_wait_for_their_batch_holding_no_thread(tmp_path):
+    """With one gRPC thread and one REST thread, eight Regress calls (five gRPC, three REST) that
+    arrive together make one batch of eight: each waits for the batch without a thread (one that
+    held its thread until its batch ran would leave the others unread until the batch timeout,
+    ten seconds here, and make batches of one)."""
+    import grpc
+    from serving_models import save_half
+    from tensorflow_serving.apis import prediction_service_pb2_grpc, regression_pb2
+
+    from tfpipe.serve.server import ServerThread
+
+    save_half(str(tmp_path / "half" / "1"))
+    (tmp_path / "batching.config").write_text(
+        "max_batch_size { value: 8 }\nbatch_timeout_micros { value: 10000000 }\nnum_batch_threads { value: 1 }\n")
+    (tmp_path / "monitoring.config").write_text("prometheus_config { enable: true }")
+    opts = _opts(model_name="half", model_base_path=str(tmp_path / "half"), enable_batching=True,
+                 batching_parameters_file=str(tmp_path / "batching.config"), grpc_max_threads=1,
+                 rest_api_num_threads=1, monitoring_config_file=str(tmp_path / "monitoring.config"),
+                 file_system_poll_wait_seconds=0)
+    with ServerThread(opts) as s:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}"))
+        url = f"http://127.0.0.1:{s.rest_port}"
+
+        def regress(x: float) -> float:
+            if x >= 5:
+                body = {"signature_name": "regress_x", "examples": [{"x": x}]}
+                return requests.post(f"{url}/v1/models/half:regress", json=body, timeout=60).json()["results"][0]
+            req = regression_pb2.RegressionRequest()
+            req.model_spec.name, req.model_spec.signature_name = "half", "regress_x"
+            req.input.example_list.examples.add().features.feature["x"].float_list.value.append(x)
+            return stub.Regress(req, timeout=60).result.regressions[0].value
+
+        def batches() -> tuple[int, float]:
+            metrics = requests.get(f"{url}/monitoring/prometheus/metrics", timeout=30).text
+            return (int(re.search(r"^tfpipe_serving_batch_size_count (\d+)", metrics, re.MULTILINE)[1]),
+                    float(re.search(r"^tfpipe_serving_batch_size_sum (\S+)", metrics, re.MULTILINE)[1]))
+
+        before = batches()
+        with ThreadPoolExecutor(8) as pool:
+            values = list(pool.map(regress, [float(x) for x in range(8)]))
+        assert values == [0.5 * x + 2.0 for x in range(8)]
+        count, rows = batches()
+        assert (count - before[0], rows - before[1]) == (1, 8), (before, count, rows)
+
+
 def test_hot_reload_under_load_has_zero_failed_requests(tmp_path):
     from serving_models import save_half
 

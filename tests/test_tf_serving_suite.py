@@ -553,6 +553,7 @@ def test_tf_servings_own_half_plus_three_file_serves_both_signatures():
     import numpy as np
     import tensorflow as tf
 
+    from tfpipe.serve.core.examples import finished
     from tfpipe.serve.core.servable import Servable
 
     path = os.path.join(os.environ["TFPIPE_TF_SERVING_TESTDATA"], "saved_model_half_plus_three", "00000123")
@@ -561,7 +562,7 @@ def test_tf_servings_own_half_plus_three_file_serves_both_signatures():
     assert servable.run(servable.signature(""), {"x": np.array([2.0], np.float32)})["y"].tolist() == [4.0]
     ex = tf.train.Example()
     ex.features.feature["x"].float_list.value.append(2.0)
-    assert servable.regress("tensorflow/serving/regress", [ex.SerializeToString()])[1].tolist() == [4.0]
+    assert finished(servable.regress("tensorflow/serving/regress", [ex.SerializeToString()]))[1].tolist() == [4.0]
 
 
 def test_bad_model_config(paths, tmp_path):

@@ -12,6 +12,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from tfpipe.prediction_logs import WARMUP_FILE
 from tfpipe.serve.codecs.tensor_proto import input_examples, predict_inputs
+from tfpipe.serve.core.examples import finished
 from tfpipe.serve.core.servable import CLASSIFY, Servable
 from tfpipe.serve.errors import precondition
 
@@ -35,16 +36,16 @@ def replay(servable: Servable) -> int:
                 servable.run(sig, servable.check_inputs(sig, predict_inputs(req, bounded=False)))
             elif kind == "classify_log":
                 req = log.classify_log.request
-                servable.classify(req.model_spec.signature_name, input_examples(req.input))
+                finished(servable.classify(req.model_spec.signature_name, input_examples(req.input)))
             elif kind == "regress_log":
                 req = log.regress_log.request
-                servable.regress(req.model_spec.signature_name, input_examples(req.input))
+                finished(servable.regress(req.model_spec.signature_name, input_examples(req.input)))
             elif kind == "multi_inference_log":
                 req = log.multi_inference_log.request
                 examples = input_examples(req.input)
                 for task in req.tasks:
-                    (servable.classify if task.method_name == CLASSIFY else servable.regress)(
-                        task.model_spec.signature_name, examples)
+                    finished((servable.classify if task.method_name == CLASSIFY else servable.regress)(
+                        task.model_spec.signature_name, examples))
             else:
                 raise precondition(f"warmup record {n}: unsupported log type {kind}")
         n += 1

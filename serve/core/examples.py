@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -16,31 +16,51 @@ from tensorflow.core.example import example_pb2
 from tfpipe.serve.errors import ServingError, invalid
 
 
-def run_examples(serialized: list[bytes], check: Callable[[dict], dict], run: Callable[[dict], dict]
-                 ) -> dict[str, np.ndarray]:
+async def run_examples(serialized: list[bytes], check: Callable[[dict], dict], run: Callable[[dict], Awaitable[dict]],
+                       off_loop: Callable[..., Awaitable] | None = None) -> dict[str, np.ndarray]:
     """A classification or regression signature on the examples: `check(inputs)` the signature's
-    check of `{"inputs": the serialized examples}`, `run(checked)` its call. A number sent as the
-    other numeric list is that number (as :predict takes either): where the model's ParseExample
-    refuses a feature's int64_list for a float, or a float_list of whole numbers for an int64,
-    that feature's values are sent again as the list it parses, key by key. (TF Serving refuses
-    the request; REST's JSON makes an int64_list of `48` and a float_list of `48.0`.)"""
+    check of `{"inputs": the serialized examples}`, `await run(checked)` its call; `off_loop(fn,
+    *args)`, when given, reads the examples there (a large request's: not on the event loop). A
+    number sent as the other numeric list is that number (as :predict takes either): where the
+    model's ParseExample refuses a feature's int64_list for a float, or a float_list of whole numbers
+    for an int64, that feature's values are sent again as the list it parses, key by key. (TF
+    Serving refuses the request; REST's JSON makes an int64_list of `48` and a float_list of `48.0`.)"""
+    async def read(fn, *args):
+        return fn(*args) if off_loop is None else await off_loop(fn, *args)
+
     if not serialized:
         raise invalid("Input is empty.")
     converted: set[str] = set()
     while True:
-        value = np.empty(len(serialized), dtype=object)
-        value[:] = serialized
         try:
-            return run(check({"inputs": value}))
+            return await run(await read(_checked, check, serialized))
         except ServingError as e:
             found = _NUMBER_KIND.search(e.message)
             if found is None or found["key"] in converted:
                 raise
             converted.add(found["key"])
-            fixed = as_numbers(serialized, found["key"], found["want"] or found["want2"])
+            fixed = await read(as_numbers, serialized, found["key"], found["want"] or found["want2"])
             if fixed is None:  # a value with a fraction for an int64: the model's refusal stands
                 raise
             serialized = fixed
+
+
+def _checked(check: Callable[[dict], dict], serialized: list[bytes]) -> dict:
+    value = np.empty(len(serialized), dtype=object)
+    value[:] = serialized
+    return check({"inputs": value})
+
+
+def finished(call: Coroutine):
+    """The value of a coroutine that never waits: a Classify or Regress of Servable's own (its model
+    called on the caller's thread), for code on a thread with no event loop (warmup, the shadow, the
+    canary's agreement)."""
+    try:
+        call.send(None)
+    except StopIteration as done:
+        return done.value
+    call.close()
+    raise RuntimeError("the call waited for something: it needs an event loop")
 
 
 def classification_outputs(out: dict[str, np.ndarray], examples: int) -> tuple[np.ndarray | None, np.ndarray | None]:

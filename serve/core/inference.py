@@ -9,9 +9,9 @@ both call one predictor, classifier, regressor and metadata/status implementatio
 Both transports live on the server's asyncio loop. `predict` never runs TensorFlow on the
 loop: a model call goes to a worker thread (`--rest_api_num_threads` for REST,
 `--grpc_max_threads` for gRPC), or to a batch thread when batching is on, and the loop waits
-without holding a thread. `classify`, `regress` and `multi_inference` read their examples and
-run on a worker thread (the transport's, which it passes; the core's by default), awaited the same
-way; with batching on, that thread waits for the batch.
+without holding a thread. `classify`, `regress` and `multi_inference` call the model the same
+way (Servable's calls awaiting `_how`'s `run`); a large request's examples are read on a worker
+thread, a small one's on the loop.
 
 With batching off, a request of more rows than `call_rows` (--max_call_rows) is answered by
 successive model calls of at most that many rows, each a call of its own for TensorFlow's thread
@@ -34,6 +34,7 @@ import numpy as np
 from tfpipe.serve.core.batcher import BatchScheduler
 from tfpipe.serve.core.batching import BatchOptions, batch_shapes, join_rows, row_parts
 from tfpipe.serve.core.canary import Canary
+from tfpipe.serve.core.examples import finished
 from tfpipe.serve.core.large_requests import large_request
 from tfpipe.serve.core.manager import ModelManager, ModelSpec
 from tfpipe.serve.core.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, Servable, Signature
@@ -76,36 +77,54 @@ class Inference:
         self.shadow, self.canary = shadow, canary
         self._options: dict[int, BatchOptions | None] = {}
 
-    # ---- Classify, Regress and MultiInference: decoded and answered on a worker thread ----------
+    # ---- Classify, Regress and MultiInference ----------------------------------------------
 
     async def classify(self, spec: ModelSpec, signature_name: str, decode: Callable[[], list[bytes]],
-                       client: str | None = None, executor: Executor | None = None):
-        """A Classify: the request's examples (`decode()`) read and classified on `executor` (the
-        transport's threads; the core's by default). (servable, signature, examples, classes, scores)."""
-        def run():
-            examples = decode()
-            servable, sig, (classes, scores) = self._on_examples(
-                "classify", spec, client, examples,
-                lambda s, run=None: s.classify(signature_name, examples, run), classification_view)
-            return servable, sig, examples, classes, scores
-        return await self._on_thread(run, executor)
+                       client: str | None = None, executor: Executor | None = None, decode_off_loop: bool = False):
+        """A Classify: the request's examples (`decode()`) read, and classified with the model called
+        as Predict calls it (in a batch, or on `executor`'s model calls: the transport's threads,
+        the core's by default), waited for without holding a thread. `decode_off_loop`: the
+        examples read (and converted, see examples.run_examples) on `executor`, for a request large
+        enough to keep the loop from other connections. (servable, signature, examples, classes, scores)."""
+        examples = await self._read(decode, executor, decode_off_loop)
+        servable, sig, (classes, scores) = await self._on_examples(
+            "classify", spec, client, examples, executor, decode_off_loop,
+            lambda s, **how: s.classify(signature_name, examples, **how), classification_view)
+        return servable, sig, examples, classes, scores
 
     async def regress(self, spec: ModelSpec, signature_name: str, decode: Callable[[], list[bytes]],
-                      client: str | None = None, executor: Executor | None = None):
+                      client: str | None = None, executor: Executor | None = None, decode_off_loop: bool = False):
         """A Regress, as `classify`. (servable, signature, examples, values)."""
-        def run():
-            examples = decode()
-            servable, sig, (values,) = self._on_examples(
-                "regress", spec, client, examples,
-                lambda s, run=None: s.regress(signature_name, examples, run), lambda values: {"outputs": values})
-            return servable, sig, examples, values
-        return await self._on_thread(run, executor)
+        examples = await self._read(decode, executor, decode_off_loop)
+        servable, sig, (values,) = await self._on_examples(
+            "regress", spec, client, examples, executor, decode_off_loop,
+            lambda s, **how: s.regress(signature_name, examples, **how), lambda values: {"outputs": values})
+        return servable, sig, examples, values
 
-    async def _on_thread(self, fn: Callable, executor: Executor | None):
-        return await asyncio.get_running_loop().run_in_executor(executor or self.executor, fn)
+    async def _read(self, decode: Callable, executor: Executor | None, off_loop: bool):
+        if not off_loop:
+            return decode()
+        return await asyncio.get_running_loop().run_in_executor(executor or self.executor, decode)
 
-    def _on_examples(self, api: str, spec: ModelSpec, client: str | None, examples: list[bytes], call, view):
-        """On a worker thread, a Classify or Regress: `call(servable, runner)` answers (signature,
+    def _how(self, servable: Servable, executor: Executor | None, off_loop: bool) -> dict:
+        """How a Classify or Regress of `servable` runs on the request's path (Servable.classify's
+        `run` and `off_loop`): its model calls as Predict's, its examples read off the loop when large."""
+        executor = executor or self.executor
+
+        async def run(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            loop = asyncio.get_running_loop()
+            future = self._submit(servable, sig, inputs, loop)
+            if future is None:
+                return await self._unbatched(servable, sig, inputs, None, executor, loop)
+            return await future
+
+        def elsewhere(fn, *args):
+            return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        return {"run": run, "off_loop": elsewhere if off_loop else None}
+
+    async def _on_examples(self, api: str, spec: ModelSpec, client: str | None, examples: list[bytes],
+                           executor: Executor | None, off_loop: bool, call, view):
+        """A Classify or Regress: `await call(servable, run=..., off_loop=...)` answers (signature,
         *result), `view(*result)` is the result as named outputs (what the canary checks and
         compares, and the shadow too). Returns the servable that answered, the signature and the result."""
         servable = self.manager.resolve(*spec)
@@ -115,15 +134,15 @@ class Inference:
         if candidate is not None:
             try:
                 t0 = time.perf_counter()
-                sig, *result = call(candidate, self._runner(candidate))
+                sig, *result = await call(candidate, **self._how(candidate, executor, off_loop))
                 why = self.canary.answered(servable, candidate, view(*result), time.perf_counter() - t0,
-                                           lambda: view(*call(servable)[1:]))
+                                           lambda: view(*finished(call(servable))[1:]))  # on the canary's thread
             except Exception as e:  # noqa: BLE001 (whatever the candidate does, the served version answers)
                 why = _failure(e)
             if why is None:
                 return candidate, sig, result
         t0 = time.perf_counter()
-        sig, *result = call(servable, self._runner(servable))
+        sig, *result = await call(servable, **self._how(servable, executor, off_loop))
         seconds = time.perf_counter() - t0
         if candidate is not None:
             self.canary.failed(servable, candidate, why, view(*result))
@@ -135,14 +154,25 @@ class Inference:
         return servable, sig, result
 
     async def multi_inference(self, tasks: Callable[[], list[tuple]], decode: Callable[[], list[bytes]],
-                              executor: Executor | None = None) -> tuple[Servable, list[tuple]]:
+                              executor: Executor | None = None, decode_off_loop: bool = False
+                              ) -> tuple[Servable, list[tuple]]:
         """`tasks()`: (ModelSpec, signature name, method) per task, all of one model; `decode()`: the
         examples. Both read, checked as TF Serving checks them, and each task's signature run on
-        the examples on `executor`, as `classify`. Returns the servable and, per task,
+        the examples as `classify` runs one. Returns the servable and, per task,
         ('classify', classes, scores) or ('regress', values)."""
-        return await self._on_thread(lambda: self._multi_inference(tasks(), decode()), executor)
+        tasks = tasks()
+        examples = await self._read(decode, executor, decode_off_loop)
+        servable = self._multi_inference_servable(tasks)
+        how, results = self._how(servable, executor, decode_off_loop), []
+        for _, signature_name, method in tasks:
+            if method == CLASSIFY:
+                results.append(("classify", *(await servable.classify(signature_name, examples, **how))[1:]))
+            else:
+                results.append(("regress", (await servable.regress(signature_name, examples, **how))[1]))
+        return servable, results
 
-    def _multi_inference(self, tasks: list[tuple], examples: list[bytes]) -> tuple[Servable, list[tuple]]:
+    def _multi_inference_servable(self, tasks: list[tuple]) -> Servable:
+        """The one servable a MultiInference's tasks name, each task checked as TF Serving checks it."""
         names = set()
         for (name, _, _), signature_name, _ in tasks:
             if not name:
@@ -165,13 +195,7 @@ class Inference:
                 servable.regression_signature(key)
             else:
                 raise unimplemented(f"Unsupported signature method_name: {quoted(method)}")
-        run, results = self._runner(servable), []
-        for _, signature_name, method in tasks:
-            if method == CLASSIFY:
-                results.append(("classify", *servable.classify(signature_name, examples, run)[1:]))
-            else:
-                results.append(("regress", servable.regress(signature_name, examples, run)[1]))
-        return servable, results
+        return servable
 
     # ---- what the transports call ---------------------------------------------------------
 
@@ -260,15 +284,6 @@ class Inference:
                 return joined
         return await loop.run_in_executor(calls, servable.run, sig, inputs, keep)
 
-    def _run_unbatched(self, servable: Servable, sig: Signature, inputs: dict[str, np.ndarray]):
-        """`_unbatched` on the caller's thread."""
-        parts = row_parts(inputs, self.call_rows) if sig.splits else None
-        if parts is not None:
-            joined = _joined(sig, parts, [servable.run(sig, part) for part in parts])
-            if joined is not None:
-                return joined
-        return servable.run(sig, inputs)
-
     # ---- batching ----------------------------------------------------------------------
 
     def batch_options(self, servable: Servable) -> BatchOptions | None:
@@ -301,13 +316,6 @@ class Inference:
             return None
         key = (servable.uid, sig.name, shapes)
         return self.batcher.submit(key, lambda merged: servable.run(sig, merged), checked, options, loop)
-
-    def _runner(self, servable: Servable):
-        """How Classify and Regress call their signature: through the batch queue when on."""
-        def run(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            future = self._submit(servable, sig, inputs)
-            return self._run_unbatched(servable, sig, inputs) if future is None else future.result()
-        return run
 
 
 def _joined(sig: Signature, parts: list[dict], outputs: list[dict]) -> dict[str, np.ndarray] | None:

@@ -251,19 +251,25 @@ class Servable:
             raise invalid(f"No {kind} inputs found in SignatureDef: {_debug(sig.proto)}")
         return sig
 
-    def classify(self, sig_name: str, serialized: list[bytes], run=None
-                 ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
+    async def classify(self, sig_name: str, serialized: list[bytes], run=None, off_loop=None
+                       ) -> tuple[Signature, np.ndarray | None, np.ndarray | None]:
+        """A Classify of `serialized` examples: (signature, classes, scores). `await run(sig,
+        checked)` calls the signature (the batch queue, a worker thread); when None, the model is
+        called on this thread and the call never waits (examples.finished gives its value).
+        `off_loop`: see examples.run_examples."""
         sig = self.classification_signature(sig_name)
-        out = run_examples(serialized, lambda inputs: self.check_inputs(sig, inputs),
-                           lambda checked: (run or self.run)(sig, checked))
-        return sig, *classification_outputs(out, len(serialized))
+        return sig, *classification_outputs(await self._examples(sig, serialized, run, off_loop), len(serialized))
 
-    def regress(self, sig_name: str, serialized: list[bytes], run=None) -> tuple[Signature, np.ndarray]:
+    async def regress(self, sig_name: str, serialized: list[bytes], run=None, off_loop=None
+                      ) -> tuple[Signature, np.ndarray]:
+        """A Regress, as `classify`: (signature, values)."""
         sig = self.regression_signature(sig_name)
-        out = run_examples(serialized, lambda inputs: self.check_inputs(sig, inputs),
-                           lambda checked: (run or self.run)(sig, checked))
-        return sig, regression_outputs(out, len(serialized))
+        return sig, regression_outputs(await self._examples(sig, serialized, run, off_loop), len(serialized))
 
+    async def _examples(self, sig: Signature, serialized: list[bytes], run, off_loop) -> dict[str, np.ndarray]:
+        async def call(checked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return self.run(sig, checked) if run is None else await run(sig, checked)
+        return await run_examples(serialized, lambda inputs: self.check_inputs(sig, inputs), call, off_loop)
 
 
 def _debug(proto) -> str:

@@ -46,6 +46,7 @@ import numpy as np
 
 from tfpipe.files import writable_dir, write_atomic
 from tfpipe.serve.core.batching import batch_shapes
+from tfpipe.serve.core.examples import finished
 from tfpipe.serve.core.manager import ModelManager
 from tfpipe.serve.core.servable import Servable
 from tfpipe.serve.errors import ServeError, ServingError
@@ -146,11 +147,11 @@ class Shadow:
             return
         if api == "classify":
             def call(candidate: Servable) -> dict[str, np.ndarray]:
-                return classification_view(*candidate.classify(signature, examples)[1:])
+                return classification_view(*finished(candidate.classify(signature, examples))[1:])
             outputs = classification_view(*result)
         else:
             def call(candidate: Servable) -> dict[str, np.ndarray]:
-                return {"outputs": candidate.regress(signature, examples)[1]}
+                return {"outputs": finished(candidate.regress(signature, examples))[1]}
             outputs = {"outputs": result[0]}
         self._mirror(served, api, signature, call, outputs, _Rows.of_examples(examples, self.slice_column),
                      served_seconds, sum(len(e) for e in examples))

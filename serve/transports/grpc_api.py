@@ -157,16 +157,18 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         client = self._client(context)
 
-        async def run():  # the examples' decoding and the model call on a --grpc_max_threads thread
+        async def run():
             spec = spec_of(request.model_spec)
+            large = request.ByteSize() > OFF_LOOP_BYTES  # many examples: read off the loop, and the answer built there
             servable, sig, _, *result = await call(spec, request.model_spec.signature_name,
-                                                   lambda: input_examples(request.input), client, self.executor)
+                                                   lambda: input_examples(request.input), client, self.executor,
+                                                   decode_off_loop=large)
 
             def answer():
                 response = respond(*result)
                 model_spec(response.model_spec, spec.name, servable.version, sig.name)
                 return response
-            if request.ByteSize() > OFF_LOOP_BYTES:  # many examples: an answer as large, built off the loop
+            if large:
                 response = await asyncio.get_running_loop().run_in_executor(self.executor, answer)
             else:
                 response = answer()
@@ -183,7 +185,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             servable, results = await self.inference.multi_inference(
                 lambda: [(spec_of(t.model_spec, named=False), t.model_spec.signature_name, t.method_name)
                          for t in request.tasks],
-                lambda: input_examples(request.input), self.executor)
+                lambda: input_examples(request.input), self.executor,
+                decode_off_loop=request.ByteSize() > OFF_LOOP_BYTES)
             response = inference_pb2.MultiInferenceResponse()
             for task, result in zip(request.tasks, results, strict=True):
                 out = response.results.add()

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import re
 import sys
-import termios
 import time
 import urllib.parse
 from typing import Any
@@ -37,10 +35,10 @@ from tfpipe.serve.core.inference import OFF_LOOP_BYTES, Inference
 from tfpipe.serve.core.large_requests import large_request, large_turn
 from tfpipe.serve.core.manager import ModelSpec
 from tfpipe.serve.core.turns import PEER
+from tfpipe.serve.drain import pending
 from tfpipe.serve.errors import ServingError, capped, invalid, precondition, quoted
 from tfpipe.serve.metrics import Metrics
 from tfpipe.serve.request_log import RequestLogs
-from tfpipe.serve.transports.aiohttp_internals import queued_requests
 from tfpipe.serve.transports.deadlines import Deadlines
 from tfpipe.serve.transports.rest_answers import encoded, error_response, json_chunks, json_response, text_in_pieces
 
@@ -360,7 +358,7 @@ class RestApi:
                        large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
         servable, sig, examples, classes, scores = await self.inference.classify(
-            spec, signature_name, lambda: json_examples(body), client)
+            spec, signature_name, lambda: json_examples(body), client, decode_off_loop=large)
 
         def answered():  # (the result, its JSON value)
             result = classification_result(classes, scores)
@@ -376,7 +374,7 @@ class RestApi:
                       large: bool = False) -> web.Response:
         signature_name = _signature_name(body)
         servable, sig, examples, values = await self.inference.regress(
-            spec, signature_name, lambda: json_examples(body), client)
+            spec, signature_name, lambda: json_examples(body), client, decode_off_loop=large)
 
         def answered():  # (the result, its JSON value)
             result = regression_result(values)
@@ -410,20 +408,3 @@ class RestApi:
 def _unknown_signature(key: str) -> ServingError:
     """A signature the SavedModel lacks, as TF Serving's JSON decoding words it."""
     return invalid(f'Serving signature name: "{quoted(key)}" not found in signature def')
-
-
-def pending(connection) -> bool:
-    """Whether a connection has received more than the request it is answering: requests parsed
-    behind it, or bytes not yet read (the drain answers them before the connection closes)."""
-    return queued_requests(connection) > 0 or unread_bytes(connection.transport) > 0
-
-
-def unread_bytes(transport) -> int:
-    """Bytes a connection has received that nobody has read yet (0 for a closed one)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return 0
-    try:
-        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
-    except OSError:
-        return 0
