@@ -12,7 +12,7 @@ so that the machine's drift meets every model alike. Each measurement is a warm-
 wrk (`apt-get install wrk`) posting one row a request from --clients connections for --seconds:
 answers per second, p99, and the server process's CPU time (from /proc) per answer. Printed per
 model: the medians over rounds; and against the first (narrowest) model the ratios of throughput
-and of CPU per request, beside the ratio of the request bodies' bytes. The goal (issue #44): the
+and of CPU per request, beside the ratio of the request bodies' bytes. The goal: the
 300-column model's throughput within 3x of the 10-column model's.
 """
 

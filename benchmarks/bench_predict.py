@@ -21,7 +21,7 @@ each as its own process: wall seconds, rows/s, CPU seconds of the process and it
 peak resident memory (the sum over the process tree, sampled every 0.1 s). Then the embedded
 server with batching on (max_batch_size 32, 2 ms), wrk posting one row per REST request from 32
 and 64 connections: its best rows/s and its CPU seconds per row. Printed: predict's rows/s per
-CPU second against the server's and against the loop's (goals, issue #46: at least 5x the server,
+CPU second against the server's and against the loop's (goals: at least 5x the server,
 at least 0.8x the loop, memory flat as the input grows), and against Beam's handler.
 
 With --engines ENV (the environment `bash engines/setup.sh --predict` makes: Beam 2.62,

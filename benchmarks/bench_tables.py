@@ -1,7 +1,7 @@
 """Run `tfpipe run` on every table of both galleries (benchmarks/gallery.py) and score what it served.
 
     python benchmarks/bench_tables.py                          both galleries, in a temp dir
-    python benchmarks/bench_tables.py --gallery 2              the second gallery only (issue #44)
+    python benchmarks/bench_tables.py --gallery 2              the second gallery only
     python benchmarks/bench_tables.py --only iris_r,diamonds   some tables
     python benchmarks/bench_tables.py --workdir-root .bench/tables --json tables.json
 

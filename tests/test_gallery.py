@@ -1,6 +1,6 @@
 """benchmarks/gallery.py writes every table and folder it lists, each with the properties it claims
 (what a file shows by itself is read back from the file); together the first gallery's entries cover
-issue #35's list, and the second gallery's tables cover issue #44's by themselves. Nothing is trained."""
+REQUIRED (gallery.py), and the second gallery's tables cover REQUIRED_SECOND by themselves. Nothing is trained."""
 
 from __future__ import annotations
 
