@@ -603,8 +603,15 @@ def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hosti
     from tensorflow.core.framework import types_pb2
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    proc, port, _ = hostile_server
+    proc, port, rest_port = hostile_server
     compression = getattr(grpc.Compression, algorithm)
+
+    def refused_large() -> int:  # the requests counted RESOURCE_EXHAUSTED as they were read
+        page = requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30).text
+        found = re.search(r'^tfpipe_serving_requests_total\{model="",api="predict",status="RESOURCE_EXHAUSTED"\} (\d+)',
+                          page, re.MULTILINE)
+        return int(found[1]) if found else 0
+    counted = refused_large()
     bomb = predict_pb2.PredictRequest(model_spec={"name": "half"})
     bomb.inputs["x"].dtype = types_pb2.DT_FLOAT
     bomb.inputs["x"].tensor_shape.dim.add(size=16 * 2**20)
@@ -620,6 +627,7 @@ def test_a_compressed_grpc_request_cannot_inflate_beyond_the_request_limit(hosti
                 stub.Predict(request, timeout=60, compression=how)
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
         growth = grpc_fuzz.rss_bytes(proc.pid, "VmHWM") - start
+        assert refused_large() == counted + 1  # the bomb (the plain one over the bound never reaches the handler)
         for values in (np.array([2.0], np.float32), np.arange(40_000, dtype=np.float32)):
             good = predict_pb2.PredictRequest(model_spec={"name": "half"})
             good.inputs["x"].CopyFrom(tf.make_tensor_proto(values))

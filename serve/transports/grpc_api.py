@@ -293,8 +293,8 @@ def _parsed(method, request_type, api: str, metrics: Metrics, max_in_flight: int
             return None
         PEER.set(context.peer())  # (this call's task: its work takes its connection's turns)
         request = await request_of(request_type, raw, context, max_request_bytes, executor)
-        if request is None:
-            metrics.request("", api, "INVALID_ARGUMENT", 0.0)
+        if request is None:  # refused as it was read: INVALID_ARGUMENT, or RESOURCE_EXHAUSTED (inflated too far)
+            metrics.request("", api, context.code().name, 0.0)
             return None
         metrics.grpc_in_flight += 1  # what a drain cut short would count
         try:
