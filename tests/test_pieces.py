@@ -166,6 +166,23 @@ def test_a_compressed_grpc_message_is_told_by_its_first_bytes():
     assert compression(b"") == 0 and compression(b"\x1f") == 0 and compression(b"\x78\x00") == 0
 
 
+def test_finished_gives_a_coroutine_that_never_waits_its_value_and_refuses_one_that_would():
+    import asyncio
+
+    from tfpipe.serve.core.examples import finished
+
+    async def at_once(x):
+        return x * 2
+
+    async def waits():
+        await asyncio.sleep(0)
+        return 1
+
+    assert finished(at_once(21)) == 42
+    with pytest.raises(RuntimeError, match="needs an event loop"):
+        finished(waits())
+
+
 # ---- model version policy ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("policy_text,on_disk,failed,expected", [
