@@ -21,6 +21,7 @@ import psutil
 from locust import User, constant, task
 from locust.env import Environment
 
+from tfpipe.children import module_argv
 from tfpipe.loadtest.errors import LoadtestError
 from tfpipe.loadtest.histogram import LatencyHistogram
 from tfpipe.loadtest.http_client import HttpError, TimedConnection, build_request
@@ -393,8 +394,8 @@ class Master:
         self.runner.register_message("tfpipe_ready", lambda msg, **_: self.ready.add(msg.data))
         env.events.worker_report.add_listener(self._on_report)
         local_host = "127.0.0.1" if bind in ("0.0.0.0", "*", "") else bind
-        self.procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "worker",
-                                        f"{local_host}:{port}", "--once"]) for _ in range(local)]
+        self.procs = [subprocess.Popen(module_argv("tfpipe.loadtest.generate", "worker",
+                                                    f"{local_host}:{port}", "--once")) for _ in range(local)]
 
     def _on_report(self, client_id: str, data: dict) -> None:
         self.reports.setdefault(client_id, {}).update(data.get("tfpipe", {}))

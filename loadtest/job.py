@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import replace
 from typing import Callable
 
+from tfpipe.children import module_argv
 from tfpipe import EXIT_INTERRUPTED
 from tfpipe.files import publish, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
@@ -339,7 +340,7 @@ def _run_step(spec: StepSpec, timeout: float, label: str) -> tuple[dict | None, 
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         write_json(spec_path, spec.to_json())
-        proc = subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "step", spec_path, result_path],
+        proc = subprocess.Popen(module_argv("tfpipe.loadtest.generate", "step", spec_path, result_path),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_generator_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         bar = ProgressBar(label, spec.warmup + spec.duration)
@@ -391,7 +392,7 @@ def run_workers(master: str, processes: int, log: Callable[[str], None]) -> int:
     """`tfpipe loadtest --worker`: locust worker processes for a master on another machine,
     step after step, until the master ends the run (0) or cannot be reached (2)."""
     log(f"{processes} locust worker process(es) for the master at {master}; Ctrl-C stops them")
-    procs = [subprocess.Popen([sys.executable, "-m", "tfpipe.loadtest.generate", "worker", master], env=_generator_env(),
+    procs = [subprocess.Popen(module_argv("tfpipe.loadtest.generate", "worker", master), env=_generator_env(),
                               stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(processes)]
     try:
         codes = [p.wait() for p in procs]

@@ -21,6 +21,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from tfpipe.children import module_argv
 from tfpipe.machine import cores
 from tfpipe.pipeline.errors import DataError, RunnerError, find_data_error
 from tfpipe.pipeline.inputs import is_remote
@@ -161,8 +162,8 @@ def run_in_environment(config, log: Callable[[str], None], stage: str = "data",
     if not os.path.exists(python):
         raise error(f"environment {config.environment}: no {python} (engines/setup.sh makes one)")
     payload = config.model_copy(update={"environment": None}).model_dump_json(by_alias=True)
-    proc = subprocess.Popen([python, "-m", STAGE_MODULES[stage]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(module_argv(STAGE_MODULES[stage], python=python), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         errors: list[str] = []
         drain = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)

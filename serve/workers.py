@@ -53,12 +53,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 
+from tfpipe.children import module_argv
 from tfpipe.files import clean_stale
 from tfpipe.machine import cores
 from tfpipe.serve.errors import ServeError
@@ -181,7 +181,7 @@ class Supervisor:
         ready_read, ready_write = os.pipe()
         env = {**os.environ, WORKER_ENV: f"{i}/{self.n}", GROUP_ENV: self.dir, READY_FD_ENV: str(ready_write)}
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tfpipe.serve.worker_main", self.spec], env=env,
+            proc = subprocess.Popen(module_argv("tfpipe.serve.worker_main", self.spec), env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     text=True, preexec_fn=_die_with_parent, pass_fds=(ready_write,))
         finally:

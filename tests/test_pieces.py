@@ -590,3 +590,20 @@ def test_the_plain_csv_split_reads_what_csv_reader_reads(text):
     finally:
         validation._plain_text = plain
     assert fast == slow
+
+
+def test_a_child_process_imports_the_installed_tfpipe_from_a_folder_holding_a_tfpipe_folder(tmp_path):
+    """Run from the parent of a clone (a folder holding a folder named tfpipe), `python -m` put that
+    folder first on the child's import path and the child imported it as the package; module_argv's
+    children import the installed one."""
+    import subprocess
+    import sys
+
+    from tfpipe.children import module_argv
+
+    (tmp_path / "tfpipe" / "serve").mkdir(parents=True)
+    shadowed = subprocess.run([sys.executable, "-m", "tfpipe.cli", "--version"], cwd=tmp_path, capture_output=True,
+                              text=True)
+    assert shadowed.returncode != 0 and "from 'tfpipe' (unknown location)" in shadowed.stderr  # what they met
+    child = subprocess.run(module_argv("tfpipe.cli", "--version"), cwd=tmp_path, capture_output=True, text=True)
+    assert child.returncode == 0 and child.stdout.startswith("tfpipe "), child.stderr

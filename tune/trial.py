@@ -10,11 +10,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
+from tfpipe.children import module_argv
 from tfpipe.files import write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
@@ -53,7 +53,7 @@ def serve_command(cfg: TuneConfig, batching_file: str, config_dir: str, port: in
                         model_name=cfg.model_name, model_base_path=os.path.abspath(cfg.model_base_path),
                         enable_batching=True, batching_parameters_file=os.path.abspath(batching_file),
                         config_dir=os.path.abspath(config_dir), workers=workers)
-    return [sys.executable, "-m", "tfpipe.cli", "serve", *opts.to_argv(), *cfg.serve_args]
+    return module_argv("tfpipe.cli", "serve", *opts.to_argv(), *cfg.serve_args)
 
 
 class Server:
