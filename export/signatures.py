@@ -12,7 +12,6 @@ and REST :classify / :regress work on the model too.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import keras
@@ -23,19 +22,6 @@ from tfpipe.pipeline.schema import Schema
 from tfpipe.train.data import parse_spec, raw_inputs
 
 TF_DTYPES = {"int": tf.int64, "float": tf.float32, "string": tf.string}
-
-
-class _RenamedKeywords(logging.Filter):
-    """Drops TensorFlow's warning that a column's own name (`Sepal.Length`) "is not a valid
-    tf.function parameter name" and is sanitized: the signatures take the column's name
-    again (finish_signatures), so the warning would tell the user the opposite of what
-    happens to their names."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "is not a valid tf.function parameter name" not in record.getMessage()
-
-
-logging.getLogger("absl").addFilter(_RenamedKeywords())
 
 
 def serving_dtype(feature, keep: dict[str, tf.DType] | None = None) -> tf.DType:

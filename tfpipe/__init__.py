@@ -5,6 +5,7 @@ tfpipe.loadtest); tfpipe.cli and tfpipe.run drive them. Importing this package i
 stage and no TensorFlow."""
 
 import contextlib
+import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -41,3 +42,17 @@ def quiet_native_stderr(quiet: bool):
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+class _ColumnNamesKept(logging.Filter):
+    """Drops TensorFlow's warning that a column's own name (`Sepal.Length`, `measured on`) "is not
+    a valid tf.function parameter name" and is sanitized, which it prints when a model's signatures
+    are made (export) and loaded (serve): the signatures take the column's name (export's
+    finish_signatures), so the warning would tell the user the opposite of what happens to their
+    names."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is not a valid tf.function parameter name" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_ColumnNamesKept())
