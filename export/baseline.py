@@ -79,7 +79,7 @@ def test_record(label, train_label: dict[str, Any], split: str, served: np.ndarr
             "interval": interval_record(metric, quality[PER_ROW]),
             "baseline": trivial_baseline(label.task, label.classes, train_label, labels)}
     log(f"  {split} {metric} {test[metric]:.4g}{interval_text(test['interval'], metric_format(metric))} on "
-        f"{test['rows']} rows; {test['baseline']['predicts']} gives {test['baseline'][metric]:.4g}")
+        f"{test['rows']:,} rows; {test['baseline']['predicts']} gives {test['baseline'][metric]:.4g}")
     check_baseline(test, allow_weak, log)
     return test
 
@@ -92,7 +92,7 @@ def check_baseline(test: dict[str, Any], allow_weak: bool | None, log) -> None:
     if allow_weak is None or better_than_baseline(test, baseline):
         return
     metric = "rmse" if "rmse" in test else "accuracy"
-    what = (f"the model's {metric} on the {test['split']} split ({test['rows']} rows) is {test[metric]:.4g}, "
+    what = (f"the model's {metric} on the {test['split']} split ({test['rows']:,} rows) is {test[metric]:.4g}, "
             f"no better than {baseline['predicts']} ({baseline[metric]:.4g})")
     if allow_weak:
         log(f"  warning: {what}; published anyway (allow_weak)")

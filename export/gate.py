@@ -234,7 +234,7 @@ def _number(metric: str, x: float) -> str:
 
 
 def _rows(n: int) -> str:
-    return "1 row" if n == 1 else f"{n} rows"
+    return "1 row" if n == 1 else f"{n:,} rows"
 
 
 def noise_rule(confidence: float) -> str:

@@ -315,7 +315,7 @@ def quality_text(test: dict[str, Any] | None) -> str:
     weak = "" if better_than_baseline(test, baseline) else ": NO BETTER"
     number = metric_format(metric)
     return (f"; {test['split']} {metric} {number(test[metric])}{interval_text(test.get('interval'), number)} on "
-            f"{test['rows']} rows against {number(baseline[metric])} for {trivial}{weak}")
+            f"{test['rows']:,} rows against {number(baseline[metric])} for {trivial}{weak}")
 
 
 def result(final: str) -> StageResult:

@@ -205,7 +205,7 @@ def decide(record: dict[str, Any], config) -> tuple[str, str]:
             return "promoted", "--promote always, though " + "; ".join(record["failed"])
         return "held", "; ".join(record["failed"])
     overall = [c for c in record["checks"] if c["slice"] is None and c["p_value"] is not None]
-    figures = "; ".join(f"{c['data']} ({c['rows']} rows): {c['metric']} {c['candidate']:.4g} vs "
+    figures = "; ".join(f"{c['data']} ({c['rows']:,} rows): {c['metric']} {c['candidate']:.4g} vs "
                         f"{c['baseline']:.4g} served, p={c['p_value']:.2g}" for c in overall)
     why = ("not worse than the served version beyond the noise" + (f" ({figures})" if figures else "")
            + (", and every threshold holds" if record["thresholds"] else ""))
@@ -223,7 +223,7 @@ def gate_lines(record: dict[str, Any], baseline: int) -> list[str]:
     lines = []
     for c in record["checks"]:
         if c["slice"] is None and c["baseline"] is not None and c["p_value"] is not None:
-            lines.append(f"  against version {baseline} on the {c['data']} ({c['rows']} rows): {c['metric']} "
+            lines.append(f"  against version {baseline} on the {c['data']} ({c['rows']:,} rows): {c['metric']} "
                          f"{c['candidate']:.4g} vs {c['baseline']:.4g} (p={c['p_value']:.3g})")
     lines += [f"  failed: {text}" for text in record["failed"]]
     lines += [f"  breaking change: {text}" for text in record["breaking_changes"]]

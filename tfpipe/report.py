@@ -185,7 +185,7 @@ def export_section(entry: dict, e: dict) -> str:
     sizes = bar_chart("Size per variant", "KB", [(v["variant"], v["bytes"] / 1024) for v in e["variants"]])
     return (f"<p>{_esc(e['name'])} version {e['version']} at <code>{_esc(e['path'])}</code>; signatures "
             f"{_esc(', '.join(e['signatures']))}; {e['warmup_records']} warmup records; reloaded SavedModel "
-            f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']} rows.</p>"
+            f"matches Keras within {e['reload_check']['max_abs_diff']:.1e} on {e['reload_check']['rows']:,} rows.</p>"
             + baseline_paragraph(e.get("test"))
             + (table_html(["variant", "bytes", "size vs float32", quality, "drop", "p50 ms", "p99 ms", "verdict"], rows)
                + f"<div>{sizes}</div>" if rows else "<p>No TFLite variant was built.</p>")
