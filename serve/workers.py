@@ -164,7 +164,13 @@ def _nth(n: int) -> str:
 class Supervisor:
     def __init__(self, opts: ServeOptions, log: Callable[[str], None]):
         check(opts)
-        self.opts, self.log, self.n = opts, log, opts.workers
+        self.opts, self.n = opts, opts.workers
+        said = threading.Lock()  # print writes a line and its newline apart: the workers' threads take turns
+
+        def one_line(text: str) -> None:
+            with said:
+                log(text)
+        self.log = one_line
         self.child = worker_options(opts)
         clean_stale(tempfile.gettempdir(), GROUP_PREFIX)  # the groups of supervisors killed before their stop
         self.dir = tempfile.mkdtemp(prefix=f"{GROUP_PREFIX}{os.getpid()}-")
