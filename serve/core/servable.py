@@ -195,7 +195,7 @@ class Servable:
             raise invalid(first_line(e)) from None
         except tf.errors.OpError as e:
             raise with_code(e.error_code, first_line(e)) from None
-        names = output_filter or list(result)
+        names = output_filter or sorted(result)  # one order in every process (a map's order can differ)
         out = {k: result[k].numpy() for k in names}
         for k, v in out.items():
             if type(v) is bytes:  # a scalar string comes out of numpy() as bytes, not as an array
