@@ -19,8 +19,8 @@ import urllib.request
 from dataclasses import replace
 from typing import Callable
 
-from tfpipe.children import module_argv
 from tfpipe import EXIT_INTERRUPTED
+from tfpipe.children import module_argv
 from tfpipe.files import publish, write_json
 from tfpipe.loadtest.config import LoadtestConfig, parse_duration
 from tfpipe.loadtest.errors import LoadtestError
