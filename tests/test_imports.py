@@ -18,7 +18,8 @@ FOLDERS = {"tfpipe": "tfpipe", "pipeline": "tfpipe.pipeline", "train": "tfpipe.t
            "skew": "tfpipe.skew", "tune": "tfpipe.tune", "rollout": "tfpipe.rollout", "predict": "tfpipe.predict",
            "examples": "tfpipe.examples"}
 # modules that import nothing of tfpipe, which every room may import (docs/architecture.md)
-LEAVES = ("tfpipe", "tfpipe.files", "tfpipe.stage", "tfpipe.machine", "tfpipe.versions", "tfpipe.prediction_logs")
+LEAVES = ("tfpipe", "tfpipe.files", "tfpipe.stage", "tfpipe.machine", "tfpipe.children", "tfpipe.versions",
+          "tfpipe.prediction_logs")
 STAGES = ("pipeline", "train", "export", "serve", "loadtest", "skew", "tune", "rollout", "predict")
 DRIVERS = ("tfpipe.cli", "tfpipe.run", "tfpipe.console", "tfpipe.show", "tfpipe.report", "tfpipe.config", "tfpipe.errors",
            "tfpipe.manifest", "tfpipe.steps")
