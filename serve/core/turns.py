@@ -85,8 +85,8 @@ class Turns(Executor):
     calls (inference.py), in turns of their own and at most `call_slots` at once (CALLS_PER_CORE
     a core): beyond that they only share the cores, so that a connection with many calls in
     flight would slow every other connection's call as much as its own. The other jobs (a large
-    request's decoding, Classify waiting for its batch, a config reload) may block without using
-    a core: they may take every thread."""
+    request's decoding or inflating, a large answer's building, a config reload) may take every
+    thread."""
 
     def __init__(self, threads: int, call_slots: int | None = None, name: str = "tfpipe-turns"):
         self.threads, self.name = max(1, threads), name
