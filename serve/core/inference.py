@@ -102,6 +102,7 @@ class Inference:
         return servable, sig, examples, values
 
     async def _read(self, decode: Callable, executor: Executor | None, off_loop: bool):
+        """`decode()` on the loop, or on `executor` (the core's by default) for a large request."""
         if not off_loop:
             return decode()
         return await asyncio.get_running_loop().run_in_executor(executor or self.executor, decode)
@@ -259,7 +260,7 @@ class Inference:
             inputs = decode(sig)
             return inputs, servable.check_inputs(sig, inputs)
 
-        inputs, checked = await loop.run_in_executor(executor or self.executor, read) if decode_off_loop else read()
+        inputs, checked = await self._read(read, executor, decode_off_loop)
         keep = servable.output_filter(sig, output_filter)
         t0 = time.perf_counter()
         future = self._submit(servable, sig, checked, loop)
