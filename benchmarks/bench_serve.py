@@ -24,7 +24,8 @@ Prints:
 Servers run as separate processes on 127.0.0.1; clients share this machine's cores.
 
 --only-cpu --against TREE compares this tree's server with TREE's (a checkout of an earlier commit
-with its own .venv), taking turns, one worker: the before-and-after of a change, in one run.
+with its own .venv), one worker: the two servers run at once and the load goes to each in turn,
+in pairs of short bursts: the before-and-after of a change, in one run.
 
 --only-cpu measures the server's CPU time per request (read from /proc, summed over its
 processes) and its throughput at --clients, with clients that cost little CPU of their own:
@@ -382,7 +383,8 @@ def main() -> None:
                          "against the empty-handler floor")
     ap.add_argument("--against", metavar="TREE", help="with --only-cpu: this tree's server against TREE's (another "
                     "checkout of tfpipe with its own .venv, e.g. a git worktree of an earlier commit), taking turns")
-    ap.add_argument("--cpu-rounds", type=int, default=3, help="with --against: rounds of turns (default 3)")
+    ap.add_argument("--cpu-rounds", type=int, default=9, help="with --against: pairs of bursts, each tree one "
+                    "--seconds burst a pair (default 9)")
     ap.add_argument("--only-logging", action="store_true",
                     help="measure only request logging's cost: p50 at concurrency 1 and throughput at --clients, "
                          "every request logged (sampling_rate 1.0) against logging off")
@@ -621,37 +623,55 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
 
 def cpu_against(path: str, reqs, body: str, tmp: str, args) -> None:
     """Server CPU per request, this tree's server against `args.against`'s (another checkout of
-    tfpipe with its own .venv), the two taking turns for --cpu-rounds rounds (this shared host's
-    speed drifts within minutes): one worker, batching on and off, REST and gRPC; the medians."""
+    tfpipe with its own .venv): one worker, batching on and off, REST and gRPC. Both trees' servers
+    run at once and the load goes to each in turn, --cpu-rounds short bursts of --seconds (the
+    tree going first alternates), so that each burst of this tree has one of the other beside it
+    in time: this shared host's speed drifts within minutes, and a pair's ratio is what the drift
+    touches least. Printed: the medians of each tree's bursts, the median of the pairs' ratios,
+    and in how many pairs this tree cost more."""
     import statistics
 
-    found: dict[tuple[str, str], dict[str, list[float]]] = {}
     trees = {"this tree": ROOT, "--against": os.path.abspath(args.against)}
-    for _ in range(args.cpu_rounds):
-        for name, tree in trees.items():
-            for batching in (True, False):
-                proc, gport, rport = serve(path, batching=batching, tmp=tmp, grpc_threads=32,
-                                           extra=("--workers=1",), max_batch=32, tree=tree)
-                try:
-                    for proto, port in (("rest", rport), ("grpc", gport)):
-                        def run(warm: bool, proto=proto, port=port):
-                            s = 2.0 if warm else args.seconds
-                            if proto == "rest":
-                                return rest_client(port, "/v1/models/taxi:predict", body, args.clients, s, tmp)
-                            return ghz_client(port, reqs[0], args.clients, s, tmp)
-                        cpu = measured(proc.pid, run)[3]
-                        key = (f"batching {'on' if batching else 'off'}", proto.upper())
-                        found.setdefault(key, {}).setdefault(name, []).append(cpu)
-                finally:
-                    proc.terminate()
-                    proc.wait()
-    print(f"\nserver CPU per request (us), --workers 1, {args.clients} clients, medians of {args.cpu_rounds} "
-          f"rounds taking turns; --against {args.against}")
-    print(f"  {'':22s} {'this tree':>10s} {'--against':>10s} {'ratio':>7s}   rounds (this / against)")
+    found: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for batching in (True, False):
+        servers = {}
+        try:
+            for name, tree in trees.items():
+                servers[name] = serve(path, batching=batching, tmp=tmp, grpc_threads=32, extra=("--workers=1",),
+                                      max_batch=32, tree=tree)
+
+            def burst(name: str, proto: str, seconds: float) -> float:
+                proc, gport, rport = servers[name]
+                def run(warm: bool):
+                    s = 1.0 if warm else seconds
+                    if proto == "rest":
+                        return rest_client(rport, "/v1/models/taxi:predict", body, args.clients, s, tmp)
+                    return ghz_client(gport, reqs[0], args.clients, s, tmp)
+                return measured(proc.pid, run)[3]
+
+            for name in trees:  # warm: the first seconds of a server cost more than the rest
+                for proto in ("rest", "grpc"):
+                    burst(name, proto, 2.0)
+            for i in range(args.cpu_rounds):
+                for proto in ("rest", "grpc"):
+                    key = (f"batching {'on' if batching else 'off'}", proto.upper())
+                    for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+                        found.setdefault(key, {}).setdefault(name, []).append(burst(name, proto, args.seconds))
+        finally:
+            for proc, *_ in servers.values():
+                proc.terminate()
+                proc.wait()
+    print(f"\nserver CPU per request (us), --workers 1, {args.clients} clients, {args.cpu_rounds} pairs of "
+          f"{args.seconds:g} s bursts taking turns; --against {args.against}")
+    print(f"  {'':22s} {'this tree':>10s} {'--against':>10s} {'ratio':>7s} {'pairs':>6s} {'above':>6s}")
     for (batching, proto), by in found.items():
-        this, other = statistics.median(by["this tree"]), statistics.median(by["--against"])
-        print(f"  {batching + ', ' + proto:22s} {this:10.0f} {other:10.0f} {this / other:7.2f}   "
-              f"{' '.join(f'{x:.0f}' for x in by['this tree'])} / {' '.join(f'{x:.0f}' for x in by['--against'])}")
+        this, other = by["this tree"], by["--against"]
+        pairs = [a / b for a, b in zip(this, other)]
+        print(f"  {batching + ', ' + proto:22s} {statistics.median(this):10.0f} {statistics.median(other):10.0f} "
+              f"{statistics.median(this) / statistics.median(other):7.2f} {statistics.median(pairs):6.2f} "
+              f"{sum(r > 1 for r in pairs):>3d}/{len(pairs)}")
+    print("  (ratio: of the medians; pairs: the median of each pair's ratio; above: the pairs in which this "
+          "tree cost more)")
 
 
 def batching_on_off(path: str, reqs, tmp: str, args) -> tuple[float, float, float, float]:

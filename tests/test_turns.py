@@ -192,6 +192,31 @@ def test_a_batch_takes_what_fits_in_turn_and_the_rest_keep_their_places(queued, 
     assert waiting.count == len(queued) - len(taken)
 
 
+@pytest.mark.parametrize("queued, size, batches", [
+    # everything waiting fits: one batch of all of it, whatever the turns' order
+    ([("a", 1), ("a", 1), ("b", 2), ("a", 1)], 5, [[("a", 1), ("a", 1), ("a", 1), ("b", 2)]]),
+    ([("a", 1), ("b", 1)], 2, [[("a", 1), ("b", 1)]]),
+    # more than fits: in turns, then the rest (all of which fit) in the next
+    ([("a", 1), ("a", 1), ("a", 1), ("b", 1)], 2, [[("a", 1), ("b", 1)], [("a", 1), ("a", 1)]]),
+    ([("a", 3), ("b", 2), ("b", 2)], 4, [[("a", 3)], [("b", 2), ("b", 2)]]),
+])
+def test_a_batch_queue_gives_its_tasks_in_batches_of_at_most_its_size(queued, size, batches):
+    from tfpipe.serve.core.batcher import _Queue, _Task
+    from tfpipe.serve.core.batching import BatchOptions
+
+    q = _Queue(None, BatchOptions(max_batch_size=size))
+    for peer, rows in queued:
+        q.waiting.add(peer, _Task({"x": np.zeros(rows)}, rows, None, deadline=0.0))
+        q.rows += rows
+    peers = {id(t): peer for peer, jobs in q.waiting.jobs.items() for t in jobs}
+    got = []
+    while q.waiting.count:
+        batch = q.take()
+        assert batch.rows == sum(t.rows for t in batch.tasks) <= size
+        got.append(sorted((peers[id(t)], t.rows) for t in batch.tasks))
+    assert got == [sorted(b) for b in batches] and q.rows == 0 and not q.waiting.order
+
+
 def test_large_requests_hold_the_lane_in_the_order_they_came():
     """Lane(1): the first holds it; the others wait and take it one after another, in order; a
     waiter cancelled before its turn never holds it, and its place goes to the next."""

@@ -64,10 +64,6 @@ class _Queue:
         self.rows = 0  # rows waiting
         self.retired = False  # its servable unloaded: removed once empty
 
-    def add(self, peer: str, task: _Task) -> None:
-        self.waiting.add(peer, task)
-        self.rows += task.rows
-
     def oldest(self) -> float:
         """The earliest deadline of the tasks waiting (each connection's first is its oldest)."""
         return min(jobs[0].deadline for jobs in self.waiting.jobs.values())
@@ -79,6 +75,9 @@ class _Queue:
         """The next batch: the connections in turn, the next task of each that fits, until it is
         full or no waiting task fits."""
         size, batch = self.options.execution_size, _Batch()
+        if self.rows <= size:  # every task fits: all of them, whatever the turns' order
+            batch.tasks, batch.rows, self.rows = self.waiting.clear(), self.rows, 0
+            return batch
         while batch.rows < size:
             task = self.waiting.take(lambda t: batch.rows + t.rows <= size)
             if task is None:
@@ -144,13 +143,15 @@ class BatchScheduler:
                 q = self.queues[key] = _Queue(run, o)
                 q.retired = key[0] in self._dropped
             size = o.execution_size
-            if q.rows + sum(t.rows for t in tasks) > o.max_enqueued_batches * size:
+            rows = tasks[0].rows if len(tasks) == 1 else sum(t.rows for t in tasks)
+            if q.rows + rows > o.max_enqueued_batches * size:
                 raise unavailable("The batch scheduling queue to which this task was submitted is full")
             deadline = time.monotonic() + o.batch_timeout_micros / 1e6
             first = not q.waiting.count
             for task in tasks:
                 task.deadline = deadline
-                q.add(peer, task)
+                q.waiting.add(peer, task)
+            q.rows += rows
             if first or q.rows >= size:
                 self._cv.notify()  # a new deadline to wait for, or a full batch to run now
         return [t.future for t in tasks]
