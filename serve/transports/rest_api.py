@@ -245,15 +245,15 @@ class RestApi:
             if api in ("predict", "classify", "regress"):
                 raw = await self._body(request)
                 large = len(raw) > OFF_LOOP_BYTES
-                async with large_turn() if large else contextlib.nullcontext():
-                    body = await self._off_loop(parse_json, raw) if large else parse_json(raw)
-                    del raw  # (a large body's bytes need not wait for its answer)
-                    client = request.headers.get(self.canary_key) if self.canary_key else None
-                    work = getattr(self, api)(spec, body, started, client, large)
-                    if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
-                        response = await self.deadlines.run(work)
-                    else:
-                        response = await work
+                if not large:
+                    body = parse_json(raw)
+                    del raw
+                    response = await self._answered(request, api, spec, body, started, False)
+                else:
+                    async with large_turn():
+                        body = await self._off_loop(parse_json, raw)
+                        del raw  # (a large body's bytes need not wait for its answer)
+                        response = await self._answered(request, api, spec, body, started, True)
             elif not name:
                 raise invalid("Missing model name in request.")
             elif api == "metadata":
@@ -297,6 +297,15 @@ class RestApi:
                 self.inference.executor.submit(_take_apart, held)
         self.metrics.request(name, api, status, time.perf_counter() - t0)
         return response
+
+    async def _answered(self, request: web.BaseRequest, api: str, spec, body, started: tuple[int, int],
+                        large: bool) -> web.Response:
+        """Predict, Classify or Regress (`api`) on the parsed `body`, within --rest_api_timeout_in_ms."""
+        client = request.headers.get(self.canary_key) if self.canary_key else None
+        work = getattr(self, api)(spec, body, started, client, large)
+        if self.deadlines:  # on this task (wait_for would run the work as a task of its own)
+            return await self.deadlines.run(work)
+        return await work
 
     async def _body(self, request: web.BaseRequest) -> bytes:
         """The request's body, within the read timeout (no timer when it has all come already);
