@@ -138,6 +138,23 @@ def test_the_one_pass_row_reader_gives_the_exact_readers_tensors_or_leaves_the_b
     assert 0.1 < sum(taken) / len(taken) < 0.95, (sum(taken), len(taken))
 
 
+@pytest.mark.parametrize("rows, block_rows", [(5, 2), (4, 2), (3, 3), (1, 1)])
+def test_rows_beyond_a_block_are_converted_block_by_block_into_the_same_tensors(monkeypatch, rows, block_rows):
+    """A long body's rows are converted BLOCK_ROWS at a time (a numpy call holds the GIL): the
+    tensors are the exact reader's, whatever the cut."""
+    import tensorflow as tf
+
+    from tfpipe.serve.codecs import rest_json
+
+    inputs = {k: tf.as_dtype(v) for k, v in ROW_SIGNATURE.items() if k != "small"}
+    instances = [{"species": f"s{i}", "bill_length_mm": 39.5 + i, "body_mass_g": 3750 + i, "year": 2007 + i,
+                  "flag": i % 2 == 0, "ratio": i / 3} for i in range(rows)]
+    monkeypatch.setattr(rest_json, "BLOCK_ROWS", block_rows)
+    fast = rest_json._scalar_rows(instances, inputs)
+    assert fast is not None
+    _same_tensors(fast, rest_json._exact_instances(instances, inputs))
+
+
 @pytest.mark.parametrize("row, taken", [
     ({"species": "Adelie", "bill_length_mm": 39.1, "body_mass_g": 3750, "year": 2007, "flag": True,
       "ratio": float("nan")}, True),

@@ -290,9 +290,9 @@ def _scalar_rows(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.n
                 return None
             taken.append(values)
     out = {}
+    convert = _block if len(instances) <= BLOCK_ROWS else _blocks
     for (dtype, names, _, _), taken in zip(groups, rows):
-        block = _block(dtype, taken)
-        out.update(zip(names, block))
+        out.update(zip(names, convert(dtype, taken)))
     return out
 
 
@@ -301,12 +301,14 @@ def _scalar_rows(instances: list, inputs: dict[str, tf.DType]) -> dict[str, np.n
 BLOCK_ROWS = 16384
 
 
+def _blocks(dtype: np.dtype, rows: list[tuple]) -> np.ndarray:
+    """_block's array for many rows, converted BLOCK_ROWS rows at a time."""
+    return np.concatenate([_block(dtype, rows[i:i + BLOCK_ROWS]) for i in range(0, len(rows), BLOCK_ROWS)], axis=1)
+
+
 def _block(dtype: np.dtype, rows: list[tuple]) -> np.ndarray:
     """[inputs, rows] of `dtype` (each input's values contiguous) from rows of JSON scalars,
-    converted as the exact reader converts them."""
-    if len(rows) > BLOCK_ROWS:
-        return np.concatenate([_block(dtype, rows[i:i + BLOCK_ROWS]) for i in range(0, len(rows), BLOCK_ROWS)],
-                              axis=1)
+    converted as the exact reader converts them (at most BLOCK_ROWS rows: see _blocks)."""
     if dtype == object:
         block = np.empty((len(rows), len(rows[0])), dtype=object)
         block[...] = [[v.encode("utf-8") for v in row] for row in rows]

@@ -58,7 +58,10 @@ class Prediction:
         """Whether its outputs are over OFF_LOOP_BYTES: the transports then encode them on a worker
         thread, in pieces (a small request's answer may be large: TensorFlow's fill-out, a model
         whose outputs are larger than its inputs)."""
-        return sum(v.nbytes for v in self.outputs.values()) > OFF_LOOP_BYTES
+        size = 0
+        for v in self.outputs.values():  # (a loop: a generator's calls cost every request)
+            size += v.nbytes
+        return size > OFF_LOOP_BYTES
 
 
 class Inference:
