@@ -123,8 +123,9 @@ def start(cmd: list[str], pattern: str, count: int, groups: int = 1, root: str =
 
 def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int = 2000,
           grpc_threads: int = 0, extra: tuple[str, ...] = (), max_batch: int = 32,
-          tree: str = ROOT) -> tuple[subprocess.Popen, int, int]:
-    """`tfpipe serve` on 127.0.0.1, from `tree` (a checkout with its own .venv when not this one)."""
+          tree: str = ROOT, launcher: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, int]:
+    """`tfpipe serve` on 127.0.0.1, from `tree` (a checkout with its own .venv when not this one).
+    `launcher`: arguments of the interpreter's before the module's (call_counts.py's cProfile)."""
     flags = ["--host=127.0.0.1", "--port=-1", "--rest_api_port=-1", f"--model_name={NAME}",
              f"--model_base_path={os.path.dirname(path)}", "--file_system_poll_wait_seconds=0", *extra]
     if grpc_threads:
@@ -138,10 +139,11 @@ def serve(path: str, batching: bool, tmp: str, threads: int = 1, timeout_us: int
     workers = next((int(f.split("=", 1)[1]) for f in extra if f.startswith("--workers=")), 1)
     python = sys.executable if tree == ROOT else os.path.join(tree, ".venv", "bin", "python")
     if workers > 1:  # the supervisor's line, once every worker serves: "... serving gRPC H:P, REST H:P"
-        proc, ports = start([python, "-m", "tfpipe.cli", "serve", *flags],
+        proc, ports = start([python, *launcher, "-m", "tfpipe.cli", "serve", *flags],
                             r"workers .* serving gRPC [\d.]+:(\d+), REST [\d.]+:(\d+)", 1, groups=2, root=tree)
     else:
-        proc, ports = start([python, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2, root=tree)
+        proc, ports = start([python, *launcher, "-m", "tfpipe.cli", "serve", *flags], r"at:?\s*[\d.]+:(\d+)", 2,
+                            root=tree)
     return proc, ports[0], ports[1]
 
 
@@ -562,6 +564,18 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def client_run(proto: str, port: int, url: str, body: str, req, clients: int, seconds: float, warm_seconds: float,
+               tmp: str):
+    """`run(warm)` for `measured`: wrk (or hey) POSTing `body` to `url` for "rest", ghz sending `req`
+    (a PredictRequest) for "grpc"; `warm_seconds` long when warm, else `seconds`."""
+    def run(warm: bool):
+        s = warm_seconds if warm else seconds
+        if proto == "rest":
+            return rest_client(port, url, body, clients, s, tmp)
+        return ghz_client(port, req, clients, s, tmp)
+    return run
+
+
 def measured(pid: int, run) -> tuple[int, float, str, float, float]:
     """A warm-up second, then `run()` -> (answers, p99 ms, client) with the server tree's CPU per
     answer (us) and the client's CPU seconds."""
@@ -578,12 +592,7 @@ def cpu_per_request(path: str, reqs, body: str, tmp: str, args) -> None:
     secs = args.seconds
 
     def load(proto: str, port: int, url: str = "/v1/models/taxi:predict"):
-        def run(warm: bool):
-            s = 2.0 if warm else secs
-            if proto == "rest":
-                return rest_client(port, url, body, args.clients, s, tmp)
-            return ghz_client(port, reqs[0], args.clients, s, tmp)
-        return run
+        return client_run(proto, port, url, body, reqs[0], args.clients, secs, 2.0, tmp)
 
     for batching, workers in [(b, w) for b in (True, False) for w in args.workers]:
         # each worker sees 1/N of the clients: a batch as large as one process's would wait out its timeout
@@ -642,12 +651,9 @@ def cpu_against(path: str, reqs, body: str, tmp: str, args) -> None:
 
             def burst(name: str, proto: str, seconds: float) -> float:
                 proc, gport, rport = servers[name]
-                def run(warm: bool):
-                    s = 1.0 if warm else seconds
-                    if proto == "rest":
-                        return rest_client(rport, "/v1/models/taxi:predict", body, args.clients, s, tmp)
-                    return ghz_client(gport, reqs[0], args.clients, s, tmp)
-                return measured(proc.pid, run)[3]
+                return measured(proc.pid, client_run(proto, rport if proto == "rest" else gport,
+                                                     "/v1/models/taxi:predict", body, reqs[0], args.clients,
+                                                     seconds, 1.0, tmp))[3]
 
             for name in trees:  # warm: the first seconds of a server cost more than the rest
                 for proto in ("rest", "grpc"):

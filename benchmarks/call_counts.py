@@ -28,19 +28,11 @@ sys.path.insert(0, HERE)
 import bench_serve  # noqa: E402  (its model, requests and server start)
 
 
-def calls(tree: str, requests: int, body: bytes, model: str, tmp: str) -> int:
+def calls(tree: str, requests: int, body: bytes, path: str, tmp: str) -> int:
     """Every Python call (cProfile's count) of one server run from `tree` answering `requests`."""
     profile = os.path.join(tmp, f"server-{requests}.prof")
-    config = os.path.join(tmp, "batching.config")
-    with open(config, "w") as f:
-        f.write("max_batch_size { value: 32 }\nbatch_timeout_micros { value: 2000 }\n"
-                "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 1000 }\n")
-    python = sys.executable if tree == bench_serve.ROOT else os.path.join(tree, ".venv", "bin", "python")
-    proc, (_, rest) = bench_serve.start(
-        [python, "-m", "cProfile", "-o", profile, "-m", "tfpipe.cli", "serve", "--host=127.0.0.1", "--port=-1",
-         "--rest_api_port=-1", f"--model_name={bench_serve.NAME}", f"--model_base_path={model}",
-         "--file_system_poll_wait_seconds=0", "--enable_batching", f"--batching_parameters_file={config}"],
-        r"at:?\s*[\d.]+:(\d+)", 2, root=tree)
+    proc, _, rest = bench_serve.serve(path, batching=True, tmp=tmp, tree=tree,
+                                      launcher=("-m", "cProfile", "-o", profile))
     url = f"http://127.0.0.1:{rest}/v1/models/{bench_serve.NAME}:predict"
 
     def one(_):
@@ -71,8 +63,8 @@ def main() -> None:
           f"{args.requests} requests counted)")
     for name, tree in trees.items():
         with tempfile.TemporaryDirectory() as tmp:
-            base = calls(tree, 300, body, os.path.dirname(path), tmp)
-            more = calls(tree, 300 + args.requests, body, os.path.dirname(path), tmp)
+            base = calls(tree, 300, body, path, tmp)
+            more = calls(tree, 300 + args.requests, body, path, tmp)
         print(f"  {name:10s} {(more - base) / args.requests:8.1f}   ({tree})")
 
 
