@@ -37,6 +37,11 @@ class _Log:
     ([1.0, 0.9, 0.8], False, {"epochs": 3, "patience": 5},
      ("epochs", 3, True), "3 epochs, ended by its 3 epochs while the eval loss still fell (best at epoch 3): not "
                           "converged, --epochs (train.epochs) gives it longer"),
+    ([0.5] + [0.6] * 19, False, {"epochs": 20, "patience": 20},  # a patience as long as the run
+     ("epochs", 1, False), "20 epochs"),
+    ([1.0] * 14 + [0.5] + [0.6] * 5, False, {"epochs": 20, "patience": 20},
+     ("epochs", 15, True), "20 epochs, ended by its 20 epochs while the eval loss still fell (best at epoch 15): "
+                           "not converged, --epochs (train.epochs) gives it longer"),
     ([1.0, 0.5, 0.9, 0.9], False, {"epochs": 10, "patience": 2},
      ("early stopping", 2, False), "4 of 10 epochs (early stopping: eval loss not better for 2 epochs)"),
 ])

@@ -331,13 +331,16 @@ def _timing(epochs, trainer, train_ds, config, task, xla, reuse: bool, scale=Non
 
 def ending(epoch_log: EpochLog, config: TrainConfig) -> dict[str, Any]:
     """What ended training: "early stopping" (the data), "time limit" or "epochs" (a budget), and
-    whether the eval loss was still falling then (its best epoch among the last `patience`)."""
+    whether the eval loss was still falling then: its best epoch among the last `patience`, and in
+    the run's second half (a patience as long as the run would count a best first epoch followed
+    by nothing but worse ones)."""
     run = len(epoch_log.epochs)
     ended = "time limit" if epoch_log.timed_out else "epochs" if run >= config.epochs else "early stopping"
     losses = [e.get("val_loss") for e in epoch_log.epochs]
     known = [(v, i) for i, v in enumerate(losses) if v is not None and math.isfinite(v)]
     best = min(known)[1] + 1 if known else None
-    falling = ended != "early stopping" and best is not None and run - best < (config.patience or 1)
+    recent = min(config.patience or 1, max(1, run // 2))
+    falling = ended != "early stopping" and best is not None and run - best < recent
     return {"ended_by": ended, "best_epoch": best, "still_improving": falling}
 
 
