@@ -13,8 +13,9 @@ does so on request.
 
 Protocol, one connection per command over a Unix socket: the client sends an 8-byte length
 with the child's stdout and stderr file descriptors attached (SCM_RIGHTS), then the request
-{"argv", "cwd", "env"} as JSON; the host answers with JSON lines, first {"pid"}, then
-{"returncode"} when the child has exited. Commands run side by side: for each one the host
+{"argv", "cwd", "env", "new_session", "script"} as JSON (new_session: the child calls setsid
+first; script: the child runs that Python file as `python SCRIPT ARGV` would, not the CLI); the
+host answers with JSON lines, first {"pid"}, then {"returncode"} when the child has exited. Commands run side by side: for each one the host
 forks a waiter, which forks the child, reports its pid and waits for it.
 
     python tests/cli_host.py SOCKET_PATH    (a file in a folder of its own: the host removes the folder
@@ -54,6 +55,8 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
     code = 1
     try:
         conn.close()  # the client waits on the waiter, not on us
+        if request.get("new_session"):
+            os.setsid()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(request["cwd"])
@@ -69,9 +72,16 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
                 os.close(fd)
         import tfpipe.cli
 
-        sys.argv = [tfpipe.cli.__file__, *request["argv"]]
+        script = request.get("script")
+        sys.argv = [script or tfpipe.cli.__file__, *request["argv"]]
         try:
-            code = tfpipe.cli.main(request["argv"])
+            if script:
+                import runpy
+
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            else:
+                code = tfpipe.cli.main(request["argv"])
         except SystemExit as e:  # argparse's errors and --help
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, (int, type(None))):

@@ -109,10 +109,11 @@ _READ_AT_START = re.compile(r"^(MALLOC_|LD_|PYTHON|TF_(?!CONFIG$))")
 
 
 def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE) -> "HostedProcess | subprocess.Popen":
+              stderr=subprocess.PIPE, start_new_session: bool = False) -> "HostedProcess | subprocess.Popen":
     """Start `tfpipe ARGS` like `subprocess.Popen([python, -m, tfpipe.cli, ...], text=True)`:
     forked from the CLI host, or a fresh interpreter when `env` changes what a process reads
-    at its start. `stdout`/`stderr` take PIPE, STDOUT (stderr only), DEVNULL or a file."""
+    at its start. `stdout`/`stderr` take PIPE, STDOUT (stderr only), DEVNULL or a file;
+    `start_new_session`: the process leads a session and process group of its own (its pid)."""
     if args and args[0] == "serve" and not any(a.startswith("--workers") for a in args):
         # one process per test server (a test about workers says --workers=N): the default, one per
         # core, would multiply the suite's memory and start-up time on a machine with more cores
@@ -121,8 +122,15 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None, stdout=subprocess.P
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
     if any(_READ_AT_START.match(k) for k in changed):
         return subprocess.Popen([sys.executable, "-m", "tfpipe.cli", *args], cwd=ROOT, env=env, text=True,
-                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
-    return HostedProcess(list(args), env, stdout, stderr)
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                start_new_session=start_new_session)
+    return HostedProcess(list(args), env, stdout, stderr, start_new_session)
+
+
+def spawn_script(script: str, *args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> HostedProcess:
+    """`python SCRIPT ARGS` (a test helper that imports tfpipe's stages), forked from the CLI host as
+    `spawn_cli` forks a command, so that it does not import TensorFlow again."""
+    return HostedProcess(list(args), dict(os.environ), stdout, stderr, script=script)
 
 
 class ServerOutput:
@@ -196,8 +204,9 @@ def skew_after(proc, workdir: str, prefix: str, out: str) -> tuple[subprocess.Co
 class HostedProcess:
     """A `tfpipe` process forked by the CLI host, with the parts of Popen's interface the tests use."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], stdout, stderr):
-        self.args = [sys.executable, "-m", "tfpipe.cli", *argv]
+    def __init__(self, argv: list[str], env: dict[str, str], stdout, stderr, start_new_session: bool = False,
+                 script: str | None = None):
+        self.args = [sys.executable, *([script] if script else ["-m", "tfpipe.cli"]), *argv]
         self.returncode: int | None = None
         self.stdout = self.stderr = None
         ends, to_close = [], []
@@ -219,7 +228,8 @@ class HostedProcess:
                 to_close.append(fd)
             else:
                 ends.append(target.fileno() if hasattr(target, "fileno") else target)
-        body = json.dumps({"argv": argv, "cwd": ROOT, "env": env}).encode()
+        body = json.dumps({"argv": argv, "cwd": ROOT, "env": env, "new_session": start_new_session,
+                           "script": script}).encode()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_cli_host().path)
@@ -469,13 +479,32 @@ def keyword_model(tmp_path_factory) -> str:
     return built_once(tmp_path_factory, "keyword-model", build)
 
 
+def _compile_the_project() -> None:
+    """Write the bytecode of tfpipe's own modules (and the tests' helpers) before any test process
+    starts, even where PYTHONDONTWRITEBYTECODE is set, as many container images set it. Without it
+    every interpreter the suite starts (servers, worker pools, the load generator, Beam's workers)
+    compiles the same modules again. The folders are the wheel's package-dir table in
+    pyproject.toml."""
+    import compileall
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        folders = tomllib.load(f)["tool"]["setuptools"]["package-dir"].values()
+    for folder in [*folders, "tests"]:
+        compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
+
+
 def pytest_configure(config) -> None:
-    """Refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a grouped test's
-    node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer takes
-    (pytest-dev/pytest-xdist#1386) and every test is dealt out on its own. The grouped files'
-    session fixtures (servers, whole runs) are then built once per worker: the suite passes, a
-    minute slower, and nobody notices."""
+    """Write the project's bytecode (`_compile_the_project`), once, in the process that starts the
+    workers. Then refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a
+    grouped test's node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer
+    takes (pytest-dev/pytest-xdist#1386) and every test is dealt out on its own. The grouped
+    files' session fixtures (servers, whole runs) are then built once per worker: the suite
+    passes, a minute slower, and nobody notices."""
     from importlib.metadata import version
+
+    if not hasattr(config, "workerinput"):
+        _compile_the_project()
 
     def release(name: str) -> tuple[int, ...]:
         return tuple(int(p) for p in re.findall(r"\d+", version(name))[:2])

@@ -73,6 +73,7 @@ def test_own_file_runs_to_the_end_and_small_traffic_is_within_noise(own_run):
     assert "noise bound" in page
 
 
+@pytest.mark.long  # test_run's test of a category moved runs in the main suite, on its shared first run
 def test_fifty_rows_with_one_category_moved_by_half_are_skewed(own_run, tmp_path):
     """The run's model served with request logging; 50 rows whose color is red in 84% of them
     (a third in training): tfpipe skew exits 1 and names color only."""

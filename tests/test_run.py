@@ -239,6 +239,44 @@ def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_
     assert mass["reasons"][0].startswith("Jensen-Shannon divergence")
 
 
+def test_fifty_rows_with_one_category_moved_are_skewed(first_run, tmp_path):
+    """The run's model served with request logging; fifty of its eval and test rows with no value
+    missing, as they are but for the island, Torgersen in 42 of them (about a sixth in training), sent to REST :predict in
+    batches of ten: tfpipe skew exits 1 and names island only, and counts fifty effective rows."""
+    import requests
+    from tensorflow.core.example import example_pb2
+
+    from conftest import raw_records, skew_after, start_cli_server
+
+    workdir, _ = first_run
+    data = os.path.join(workdir, "data")
+    rows = []
+    for record in raw_records(data, "eval") + raw_records(data, "test"):
+        values = {k: f.bytes_list.value or f.float_list.value or f.int64_list.value
+                  for k, f in example_pb2.Example.FromString(record).features.feature.items() if k != "species"}
+        rows.append({k: v[0].decode() if isinstance(v[0], bytes) else v[0] for k, v in values.items() if v})
+    rows = [r for r in rows if len(r) == 7][:50]  # :predict takes every input of each row
+    assert len(rows) == 50
+    for i, row in enumerate(rows):
+        row["island"] = "Torgersen" if i < 42 else ["Biscoe", "Dream"][i % 2]
+    prefix = str(tmp_path / "logs" / "penguins")
+    proc, _, rest_port = start_cli_server("--model_name=penguins", f"--model_base_path={workdir}/export/models/penguins",
+                                          f"--request_log_prefix={prefix}")
+    try:
+        for i in range(0, 50, 10):
+            r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict",
+                              json={"instances": rows[i:i + 10]}, timeout=30)
+            assert r.status_code == 200, r.text
+    finally:
+        res, skew = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert skew["flagged"] == ["island"], skew["flagged"]
+    island = next(f for f in skew["features"] if f["name"] == "island")
+    assert island["distance"] > island["threshold"] and island["distance"] > island["noise_bound"]
+    assert skew["noise"]["effective_rows"] == pytest.approx(50)
+    assert "over their threshold and beyond the noise: island" in res.stdout
+
+
 def test_show_prints_the_lineage_down_to_the_input_file(first_run, penguins_csv):
     workdir, _ = first_run
     res = run_cli("show", "--workdir", workdir)

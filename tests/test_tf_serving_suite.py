@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import ROOT, free_port, spawn_cli
+from conftest import ROOT, free_port, spawn_cli, spawn_script
 from serve_host import FAILED as FAILED_IN_HOST
 
 # its expensive fixtures (servers, runs) are session-scoped and built once, on one xdist worker: a
@@ -176,8 +176,8 @@ class Servers:
         with open(spec, "w") as f:
             json.dump([{"argv": argv, "log": server.log} for server, argv in servers], f)
         with open(spec.removesuffix(".json") + ".log", "w") as out:
-            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "serve_host.py"), spec], cwd=ROOT,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = spawn_script(os.path.join(ROOT, "tests", "serve_host.py"), spec, stdout=out,
+                                stderr=subprocess.STDOUT)
         for r, (server, _) in zip(runs, servers, strict=True):
             server.proc = proc
             self.running[self._key(**r)] = server
