@@ -201,6 +201,25 @@ def skew_after(proc, workdir: str, prefix: str, out: str) -> tuple[subprocess.Co
     return res, (json.load(open(path)) if os.path.exists(path) else {})
 
 
+def skew_of_predictions(workdir: str, model: str, rows: list[dict], tmp_path) -> tuple[subprocess.CompletedProcess,
+                                                                                     dict]:
+    """WORKDIR's exported MODEL served with request logging, ROWS sent to its REST :predict ten at a
+    time (each answered 200), then `skew_after`."""
+    import requests
+
+    prefix = str(tmp_path / "logs" / model)
+    proc, _, rest_port = start_cli_server(f"--model_name={model}", f"--model_base_path={workdir}/export/models/{model}",
+                                          f"--request_log_prefix={prefix}")
+    try:
+        for i in range(0, len(rows), 10):
+            r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/{model}:predict",
+                              json={"instances": rows[i:i + 10]}, timeout=30)
+            assert r.status_code == 200, r.text
+    finally:
+        result = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
+    return result
+
+
 class HostedProcess:
     """A `tfpipe` process forked by the CLI host, with the parts of Popen's interface the tests use."""
 

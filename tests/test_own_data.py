@@ -10,9 +10,8 @@ import os
 import random
 
 import pytest
-import requests
 
-from conftest import run_cli, skew_after, start_cli_server
+from conftest import run_cli, skew_of_predictions
 from tfpipe.stage import SkewOutputs
 
 pytestmark = pytest.mark.xdist_group("own_data")
@@ -79,20 +78,11 @@ def test_fifty_rows_with_one_category_moved_by_half_are_skewed(own_run, tmp_path
     (a third in training): tfpipe skew exits 1 and names color only."""
     workdir, res = own_run
     assert res.returncode == 0, res.stdout + res.stderr
-    prefix = str(tmp_path / "logs" / "my_rows")
-    proc, _, rest_port = start_cli_server("--model_name=my_rows", f"--model_base_path={workdir}/export/models/my_rows",
-                                          f"--request_log_prefix={prefix}")
     rng = random.Random(5)
     colors = ["red"] * 42 + ["green"] * 4 + ["blue"] * 4
     rows = [{"x1": rng.gauss(0, 1), "x2": rng.uniform(0, 10), "x3": rng.expovariate(1), "count": rng.randint(0, 20),
              "color": c} for c in colors]
-    try:
-        for i in range(0, 50, 10):
-            r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/my_rows:predict",
-                              json={"instances": rows[i:i + 10]}, timeout=30)
-            assert r.status_code == 200, r.text
-    finally:
-        res, skew = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
+    res, skew = skew_of_predictions(workdir, "my_rows", rows, tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     assert skew["flagged"] == ["color"]
     color = next(f for f in skew["features"] if f["name"] == "color")

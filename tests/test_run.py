@@ -243,10 +243,9 @@ def test_fifty_rows_with_one_category_moved_are_skewed(first_run, tmp_path):
     """The run's model served with request logging; fifty of its eval and test rows with no value
     missing, as they are but for the island, Torgersen in 42 of them (about a sixth in training), sent to REST :predict in
     batches of ten: tfpipe skew exits 1 and names island only, and counts fifty effective rows."""
-    import requests
     from tensorflow.core.example import example_pb2
 
-    from conftest import raw_records, skew_after, start_cli_server
+    from conftest import raw_records, skew_of_predictions
 
     workdir, _ = first_run
     data = os.path.join(workdir, "data")
@@ -259,16 +258,7 @@ def test_fifty_rows_with_one_category_moved_are_skewed(first_run, tmp_path):
     assert len(rows) == 50
     for i, row in enumerate(rows):
         row["island"] = "Torgersen" if i < 42 else ["Biscoe", "Dream"][i % 2]
-    prefix = str(tmp_path / "logs" / "penguins")
-    proc, _, rest_port = start_cli_server("--model_name=penguins", f"--model_base_path={workdir}/export/models/penguins",
-                                          f"--request_log_prefix={prefix}")
-    try:
-        for i in range(0, 50, 10):
-            r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict",
-                              json={"instances": rows[i:i + 10]}, timeout=30)
-            assert r.status_code == 200, r.text
-    finally:
-        res, skew = skew_after(proc, workdir, prefix, str(tmp_path / "skew"))
+    res, skew = skew_of_predictions(workdir, "penguins", rows, tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     assert skew["flagged"] == ["island"], skew["flagged"]
     island = next(f for f in skew["features"] if f["name"] == "island")
