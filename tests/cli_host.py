@@ -15,8 +15,9 @@ Protocol, one connection per command over a Unix socket: the client sends an 8-b
 with the child's stdout and stderr file descriptors attached (SCM_RIGHTS), then the request
 {"argv", "cwd", "env", "new_session", "script"} as JSON (new_session: the child calls setsid
 first; script: the child runs that Python file as `python SCRIPT ARGV` would, not the CLI); the
-host answers with JSON lines, first {"pid"}, then {"returncode"} when the child has exited. Commands run side by side: for each one the host
-forks a waiter, which forks the child, reports its pid and waits for it.
+host answers with JSON lines, first {"pid"}, then {"returncode"} when the child has exited.
+Commands run side by side: for each one the host forks a waiter, which forks the child, reports
+its pid and waits for it.
 
     python tests/cli_host.py SOCKET_PATH    (a file in a folder of its own: the host removes the folder
                                             when it ends)

@@ -201,8 +201,8 @@ def skew_after(proc, workdir: str, prefix: str, out: str) -> tuple[subprocess.Co
     return res, (json.load(open(path)) if os.path.exists(path) else {})
 
 
-def skew_of_predictions(workdir: str, model: str, rows: list[dict], tmp_path) -> tuple[subprocess.CompletedProcess,
-                                                                                     dict]:
+def skew_of_predictions(workdir: str, model: str, rows: list[dict],
+                        tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
     """WORKDIR's exported MODEL served with request logging, ROWS sent to its REST :predict ten at a
     time (each answered 200), then `skew_after`."""
     import requests

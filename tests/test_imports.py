@@ -243,3 +243,15 @@ def test_no_product_function_is_longer_than_80_lines():
              for name, n in long_functions(open(path).read())]
     assert not found, "functions over 80 lines:\n" + "\n".join(found)
 
+
+
+def test_every_module_was_compiled_before_the_tests_ran():
+    """conftest.py writes the bytecode of the project's modules in the process that starts the
+    workers, so that the interpreters the suite starts do not each compile tfpipe again, even
+    where PYTHONDONTWRITEBYTECODE is set."""
+    import importlib.util
+
+    stale = [path for path in modules().values()
+             if not os.path.exists(cached := importlib.util.cache_from_source(path))
+             or os.path.getmtime(cached) < os.path.getmtime(path)]
+    assert not stale, stale
