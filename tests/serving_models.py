@@ -47,18 +47,23 @@ class Multi(tf.Module):
 
 
 class Slow(tf.Module):
-    """y = x + 1 after a busy loop: one call takes tens of milliseconds, so queues fill."""
+    """y = x + 1 after `seconds` asleep: a call holds its thread that long, so queues fill, and
+    the sleep takes no CPU (a busy loop would be slower on a slower machine and would take a core
+    from the server it tests). The sleep is tf.data's, an op a SavedModel keeps."""
 
-    def __init__(self, steps: int):
+    def __init__(self, seconds: float):
         super().__init__()
-        self.steps = steps
+        self.seconds = seconds
         self.predict = tf.function(self._predict, input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
 
     def _predict(self, x):
-        i = tf.constant(0)
-        acc = tf.constant(0.0)
-        i, acc = tf.while_loop(lambda i, acc: i < self.steps, lambda i, acc: (i + 1, acc + 1e-9), [i, acc])
-        return {"y": x + 1.0 + acc * 0.0}
+        if self.seconds > 0:
+            from tensorflow.python.data.experimental.ops.testing import sleep
+
+            # the sleep comes before each element asked for, and reading the one element asks
+            # twice (the second finds the end): half the time each
+            x = tf.data.Dataset.from_tensors(x).apply(sleep(int(self.seconds * 1e6 / 2))).get_single_element()
+        return {"y": x + 1.0}
 
 
 class CallRows(tf.Module):
@@ -149,8 +154,8 @@ def save_multi(path: str) -> str:
     return path
 
 
-def save_slow(path: str, steps: int = 20000) -> str:
-    m = Slow(steps)
+def save_slow(path: str, seconds: float = 0.05) -> str:
+    m = Slow(seconds)
     tf.saved_model.save(m, path, signatures={"serving_default": m.predict})
     return path
 

@@ -47,7 +47,7 @@ def _models(root) -> str:
     save_half(str(root / "bad" / "1"), b=2.0)
     save_predict(str(root / "bad" / "candidates" / "2"), _failing)
     save_predict(str(root / "slow" / "1"), _plus_one)
-    save_slow(str(root / "slow" / "candidates" / "2"), steps=20000)
+    save_slow(str(root / "slow" / "candidates" / "2"), seconds=0.1)
     save_threshold(str(root / "thr" / "1"), 5.0)
     save_threshold(str(root / "thr" / "candidates" / "2"), 7.0)
     return _config(root, MODELS)

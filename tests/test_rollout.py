@@ -80,7 +80,7 @@ def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_
 
     model = tmp_path / "models" / "half"
     save_half(str(model / "1"), b=2.0)
-    save_slow(str(model / versions.CANDIDATES / "2"))  # tens of milliseconds a call
+    save_slow(str(model / versions.CANDIDATES / "2"), seconds=0.05)
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name="half", base_path=str(model), model_platform="tensorflow")
     models_config = write_text_proto(str(tmp_path / "models.config"), config)

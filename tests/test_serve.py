@@ -790,7 +790,7 @@ def test_a_rest_call_over_its_timeout_is_a_504_and_the_server_goes_on(tmp_path, 
     from tfpipe.serve.server import ServerThread
 
     save_half(str(tmp_path / "half" / "1"))
-    save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    save_slow(str(tmp_path / "slow" / "1"), seconds=0.25)
     (tmp_path / "models.config").write_text(
         f'model_config_list {{ config {{ name: "half" base_path: "{tmp_path / "half"}" }} '
         f'config {{ name: "slow" base_path: "{tmp_path / "slow"}" }} }}')
@@ -823,7 +823,7 @@ def test_batching_merges_requests_and_fails_fast_when_the_queue_is_full(tmp_path
     from tfpipe.serve.server import ServerThread
 
     save_half(str(tmp_path / "half" / "1"))
-    save_slow(str(tmp_path / "slow" / "1"), steps=10000)
+    save_slow(str(tmp_path / "slow" / "1"), seconds=0.05)
     (tmp_path / "models.config").write_text(
         f'model_config_list {{ config {{ name: "half" base_path: "{tmp_path / "half"}" }} '
         f'config {{ name: "slow" base_path: "{tmp_path / "slow"}" }} }}')
@@ -1057,7 +1057,7 @@ def test_cli_takes_tf_serving_flags_and_sigterm_drains(tmp_path):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from serving_models import save_slow
 
-    save_slow(str(tmp_path / "slow" / "1"), steps=60000)  # ~0.3-0.5 s per call
+    save_slow(str(tmp_path / "slow" / "1"), seconds=0.3)
     (tmp_path / "batching.config").write_text(BATCHING)
     proc, grpc_port, rest_port = start_cli_server(
         "--model_name=slow", f"--model_base_path={tmp_path / 'slow'}", "--file_system_poll_wait_seconds=0",
@@ -1113,7 +1113,7 @@ def test_a_drain_that_runs_out_of_time_says_how_many_requests_it_cut_off(tmp_pat
     from tfpipe.serve.server import ServerThread
     from tfpipe.serve.transports.aiohttp_internals import waiting_for_request
 
-    save_slow(str(tmp_path / "slow" / "1"), steps=400000)  # seconds per call
+    save_slow(str(tmp_path / "slow" / "1"), seconds=3)
     lines: list[str] = []
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=-1, model_name="slow",
                         model_base_path=str(tmp_path / "slow"), file_system_poll_wait_seconds=0,

@@ -659,7 +659,7 @@ def test_a_burst_of_grpc_calls_is_answered_or_refused_as_resource_exhausted_neve
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
 
-    save_slow(str(tmp_path / "m" / "1"), steps=2000 if rejected else 1)
+    save_slow(str(tmp_path / "m" / "1"), seconds=0.02 if rejected else 0)
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
                         file_system_poll_wait_seconds=0, **options)
     request = predict_pb2.PredictRequest()
@@ -726,7 +726,7 @@ def test_the_grpc_port_bounds_each_connections_open_calls(tmp_path, options, str
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
 
-    save_slow(str(tmp_path / "m" / "1"), steps=1)
+    save_slow(str(tmp_path / "m" / "1"), seconds=0)
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
                         file_system_poll_wait_seconds=0, **options)
     with ServerThread(opts) as s:
@@ -743,7 +743,7 @@ def test_large_requests_at_once_sets_the_processs_lane(tmp_path, given, width):
     from tfpipe.serve.flags import ServeOptions
     from tfpipe.serve.server import ServerThread
 
-    save_slow(str(tmp_path / "m" / "1"), steps=1)
+    save_slow(str(tmp_path / "m" / "1"), seconds=0)
     opts = ServeOptions(host="127.0.0.1", port=-1, rest_api_port=0, model_name="m", model_base_path=str(tmp_path / "m"),
                         file_system_poll_wait_seconds=0,
                         **({"large_requests_at_once": given} if given is not None else {}))

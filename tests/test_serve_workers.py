@@ -230,7 +230,7 @@ def pair(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pair")
     save_half(str(root / "half" / "1"))
-    save_slow(str(root / "slow" / "1"), steps=60000)
+    save_slow(str(root / "slow" / "1"), seconds=0.3)
     (root / "models.config").write_text("model_config_list { " + " ".join(
         f'config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" }}' for m in ("half", "slow"))
         + " }")

@@ -277,8 +277,9 @@ def test_a_failing_and_a_slow_candidate_cost_the_clients_nothing(tmp_path):
     shadow, against a server without it, in alternating rounds: p99 within 5x the plain server's, or
     below half a call of the slow candidate. The second bound is what no waiting means: a request
     that waited for the candidate would take a whole call of it, so fewer than 1% of them can have;
-    the first alone fails now and then on a 2-core machine shared with other work, where the
-    candidate keeps one core busy (a cost docs/second-day.md's benchmark measures)."""
+    the first alone fails now and then on a 2-core machine shared with other work. (The slow
+    candidate sleeps: what a candidate's CPU costs the served model, docs/second-day.md's
+    benchmark measures.)"""
     from serving_models import save_half, save_predict, save_slow
 
     reports = tmp_path / "reports"
@@ -286,7 +287,7 @@ def test_a_failing_and_a_slow_candidate_cost_the_clients_nothing(tmp_path):
         save_half(str(tmp_path / name / "1"), b=2.0)
     save_predict(str(tmp_path / "bad" / "candidates" / "2"), _failing)
     save_predict(str(tmp_path / "lacks" / "candidates" / "2"), lambda x: {"z": x})
-    save_slow(str(tmp_path / "slow" / "candidates" / "2"), steps=60000)
+    save_slow(str(tmp_path / "slow" / "candidates" / "2"), seconds=0.1)
     config = _config(tmp_path, ("bad", "lacks", "slow"))
     plain, _, plain_port = _serve(tmp_path, f"--model_config_file={config}")
     proc, _, rest_port = _serve(tmp_path, f"--model_config_file={config}", "--shadow=1",
