@@ -2,7 +2,8 @@
 one step (a StepSpec as JSON, the result written as JSON); `... worker HOST:PORT [--once]` is
 a locust worker for a master on another machine. gevent's monkey-patching must come before
 locust and the socket modules are imported, so it happens here, in the generator's own
-process, and the generator module is imported only after it."""
+process, and the generator module is imported only after it; so does loading TF Serving's
+messages without TensorFlow's runtime (serving_protos.py), which this process never uses."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from gevent import monkey
 
     monkey.patch_all()
+    from tfpipe.loadtest.serving_protos import without_tensorflow_runtime
+
+    without_tensorflow_runtime()  # the gRPC users need TF Serving's messages, never TensorFlow itself
     from tfpipe.loadtest import generator
     from tfpipe.loadtest.protocol import StepSpec
 

@@ -139,6 +139,47 @@ def test_grpc_open_model_and_a_missed_slo_exits_1(tmp_path, half_server):
     assert step["slo_failures"] and "MISSED" in res.stdout
 
 
+def test_the_generator_reads_tf_servings_messages_without_tensorflows_runtime():
+    """The gRPC users' messages load as plain protobuf modules in the generator's process (no
+    TensorFlow runtime, seconds of CPU in every step's process); asking that process for
+    TensorFlow itself fails, naming why; where TensorFlow is imported, nothing changes."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from tfpipe.loadtest.serving_protos import without_tensorflow_runtime
+assert without_tensorflow_runtime()
+from tensorflow_serving.apis import (classification_pb2, inference_pb2, predict_pb2, prediction_service_pb2_grpc,
+                                     regression_pb2)
+request = predict_pb2.PredictRequest()
+request.model_spec.name = "m"
+request.inputs["x"].dtype = 1
+request.inputs["x"].float_val.append(2.5)
+example = classification_pb2.ClassificationRequest()
+example.input.example_list.examples.add().features.feature["x"].float_list.value.append(1.0)
+assert predict_pb2.PredictRequest.FromString(request.SerializeToString()).inputs["x"].float_val == [2.5]
+assert classification_pb2.ClassificationRequest.FromString(example.SerializeToString()) == example
+try:
+    import tensorflow as tf
+    tf.constant(1)
+except AttributeError as e:
+    print("refused:", e)
+print(sorted(m for m in sys.modules if m.startswith("tensorflow.") and m.split(".")[1] != "core"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    refused, loaded = out.stdout.splitlines()
+    assert refused == ("refused: tensorflow.constant: this process loaded only TensorFlow's protobuf messages "
+                       "(tfpipe.loadtest.serving_protos), not its runtime")
+    assert loaded == "[]"  # tensorflow.python, the runtime, never came in
+    import tensorflow as tf
+
+    from tfpipe.loadtest.serving_protos import without_tensorflow_runtime
+
+    assert without_tensorflow_runtime() is False and sys.modules["tensorflow"] is tf
+
+
 def test_percentiles_match_an_injected_delay(tmp_path, delayed_endpoint):
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
     res = run_cli("loadtest", "--target", f"http://127.0.0.1:{delayed_endpoint}", "--model", "slow",
