@@ -32,10 +32,23 @@ def half_server(tmp_path_factory):
         yield s, root
 
 
+class Delayed:
+    """A TF-Serving-shaped REST endpoint's port, and how many predictions it has answered."""
+
+    def __init__(self):
+        self.port, self.answered, self.changed = 0, 0, threading.Condition()
+
+    def wait_for(self, answered: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.answered >= answered, timeout)
+
+
 @pytest.fixture(scope="session")
 def delayed_endpoint():
     """A TF-Serving-shaped REST endpoint that answers after exactly 20 ms."""
     from aiohttp import web
+
+    delayed = Delayed()
 
     async def metadata(_):
         return web.json_response({"metadata": {"signature_def": {"signature_def": {
@@ -43,6 +56,9 @@ def delayed_endpoint():
 
     async def predict(_):
         await asyncio.sleep(0.020)
+        with delayed.changed:
+            delayed.answered += 1
+            delayed.changed.notify_all()
         return web.json_response({"predictions": [0.0]})
 
     loop = asyncio.new_event_loop()
@@ -55,7 +71,8 @@ def delayed_endpoint():
     loop.run_until_complete(site.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    yield runner.addresses[0][1]
+    delayed.port = runner.addresses[0][1]
+    yield delayed
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
 
@@ -78,7 +95,7 @@ def test_rest_sweep_with_slo_pass_and_results(tmp_path, half_server):
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0, 2.0]}))
     out = tmp_path / "out"
     res = run_cli("loadtest", "--target", f"http://127.0.0.1:{server.rest_port}", "--model", "half",
-                  "--payload", str(tmp_path / "body.json"), "--sweep", "1,4", "--duration", "2s", "--warmup", "0.5s",
+                  "--payload", str(tmp_path / "body.json"), "--sweep", "1,4", "--duration", "1s", "--warmup", "0.2s",
                   "--slo", "p99<2s,errors<1%", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
     results = json.loads((out / "results.json").read_text())
@@ -182,7 +199,7 @@ print(sorted(m for m in sys.modules if m.startswith("tensorflow.") and m.split("
 
 def test_percentiles_match_an_injected_delay(tmp_path, delayed_endpoint):
     (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
-    res = run_cli("loadtest", "--target", f"http://127.0.0.1:{delayed_endpoint}", "--model", "slow",
+    res = run_cli("loadtest", "--target", f"http://127.0.0.1:{delayed_endpoint.port}", "--model", "slow",
                   "--payload", str(tmp_path / "body.json"), "--users", "2", "--duration", "2s", "--warmup", "0.5s",
                   "--out", str(tmp_path / "out"))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -374,32 +391,30 @@ def test_baseline_web_ui_and_a_report_that_renders(tmp_path, half_server):
     assert "In-process SavedModel" in page["text"] and "Latency vs throughput" in page["text"]
 
 
-def test_sigint_stops_cleanly_and_writes_the_partial_report(tmp_path, half_server):
+def test_sigint_stops_cleanly_and_writes_the_partial_report(tmp_path, delayed_endpoint):
+    """Ctrl-C in the first of two 60-second steps, once it has measured a second or more: the
+    command exits 130 at once with the measured part of step 1 in results.json and the report."""
     import signal
-    import subprocess
-    import sys
     import time
 
-    from conftest import ROOT
+    from conftest import spawn_cli
 
-    server, _ = half_server
-    (tmp_path / "body.json").write_text(json.dumps({"instances": [{"x": 1.0}]}))
+    (tmp_path / "body.json").write_text(json.dumps({"instances": [1.0]}))
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfpipe.cli", "loadtest", "--target", f"http://127.0.0.1:{server.rest_port}",
-         "--model", "half", "--payload", str(tmp_path / "body.json"), "--sweep", "1,2", "--duration", "60s",
-         "--warmup", "0.5s", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, stdin=subprocess.DEVNULL)
+    before = delayed_endpoint.answered
+    proc = spawn_cli("loadtest", "--target", f"http://127.0.0.1:{delayed_endpoint.port}", "--model", "slow",
+                     "--payload", str(tmp_path / "body.json"), "--sweep", "1,2", "--duration", "60s",
+                     "--warmup", "0.5s", "--out", str(out))
     lines = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any("step 1/2" in line for line in lines):
-        time.sleep(0.1)
-    time.sleep(4)  # the generator's start, the warmup, then a few measured seconds
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    # one user, one answer every 20 ms and a bit: 120 answers are the warmup and over a second measured
+    assert delayed_endpoint.wait_for(before + 120, timeout=60), "the load test's answers never came"
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130, proc.stderr.read()
     assert time.monotonic() - started < 30  # it stopped; it did not run the 60 s step out
+    reader.join(timeout=10)
     results = json.loads((out / "results.json").read_text())
     assert results["interrupted"] is True
     assert [s["step"] for s in results["steps"]] == [1]  # step 2 never started

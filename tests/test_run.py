@@ -35,7 +35,7 @@ STEPS = ["data", "train", "export", "serve", "loadtest", "skew", "rollout"]
 @pytest.fixture(scope="session")
 def config(tmp_path_factory, penguins_csv) -> str:
     """The penguins demo, shortened for tests: 20 epochs at a higher learning rate, one TFLite
-    variant, a 2-second load test."""
+    variant, a 1-second load test."""
     path = tmp_path_factory.mktemp("config") / "penguins.toml"
     path.write_text(f"""
 [data]
@@ -58,8 +58,8 @@ check_rows = 16
 
 [loadtest]
 users = 2
-duration = "2s"
-warmup = "0.5s"
+duration = "1s"
+warmup = "0.2s"
 slo = "p99<2000ms,errors<1%"
 """)
     return str(path)
