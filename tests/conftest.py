@@ -513,9 +513,28 @@ def _compile_the_project() -> None:
         compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
 
 
+def _rewrite_the_tests(config) -> None:
+    """Write pytest's assertion-rewritten bytecode of the test modules, as `_compile_the_project`
+    writes the project's: each worker would otherwise rewrite every test module itself (seconds of
+    CPU before its first test, where PYTHONDONTWRITEBYTECODE keeps pytest from caching them). The
+    functions are pytest's own, not its public API: where they change, nothing is written and the
+    workers rewrite as before (tests/test_imports.py then fails, naming the modules)."""
+    from pathlib import Path
+
+    from _pytest.assertion.rewrite import _rewrite_test, _write_pyc, assertstate_key, get_cache_dir, PYC_TAIL
+
+    state = config.stash[assertstate_key]
+    for path in sorted(Path(ROOT, "tests").glob("*.py")):
+        if path.name.startswith("test_") or path.name == "conftest.py":
+            cache = get_cache_dir(path)
+            cache.mkdir(exist_ok=True)
+            source_stat, code = _rewrite_test(path, config)
+            _write_pyc(state, code, source_stat, cache / (path.name[:-3] + PYC_TAIL))
+
+
 def pytest_configure(config) -> None:
-    """Write the project's bytecode (`_compile_the_project`), once, in the process that starts the
-    workers. Then refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a
+    """Write the project's bytecode (`_compile_the_project`) and the tests' rewritten bytecode
+    (`_rewrite_the_tests`), once, in the process that starts the workers. Then refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a
     grouped test's node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer
     takes (pytest-dev/pytest-xdist#1386) and every test is dealt out on its own. The grouped
     files' session fixtures (servers, whole runs) are then built once per worker: the suite
@@ -524,6 +543,9 @@ def pytest_configure(config) -> None:
 
     if not hasattr(config, "workerinput"):
         _compile_the_project()
+        if config.getoption("assertmode") == "rewrite":
+            with contextlib.suppress(ImportError, AttributeError, KeyError, TypeError):
+                _rewrite_the_tests(config)
 
     def release(name: str) -> tuple[int, ...]:
         return tuple(int(p) for p in re.findall(r"\d+", version(name))[:2])

@@ -255,3 +255,17 @@ def test_every_module_was_compiled_before_the_tests_ran():
              if not os.path.exists(cached := importlib.util.cache_from_source(path))
              or os.path.getmtime(cached) < os.path.getmtime(path)]
     assert not stale, stale
+
+
+def test_every_test_module_was_rewritten_before_the_tests_ran():
+    """conftest.py writes pytest's assertion-rewritten bytecode of the test modules as well (by
+    pytest's own functions, which are not its public API): this fails when a pytest release
+    renames them, and the workers have gone back to rewriting every module themselves."""
+    from _pytest.assertion.rewrite import PYC_TAIL
+
+    tests = os.path.join(ROOT, "tests")
+    stale = [name for name in sorted(os.listdir(tests)) if name.endswith(".py")
+             and (name.startswith("test_") or name == "conftest.py")
+             and not (os.path.exists(cached := os.path.join(tests, "__pycache__", name[:-3] + PYC_TAIL))
+                      and os.path.getmtime(cached) >= os.path.getmtime(os.path.join(tests, name)))]
+    assert not stale, stale
