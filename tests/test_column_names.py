@@ -11,6 +11,10 @@ import pytest
 
 from conftest import KEYWORD_HEADER as HEADER
 
+# the keyword model is built once, by the worker that runs these files; on two workers, one would
+# wait idle for the other to build it
+pytestmark = pytest.mark.xdist_group("keyword_model")
+
 
 @pytest.fixture(scope="module")
 def exported(keyword_model) -> str:

@@ -15,6 +15,10 @@ import pytest
 
 from conftest import KEYWORD_HEADER, keyword_table, run_cli
 
+# the keyword model is built once, by the worker that runs these files; on two workers, one would
+# wait idle for the other to build it
+pytestmark = pytest.mark.xdist_group("keyword_model")
+
 FEATURES = KEYWORD_HEADER[:-1]
 BAD = {  # line in the input (header = line 1) -> what is wrong with the row, as the dead-letter's reason says it
     4: "column 'lambda': 'x' is not an int",

@@ -701,10 +701,14 @@ def test_rest_refuses_a_content_length_over_the_limit_before_reading_the_body(ho
     import socket
 
     _, _, rest_port = hostile_server
+    sockets = []  # both at once: each closes at the read timeout
     for expect in ("", "Expect: 100-continue\r\n"):
-        with socket.create_connection(("127.0.0.1", rest_port), timeout=30) as s:
-            s.sendall(f"POST /v1/models/half:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {10**12}\r\n"
-                      f"Content-Type: application/json\r\n{expect}\r\n".encode())
+        s = socket.create_connection(("127.0.0.1", rest_port), timeout=30)
+        sockets.append(s)
+        s.sendall(f"POST /v1/models/half:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {10**12}\r\n"
+                  f"Content-Type: application/json\r\n{expect}\r\n".encode())
+    for s in sockets:
+        with s:
             answer = _until_closed(s)
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 413 "), answer[:200]
@@ -719,13 +723,16 @@ def test_rest_closes_connections_slower_than_the_read_timeout(hostile_server):
 
     _, _, rest_port = hostile_server
     head = "POST /v1/models/half/versions/1:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    slow = []  # the three at once: their timeouts run side by side
     for sent, answer in [(b"", b""), (head.encode(), b""),
                          ((head + "Content-Length: 100\r\n\r\n" + '{"instances": [').encode(), b"HTTP/1.1 408 ")]:
-        with socket.create_connection(("127.0.0.1", rest_port), timeout=30) as s:
-            started = time.monotonic()
-            s.sendall(sent)
+        s = socket.create_connection(("127.0.0.1", rest_port), timeout=30)
+        slow.append((s, time.monotonic(), answer))
+        s.sendall(sent)
+    for s, started, answer in slow:
+        with s:
             got = _until_closed(s)
-            waited = time.monotonic() - started
+        waited = time.monotonic() - started
         assert got.startswith(answer) and (answer or not got), got[:200]
         assert READ_TIMEOUT_S * 0.9 <= waited < 15, waited  # closed by the timeout, not at once
     r = requests.post(f"http://127.0.0.1:{rest_port}/v1/models/half/versions/1:predict", json={"instances": [2.0]},
