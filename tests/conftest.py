@@ -451,6 +451,21 @@ def penguins_trained(tmp_path_factory, penguins_data) -> tuple[str, str]:
     return tuple(built_once(tmp_path_factory, "penguins-trained", build))
 
 
+@pytest.fixture(scope="session")
+def first_export(tmp_path_factory, penguins_trained) -> str:
+    """A base path after the first SavedModel-only export of the suite's penguins model (BASE/penguins,
+    version 1), made once for both workers and only read: a test that exports again or changes it
+    works on its own copy."""
+    def build(folder: Path) -> str:
+        data, train = penguins_trained
+        res = run_cli("export", "--model", train, "--data", data, "--base", str(folder), "--name", "penguins",
+                      "--tflite", "")
+        assert res.returncode == 0, res.stderr
+        return str(folder)
+
+    return built_once(tmp_path_factory, "penguins-first-export", build)
+
+
 KEYWORD_HEADER = ["from", "class", "lambda", "wind speed", "Sepal.Length", "day", "import", "label"]
 
 

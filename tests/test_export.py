@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import built_once, raw_records, run_cli, spawn_cli
+from conftest import raw_records, run_cli, spawn_cli
 from tfpipe import versions
 from tfpipe.stage import ExportOutputs
 
@@ -25,18 +25,6 @@ def export(trained, base, *args) -> subprocess.CompletedProcess:
     data, train = trained
     return run_cli("export", "--model", train, "--data", data, "--base", str(base), "--name", "penguins",
                    "--tflite", "", *args)
-
-
-@pytest.fixture(scope="session")
-def first_export(tmp_path_factory, penguins_trained) -> str:
-    """A base path after the first SavedModel-only export of the suite's penguins model (version 1),
-    made once for both workers; a test that exports again works on its own copy (`_copy_of`)."""
-    def build(folder: Path) -> str:
-        res = export(penguins_trained, folder)
-        assert res.returncode == 0, res.stderr
-        return str(folder)
-
-    return built_once(tmp_path_factory, "penguins-first-export", build)
 
 
 def _copy_of(first_export: str, base) -> None:
