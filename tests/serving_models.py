@@ -343,8 +343,8 @@ def save_half_plus_two_tf2(export_dir: str) -> str:
 def build_tf_serving_testdata(root: str) -> None:
     """Every SavedModel the ported TF Serving suite serves, under `root`; run in a process of
     its own (`python tests/serving_models.py testdata ROOT`): the tf.distribute case needs two
-    virtual CPUs and the Keras cases tf.keras as Keras 2 (TF_USE_LEGACY_KERAS=1), both settled
-    before TensorFlow starts, as in TF Serving's test. The Keras 3 case uses `keras` itself."""
+    virtual CPUs, settled before TensorFlow's runtime starts, as in TF Serving's test. The Keras 2
+    cases use tf_keras (tf.keras under TF_USE_LEGACY_KERAS=1), the Keras 3 case `keras` itself."""
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     j = os.path.join
@@ -369,7 +369,7 @@ def build_tf_serving_testdata(root: str) -> None:
                         signatures={"serving_default": multi.f, "custom_signature_key": multi.g})
 
     # the Keras cases: an identity model named x -> y; with tf.distribute, Dense(ones) first
-    keras2 = tf.keras
+    import tf_keras as keras2  # what tf.keras is under TF_USE_LEGACY_KERAS=1
     model = keras2.models.Sequential([keras2.layers.Input(dtype="float32", shape=(1,), name="x"),
                                       keras2.layers.Lambda(lambda x: x, name="y")])
     tf.saved_model.save(model, j(root, "keras_sequential_saved_model_save", "00000123"))

@@ -30,7 +30,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -278,10 +277,9 @@ class Paths:
 @pytest.fixture(scope="session")
 def paths(tmp_path_factory) -> Paths:
     root = str(tmp_path_factory.mktemp("tf_serving_testdata"))
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    built = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "serving_models.py"), "testdata", root],
-                           capture_output=True, text=True, env=env, timeout=300)
-    assert built.returncode == 0, built.stderr[-3000:]
+    built = spawn_script(os.path.join(ROOT, "tests", "serving_models.py"), "testdata", root)
+    _, err = built.communicate(timeout=300)
+    assert built.returncode == 0, err[-3000:]
     return Paths(root)
 
 
