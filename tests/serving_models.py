@@ -66,6 +66,21 @@ class Slow(tf.Module):
         return {"y": x + 1.0}
 
 
+class Busy(tf.Module):
+    """y = x + 1 after a busy loop of `steps`: a call costs CPU (tens of milliseconds for 20,000
+    steps), for the tests that measure what a model costs, not only how long it takes."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+        self.predict = tf.function(self._predict, input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+
+    def _predict(self, x):
+        i, acc = tf.while_loop(lambda i, acc: i < self.steps, lambda i, acc: (i + 1, acc + 1e-9),
+                               [tf.constant(0), tf.constant(0.0)])
+        return {"y": x + 1.0 + acc * 0.0}
+
+
 class CallRows(tf.Module):
     """A model whose answers tell how it was called: each row's `rows` (Predict) and score
     (Classify) are the number of rows in the model call that answered it; `total` (its
@@ -156,6 +171,12 @@ def save_multi(path: str) -> str:
 
 def save_slow(path: str, seconds: float = 0.05) -> str:
     m = Slow(seconds)
+    tf.saved_model.save(m, path, signatures={"serving_default": m.predict})
+    return path
+
+
+def save_busy(path: str, steps: int = 20000) -> str:
+    m = Busy(steps)
     tf.saved_model.save(m, path, signatures={"serving_default": m.predict})
     return path
 

@@ -36,7 +36,7 @@ def _plus_one(x):
 def _models(root) -> str:
     """Five served models, each with a candidate 2: `good` the same half_plus_two; `nan` one that
     answers NaN; `bad` one that fails on negative inputs (the load sends -1); `slow` the same x+1
-    after a busy loop; `thr` a threshold classifier at 7 over one at 5 (x = 0..9: 20% of the rows
+    after a quarter of a second; `thr` a threshold classifier at 7 over one at 5 (x = 0..9: 20% of the rows
     flip)."""
     from serving_models import save_half, save_predict, save_slow, save_threshold
 
@@ -47,7 +47,7 @@ def _models(root) -> str:
     save_half(str(root / "bad" / "1"), b=2.0)
     save_predict(str(root / "bad" / "candidates" / "2"), _failing)
     save_predict(str(root / "slow" / "1"), _plus_one)
-    save_slow(str(root / "slow" / "candidates" / "2"), seconds=0.1)
+    save_slow(str(root / "slow" / "candidates" / "2"), seconds=0.25)
     save_threshold(str(root / "thr" / "1"), 5.0)
     save_threshold(str(root / "thr" / "candidates" / "2"), 7.0)
     return _config(root, MODELS)

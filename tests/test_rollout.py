@@ -70,7 +70,7 @@ def test_summarise_takes_medians_and_all_rounds_for_the_slo():
 
 @pytest.mark.long
 def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_path):
-    from serving_models import save_half, save_slow
+    from serving_models import save_busy, save_half
 
     from tfpipe.rollout.job import Target, Versions, result, run
     from tfpipe.serve.flags import ServeOptions
@@ -80,7 +80,7 @@ def test_a_slower_candidate_is_held_on_latency_and_the_served_version_stays(tmp_
 
     model = tmp_path / "models" / "half"
     save_half(str(model / "1"), b=2.0)
-    save_slow(str(model / versions.CANDIDATES / "2"), seconds=0.05)
+    save_busy(str(model / versions.CANDIDATES / "2"))  # tens of milliseconds of CPU a call
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name="half", base_path=str(model), model_platform="tensorflow")
     models_config = write_text_proto(str(tmp_path / "models.config"), config)
