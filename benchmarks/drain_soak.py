@@ -81,9 +81,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="drain-soak-")
-    from serving_models import save_slow
+    from serving_models import save_busy
 
-    save_slow(os.path.join(root, "slow", "1"), steps=60000)
+    save_busy(os.path.join(root, "slow", "1"), steps=60000)  # the model its figures were measured on
     with open(os.path.join(root, "batching.config"), "w") as f:
         f.write(BATCHING)
     try:
