@@ -549,11 +549,11 @@ def _rewrite_the_tests(config) -> None:
 
 def pytest_configure(config) -> None:
     """Write the project's bytecode (`_compile_the_project`) and the tests' rewritten bytecode
-    (`_rewrite_the_tests`), once, in the process that starts the workers. Then refuse to run where `--dist loadgroup` would not group. pytest-xdist tags a
-    grouped test's node id with `@GROUP`; with pytest 9.2 and pytest-xdist 3.8 the tag no longer
-    takes (pytest-dev/pytest-xdist#1386) and every test is dealt out on its own. The grouped
-    files' session fixtures (servers, whole runs) are then built once per worker: the suite
-    passes, a minute slower, and nobody notices."""
+    (`_rewrite_the_tests`), once, in the process that starts the workers. Then refuse to run where
+    `--dist loadgroup` would not group. pytest-xdist tags a grouped test's node id with `@GROUP`;
+    with pytest 9.2 and pytest-xdist 3.8 the tag no longer takes (pytest-dev/pytest-xdist#1386) and
+    every test is dealt out on its own. The grouped files' session fixtures (servers, whole runs)
+    are then built once per worker: the suite passes, a minute slower, and nobody notices."""
     from importlib.metadata import version
 
     if not hasattr(config, "workerinput"):
