@@ -104,7 +104,6 @@ def test_export_signatures_and_warmup(penguins_trained, first_export):
     assert meta["lineage"]["data_fingerprint"] == json.load(open(os.path.join(data, "data.json")))["fingerprint"]
 
 
-
 def test_a_killed_export_leaves_no_numeric_version_and_the_next_export_is_the_next_one(tmp_path, penguins_trained,
                                                                                        first_export):
     """Killed while it writes beside version 1, an export leaves nothing a server polling the base
@@ -199,8 +198,6 @@ def test_a_variant_that_loses_accuracy_fails_the_export_unless_allowed(tmp_path,
         meta = json.load(open(tmp_path / "penguins" / "2" / "assets.extra" / "export.json"))
         assert any(r.get("dropped") for r in meta["variants"])
         assert not (tmp_path / "penguins" / "2" / "assets.extra" / "tflite" / "int8.tflite").exists()
-
-
 
 
 @pytest.mark.parametrize("case", ["no_train", "incomplete", "version", "base", "variant"])
