@@ -528,23 +528,25 @@ def _compile_the_project() -> None:
         compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
 
 
+def rewritten_test_modules() -> list[Path]:
+    """The modules of this folder whose asserts pytest rewrites: the test files and this one."""
+    return [p for p in sorted(Path(ROOT, "tests").glob("*.py")) if p.name.startswith("test_") or p.name == "conftest.py"]
+
+
 def _rewrite_the_tests(config) -> None:
     """Write pytest's assertion-rewritten bytecode of the test modules, as `_compile_the_project`
     writes the project's: each worker would otherwise rewrite every test module itself (seconds of
     CPU before its first test, where PYTHONDONTWRITEBYTECODE keeps pytest from caching them). The
     functions are pytest's own, not its public API: where they change, nothing is written and the
     workers rewrite as before (tests/test_imports.py then fails, naming the modules)."""
-    from pathlib import Path
-
     from _pytest.assertion.rewrite import _rewrite_test, _write_pyc, assertstate_key, get_cache_dir, PYC_TAIL
 
     state = config.stash[assertstate_key]
-    for path in sorted(Path(ROOT, "tests").glob("*.py")):
-        if path.name.startswith("test_") or path.name == "conftest.py":
-            cache = get_cache_dir(path)
-            cache.mkdir(exist_ok=True)
-            source_stat, code = _rewrite_test(path, config)
-            _write_pyc(state, code, source_stat, cache / (path.name[:-3] + PYC_TAIL))
+    for path in rewritten_test_modules():
+        cache = get_cache_dir(path)
+        cache.mkdir(exist_ok=True)
+        source_stat, code = _rewrite_test(path, config)
+        _write_pyc(state, code, source_stat, cache / (path.name[:-3] + PYC_TAIL))
 
 
 def pytest_configure(config) -> None:

@@ -244,6 +244,10 @@ def test_no_product_function_is_longer_than_80_lines():
     assert not found, "functions over 80 lines:\n" + "\n".join(found)
 
 
+def _fresh(source: str, cached: str) -> bool:
+    """Whether `cached` exists and was written after `source` last changed."""
+    return os.path.exists(cached) and os.path.getmtime(cached) >= os.path.getmtime(source)
+
 
 def test_every_module_was_compiled_before_the_tests_ran():
     """conftest.py writes the bytecode of the project's modules in the process that starts the
@@ -251,9 +255,7 @@ def test_every_module_was_compiled_before_the_tests_ran():
     where PYTHONDONTWRITEBYTECODE is set."""
     import importlib.util
 
-    stale = [path for path in modules().values()
-             if not os.path.exists(cached := importlib.util.cache_from_source(path))
-             or os.path.getmtime(cached) < os.path.getmtime(path)]
+    stale = [path for path in modules().values() if not _fresh(path, importlib.util.cache_from_source(path))]
     assert not stale, stale
 
 
@@ -263,9 +265,8 @@ def test_every_test_module_was_rewritten_before_the_tests_ran():
     renames them, and the workers have gone back to rewriting every module themselves."""
     from _pytest.assertion.rewrite import PYC_TAIL
 
-    tests = os.path.join(ROOT, "tests")
-    stale = [name for name in sorted(os.listdir(tests)) if name.endswith(".py")
-             and (name.startswith("test_") or name == "conftest.py")
-             and not (os.path.exists(cached := os.path.join(tests, "__pycache__", name[:-3] + PYC_TAIL))
-                      and os.path.getmtime(cached) >= os.path.getmtime(os.path.join(tests, name)))]
+    from conftest import rewritten_test_modules
+
+    stale = [p.name for p in rewritten_test_modules()
+             if not _fresh(str(p), str(p.parent / "__pycache__" / (p.name[:-3] + PYC_TAIL)))]
     assert not stale, stale

@@ -241,8 +241,9 @@ def test_shifted_traffic_fails_the_skew_check_naming_the_feature(first_run, tmp_
 
 def test_fifty_rows_with_one_category_moved_are_skewed(first_run, tmp_path):
     """The run's model served with request logging; fifty of its eval and test rows with no value
-    missing, as they are but for the island, Torgersen in 42 of them (about a sixth in training), sent to REST :predict in
-    batches of ten: tfpipe skew exits 1 and names island only, and counts fifty effective rows."""
+    missing, as they are but for the island, Torgersen in 42 of them (about a sixth in training),
+    sent to REST :predict in batches of ten: tfpipe skew exits 1 and names island only, and counts
+    fifty effective rows."""
     from tensorflow.core.example import example_pb2
 
     from conftest import raw_records, skew_of_predictions
